@@ -1,0 +1,190 @@
+//! B+tree nodes, shared by extent maps, directories, xattrs and the orphan
+//! list. Keys are u64; values are variable-length byte strings (16 bytes for
+//! extents, up to ~270 bytes for directory entries). Interior nodes hold
+//! (first key of child, child block) pairs, with 8-byte values.
+//!
+//! ```text
+//! 0   header     48   magic FBTR, owner = inode number (0 for the orphan tree)
+//! 48  level      u16  0 = leaf
+//! 50  nr         u16  entries in the node
+//! 52  tree_type  u8   1 extents, 2 directory, 3 xattr, 4 orphans
+//! 53  (pad)      11
+//! 64  entries    nr x (key u64, vlen u16, value[vlen]), packed, ascending keys
+//! ```
+
+use super::*;
+use crate::error::{Error, Result};
+
+pub const ENTRIES_OFFSET: usize = 64;
+pub const ENTRY_OVERHEAD: usize = 10;
+/// Depth limit: even 512-byte blocks with the largest directory entries
+/// (one per leaf, 44 children per interior node) reach 2^63 keys below 12.
+pub const MAX_LEVELS: u16 = 12;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TreeType {
+    Extents = 1,
+    Dir = 2,
+    Xattr = 3,
+    Orphans = 4,
+}
+
+impl TreeType {
+    pub fn name(self) -> &'static str {
+        match self {
+            TreeType::Extents => "extent tree node",
+            TreeType::Dir => "directory tree node",
+            TreeType::Xattr => "xattr tree node",
+            TreeType::Orphans => "orphan tree node",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub level: u16,
+    pub entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// Bytes available for entries in one node.
+pub fn capacity(block_size: usize) -> usize {
+    block_size - ENTRIES_OFFSET
+}
+
+impl Node {
+    pub fn encoded_len(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|(_, v)| ENTRY_OVERHEAD + v.len())
+            .sum()
+    }
+
+    /// Encode into `buf`. The caller has checked that the node fits.
+    pub fn encode(&self, buf: &mut [u8], blkno: u64, uuid: [u8; 16], owner: u64, tt: TreeType) {
+        assert!(
+            self.encoded_len() <= capacity(buf.len()),
+            "btree node overflow"
+        );
+        buf.fill(0);
+        BlockHeader {
+            magic: magic::BTREE,
+            blkno,
+            uuid,
+            owner,
+            lsn: 0,
+        }
+        .encode(buf);
+        put_u16(buf, 48, self.level);
+        put_u16(buf, 50, self.entries.len() as u16);
+        buf[52] = tt as u8;
+        let mut p = ENTRIES_OFFSET;
+        for (k, v) in &self.entries {
+            put_u64(buf, p, *k);
+            put_u16(buf, p + 8, v.len() as u16);
+            buf[p + 10..p + 10 + v.len()].copy_from_slice(v);
+            p += ENTRY_OVERHEAD + v.len();
+        }
+    }
+
+    /// Decode a node whose checksum and header were verified, checking the
+    /// structure: owner, type, level bound, entry bounds, key order.
+    pub fn decode(buf: &[u8], blkno: u64, owner: u64, tt: TreeType) -> Result<Self> {
+        let s = tt.name();
+        let bad = |r: String| Err(Error::corrupted(s, blkno, r));
+        let h = BlockHeader::decode(buf);
+        if h.owner != owner {
+            return bad(format!("owned by {}, expected {owner}", h.owner));
+        }
+        if buf[52] != tt as u8 {
+            return bad(format!("tree type {}, expected {}", buf[52], tt as u8));
+        }
+        let level = get_u16(buf, 48);
+        if level >= MAX_LEVELS {
+            return bad(format!("level {level} too deep"));
+        }
+        let nr = get_u16(buf, 50) as usize;
+        let mut entries = Vec::with_capacity(nr);
+        let mut p = ENTRIES_OFFSET;
+        for i in 0..nr {
+            if p + ENTRY_OVERHEAD > buf.len() {
+                return bad(format!("entry {i} runs past the block"));
+            }
+            let k = get_u64(buf, p);
+            let vlen = get_u16(buf, p + 8) as usize;
+            if p + ENTRY_OVERHEAD + vlen > buf.len() {
+                return bad(format!("entry {i} value runs past the block"));
+            }
+            if level > 0 && vlen != 8 {
+                return bad(format!("interior entry {i} has value length {vlen}"));
+            }
+            if let Some((prev, _)) = entries.last() {
+                if *prev >= k {
+                    return bad(format!("keys out of order at entry {i}"));
+                }
+            }
+            entries.push((k, buf[p + 10..p + 10 + vlen].to_vec()));
+            p += ENTRY_OVERHEAD + vlen;
+        }
+        if level > 0 && nr == 0 {
+            return bad("empty interior node".into());
+        }
+        Ok(Node { level, entries })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::header;
+
+    fn sample() -> Node {
+        Node {
+            level: 0,
+            entries: vec![(1, vec![1, 2, 3]), (5, vec![]), (900, vec![7; 40])],
+        }
+    }
+
+    fn encode(n: &Node) -> Vec<u8> {
+        let mut b = vec![0; 512];
+        n.encode(&mut b, 33, [5; 16], 12, TreeType::Dir);
+        header::stamp(&mut b);
+        b
+    }
+
+    #[test]
+    fn round_trip() {
+        let b = encode(&sample());
+        header::verify(&b, "dir", magic::BTREE, 33, &[5; 16]).unwrap();
+        assert_eq!(Node::decode(&b, 33, 12, TreeType::Dir).unwrap(), sample());
+    }
+
+    #[test]
+    fn flipped_byte_is_corruption() {
+        let b = encode(&sample());
+        for pos in [1, 49, 52, 64, 75, 100, 511] {
+            let mut c = b.clone();
+            c[pos] ^= 8;
+            assert!(header::verify(&c, "dir", magic::BTREE, 33, &[5; 16]).is_err());
+        }
+    }
+
+    #[test]
+    fn hostile_nodes_decode_to_errors() {
+        // Valid checksum, broken structure: lengths past the block, keys out
+        // of order, wrong owner, wrong type.
+        let mut b = encode(&sample());
+        put_u16(&mut b, 50, 400);
+        assert!(Node::decode(&b, 33, 12, TreeType::Dir).is_err());
+        let mut b = encode(&sample());
+        put_u16(&mut b, ENTRIES_OFFSET + 8, 60000);
+        assert!(Node::decode(&b, 33, 12, TreeType::Dir).is_err());
+        let n = Node {
+            level: 0,
+            entries: vec![(5, vec![]), (5, vec![])],
+        };
+        assert!(Node::decode(&encode(&n), 33, 12, TreeType::Dir).is_err());
+        assert!(Node::decode(&encode(&sample()), 33, 13, TreeType::Dir).is_err());
+        assert!(Node::decode(&encode(&sample()), 33, 12, TreeType::Xattr).is_err());
+    }
+}
