@@ -1,0 +1,467 @@
+//! Allocation groups: free space and inodes.
+//!
+//! Each AG has an in-memory copy of its block and inode bitmaps behind its
+//! own lock, so that allocations in different AGs do not contend. The
+//! on-disk bitmaps and AG header counters change through the journal.
+//!
+//! A freed block is cleared on disk at once (in the running transaction)
+//! but stays set in memory until the checkpoint after the commit that freed
+//! it: until then, replay could still write an old metadata image over it,
+//! or an uncommitted free could be undone by a crash while a new owner had
+//! already written data into it.
+//!
+//! Lock order: the engine's metadata lock, then an AG lock; never two AG
+//! locks at once.
+
+use crate::error::{Error, Result};
+use crate::format::ag_header::AgHeader;
+use crate::format::{bitmap, csum, magic};
+use crate::geometry::Geometry;
+use crate::meta::Meta;
+use parking_lot::Mutex;
+
+pub struct AgState {
+    /// One bit per AG block; set = used or not yet reusable.
+    used: Vec<u64>,
+    /// Blocks clear in `used`.
+    pub free: u64,
+    /// One bit per inode of the AG; set = in use.
+    inodes: Vec<u64>,
+    pub free_inodes: u64,
+    len: u64,
+}
+
+pub struct Alloc {
+    pub ags: Vec<Mutex<AgState>>,
+    /// Delayed-allocation reservations: blocks promised to dirty data.
+    pub reserved: u64,
+    /// Blocks kept back for metadata (tree splits, journal-driven needs) so
+    /// that data reservations can never starve the writeback that honours them.
+    pub meta_reserve: u64,
+    pub dir_rotor: u32,
+}
+
+fn find_zero(bits: &[u64], from: u64, end: u64) -> Option<u64> {
+    let mut i = from;
+    while i < end {
+        let w = bits[(i / 64) as usize] | ((1u64 << (i % 64)) - 1);
+        if w != u64::MAX {
+            let bit = (i / 64) * 64 + (!w).trailing_zeros() as u64;
+            return (bit < end).then_some(bit);
+        }
+        i = (i / 64 + 1) * 64;
+    }
+    None
+}
+
+fn find_one(bits: &[u64], from: u64, end: u64) -> u64 {
+    let mut i = from;
+    while i < end {
+        let w = bits[(i / 64) as usize] & !((1u64 << (i % 64)) - 1);
+        if w != 0 {
+            return ((i / 64) * 64 + w.trailing_zeros() as u64).min(end);
+        }
+        i = (i / 64 + 1) * 64;
+    }
+    end
+}
+
+fn set_bits(bits: &mut [u64], start: u64, len: u64, v: bool) {
+    for i in start..start + len {
+        let (w, b) = ((i / 64) as usize, i % 64);
+        if v {
+            bits[w] |= 1 << b;
+        } else {
+            bits[w] &= !(1 << b);
+        }
+    }
+}
+
+fn get_bit(bits: &[u64], i: u64) -> bool {
+    bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+}
+
+impl AgState {
+    /// First free run at or after `from` (wrapping once), at most `want`.
+    fn find_run(&self, from: u64, floor: u64, want: u64) -> Option<(u64, u64)> {
+        let from = from.clamp(floor, self.len);
+        for (lo, hi) in [(from, self.len), (floor, from)] {
+            if let Some(s) = find_zero(&self.used, lo, hi) {
+                let e = find_one(&self.used, s, self.len.min(s + want));
+                return Some((s, e - s));
+            }
+        }
+        None
+    }
+}
+
+impl Alloc {
+    /// Load every AG's header and bitmaps (verifying them).
+    pub fn load(meta: &mut Meta) -> Result<Self> {
+        let geo = meta.geo.clone();
+        let mut ags = Vec::new();
+        let mut total_free = 0;
+        for ag in 0..geo.ag_count {
+            let len = geo.ag_len(ag);
+            let agh = AgHeader::decode(
+                meta.read(geo.agh_blk(ag), magic::AG_HEADER, "AG header")?,
+                geo.agh_blk(ag),
+                ag,
+            )?;
+            if agh.blocks != len {
+                return Err(Error::corrupted(
+                    "AG header",
+                    geo.agh_blk(ag),
+                    format!("AG has {} blocks, header says {}", len, agh.blocks),
+                ));
+            }
+            let mut used = vec![0u64; len.div_ceil(64) as usize];
+            let mut free = 0;
+            for i in 0..geo.bmap_blocks {
+                let blk = geo.bmap_start(ag) + i;
+                let b = meta.read(blk, magic::BLOCK_BITMAP, "block bitmap")?;
+                let first = i * geo.bits_per_bmap;
+                for bit in 0..geo.bits_per_bmap.min(len.saturating_sub(first)) {
+                    if bitmap::get_bit(b, bit as u32) {
+                        set_bits(&mut used, first + bit, 1, true);
+                    } else {
+                        free += 1;
+                    }
+                }
+            }
+            let ipa = geo.inodes_per_ag;
+            let mut inodes = vec![0u64; ipa.div_ceil(64) as usize];
+            let mut free_inodes = 0;
+            for i in 0..geo.imap_blocks {
+                let blk = geo.imap_start(ag) + i;
+                let b = meta.read(blk, magic::INODE_BITMAP, "inode bitmap")?;
+                let first = i * geo.bits_per_bmap;
+                for bit in 0..geo.bits_per_bmap.min(ipa.saturating_sub(first)) {
+                    if bitmap::get_bit(b, bit as u32) {
+                        set_bits(&mut inodes, first + bit, 1, true);
+                    } else {
+                        free_inodes += 1;
+                    }
+                }
+            }
+            if free != agh.free_blocks || free_inodes != agh.free_inodes {
+                return Err(Error::corrupted(
+                    "AG header",
+                    geo.agh_blk(ag),
+                    format!(
+                        "counters say {} free blocks and {} free inodes, bitmaps {} and {}",
+                        agh.free_blocks, agh.free_inodes, free, free_inodes
+                    ),
+                ));
+            }
+            total_free += free;
+            ags.push(Mutex::new(AgState {
+                used,
+                free,
+                inodes,
+                free_inodes,
+                len,
+            }));
+        }
+        let meta_reserve = (geo.total_blocks / 64).clamp(16, 8192).min(total_free / 4);
+        Ok(Alloc {
+            ags,
+            reserved: 0,
+            meta_reserve,
+            dir_rotor: 0,
+        })
+    }
+
+    pub fn free_blocks(&self) -> u64 {
+        self.ags.iter().map(|a| a.lock().free).sum()
+    }
+
+    /// Blocks a new reservation may still take.
+    pub fn available(&self) -> u64 {
+        self.free_blocks()
+            .saturating_sub(self.reserved + self.meta_reserve)
+    }
+
+    /// Reserve `n` blocks for delayed allocation. ENOSPC now, never later.
+    pub fn reserve(&mut self, n: u64) -> Result<()> {
+        if self.available() < n {
+            return Err(Error::NoSpace);
+        }
+        self.reserved += n;
+        Ok(())
+    }
+
+    pub fn unreserve(&mut self, n: u64) {
+        assert!(self.reserved >= n, "unreserve {n} of {}", self.reserved);
+        self.reserved -= n;
+    }
+
+    /// Allocate up to `want` contiguous blocks, preferring AG `ag` at or
+    /// after `goal`. Returns (first block, count) with count >= 1.
+    pub fn alloc(
+        &mut self,
+        meta: &mut Meta,
+        ag: u32,
+        goal: Option<u64>,
+        want: u64,
+    ) -> Result<(u64, u64)> {
+        let geo = meta.geo.clone();
+        let n = geo.ag_count;
+        for k in 0..n {
+            let a = (ag + k) % n;
+            let floor = geo.data_start_agbno(a);
+            let from = match goal {
+                Some(g) if k == 0 && geo.ag_of(g) == a => geo.agbno(g),
+                _ => floor,
+            };
+            let run = {
+                let mut st = self.ags[a as usize].lock();
+                if st.free == 0 {
+                    continue;
+                }
+                let Some((s, len)) = st.find_run(from, floor, want) else {
+                    continue;
+                };
+                set_bits(&mut st.used, s, len, true);
+                st.free -= len;
+                (geo.ag_start(a) + s, len)
+            };
+            self.mark_on_disk(meta, run.0, run.1, true)?;
+            return Ok(run);
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Allocate exactly one block (tree nodes).
+    pub fn alloc_one(&mut self, meta: &mut Meta, ag: u32, goal: Option<u64>) -> Result<u64> {
+        Ok(self.alloc(meta, ag, goal, 1)?.0)
+    }
+
+    /// Free a run: cleared on disk now, reusable after the next checkpoint.
+    /// Its data checksums are cleared too, so a free block has none.
+    pub fn free(&mut self, meta: &mut Meta, start: u64, len: u64) -> Result<()> {
+        let geo = meta.geo.clone();
+        if len == 0 {
+            return Ok(());
+        }
+        if !geo.is_data_block(start)
+            || !geo.is_data_block(start + len - 1)
+            || geo.ag_of(start) != geo.ag_of(start + len - 1)
+        {
+            return Err(Error::corrupted(
+                "extent",
+                start,
+                format!("free of {len} blocks outside one AG's data area"),
+            ));
+        }
+        self.mark_on_disk(meta, start, len, false)?;
+        clear_csums(meta, start, len)?;
+        for b in start..start + len {
+            meta.forget(b);
+        }
+        meta.freed_running.push((start, len));
+        Ok(())
+    }
+
+    /// Runs freed by committed transactions became safe at a checkpoint.
+    pub fn release(&mut self, geo: &Geometry, runs: Vec<(u64, u64)>) {
+        for (start, len) in runs {
+            let ag = geo.ag_of(start);
+            let mut st = self.ags[ag as usize].lock();
+            set_bits(&mut st.used, geo.agbno(start), len, false);
+            st.free += len;
+        }
+    }
+
+    /// Set or clear bits in the on-disk bitmap and adjust the AG header.
+    fn mark_on_disk(&mut self, meta: &mut Meta, start: u64, len: u64, used: bool) -> Result<()> {
+        let geo = meta.geo.clone();
+        let mut b = start;
+        while b < start + len {
+            let (blk, bit) = geo.bmap_loc(b);
+            let n = (geo.bits_per_bmap - bit as u64).min(start + len - b);
+            meta.read(blk, magic::BLOCK_BITMAP, "block bitmap")?;
+            let buf = meta.write(blk);
+            for i in 0..n as u32 {
+                if bitmap::get_bit(buf, bit + i) == used {
+                    return Err(Error::corrupted(
+                        "block bitmap",
+                        blk,
+                        format!(
+                            "block {} already {}",
+                            b + i as u64,
+                            if used { "in use" } else { "free" }
+                        ),
+                    ));
+                }
+                bitmap::set_bit(buf, bit + i, used);
+            }
+            b += n;
+        }
+        let ag = geo.ag_of(start);
+        let agh_blk = geo.agh_blk(ag);
+        let mut h = AgHeader::decode(
+            meta.read(agh_blk, magic::AG_HEADER, "AG header")?,
+            agh_blk,
+            ag,
+        )?;
+        if used {
+            h.free_blocks -= len;
+        } else {
+            h.free_blocks += len;
+        }
+        let uuid = meta.uuid;
+        h.encode(meta.write(agh_blk), agh_blk, uuid);
+        Ok(())
+    }
+
+    /// Allocate an inode in AG `ag` (or the next with room).
+    pub fn alloc_inode(&mut self, meta: &mut Meta, ag: u32) -> Result<u64> {
+        let geo = meta.geo.clone();
+        for k in 0..geo.ag_count {
+            let a = (ag + k) % geo.ag_count;
+            let idx = {
+                let mut st = self.ags[a as usize].lock();
+                if st.free_inodes == 0 {
+                    continue;
+                }
+                let Some(i) = find_zero(&st.inodes, 0, geo.inodes_per_ag) else {
+                    continue;
+                };
+                set_bits(&mut st.inodes, i, 1, true);
+                st.free_inodes -= 1;
+                i
+            };
+            let ino = a as u64 * geo.inodes_per_ag + idx;
+            self.mark_inode_on_disk(meta, ino, true)?;
+            return Ok(ino);
+        }
+        Err(Error::NoSpace)
+    }
+
+    pub fn free_inode(&mut self, meta: &mut Meta, ino: u64) -> Result<()> {
+        let geo = meta.geo.clone();
+        self.mark_inode_on_disk(meta, ino, false)?;
+        let mut st = self.ags[geo.inode_ag(ino) as usize].lock();
+        set_bits(&mut st.inodes, ino % geo.inodes_per_ag, 1, false);
+        st.free_inodes += 1;
+        Ok(())
+    }
+
+    pub fn inode_in_use(&self, geo: &Geometry, ino: u64) -> bool {
+        ino < geo.max_ino()
+            && get_bit(
+                &self.ags[geo.inode_ag(ino) as usize].lock().inodes,
+                ino % geo.inodes_per_ag,
+            )
+    }
+
+    fn mark_inode_on_disk(&mut self, meta: &mut Meta, ino: u64, used: bool) -> Result<()> {
+        let geo = meta.geo.clone();
+        let (blk, bit) = geo.imap_loc(ino);
+        meta.read(blk, magic::INODE_BITMAP, "inode bitmap")?;
+        let buf = meta.write(blk);
+        if bitmap::get_bit(buf, bit) == used {
+            return Err(Error::corrupted(
+                "inode bitmap",
+                blk,
+                format!(
+                    "inode {ino} already {}",
+                    if used { "in use" } else { "free" }
+                ),
+            ));
+        }
+        bitmap::set_bit(buf, bit, used);
+        let ag = geo.inode_ag(ino);
+        let agh_blk = geo.agh_blk(ag);
+        let mut h = AgHeader::decode(
+            meta.read(agh_blk, magic::AG_HEADER, "AG header")?,
+            agh_blk,
+            ag,
+        )?;
+        if used {
+            h.free_inodes -= 1;
+        } else {
+            h.free_inodes += 1;
+        }
+        let uuid = meta.uuid;
+        h.encode(meta.write(agh_blk), agh_blk, uuid);
+        Ok(())
+    }
+
+    /// The AG for a new directory: the next in rotation.
+    pub fn next_dir_ag(&mut self, ag_count: u32) -> u32 {
+        let a = self.dir_rotor % ag_count;
+        self.dir_rotor = self.dir_rotor.wrapping_add(1);
+        a
+    }
+}
+
+/// Set data checksums for `crcs.len()` blocks from `start`.
+pub fn set_csums(meta: &mut Meta, start: u64, crcs: &[u32]) -> Result<()> {
+    let geo = meta.geo.clone();
+    let mut i = 0usize;
+    while i < crcs.len() {
+        let (blk, idx) = geo.csum_loc(start + i as u64);
+        let n = ((geo.csums_per_block - idx as u64) as usize).min(crcs.len() - i);
+        meta.read(blk, magic::CSUM, "checksum block")?;
+        let buf = meta.write(blk);
+        for k in 0..n {
+            csum::set(buf, idx + k as u32, crcs[i + k]);
+        }
+        i += n;
+    }
+    Ok(())
+}
+
+pub fn clear_csums(meta: &mut Meta, start: u64, len: u64) -> Result<()> {
+    let geo = meta.geo.clone();
+    let mut b = start;
+    while b < start + len {
+        let (blk, idx) = geo.csum_loc(b);
+        let n = (geo.csums_per_block - idx as u64).min(start + len - b);
+        let buf = meta.read(blk, magic::CSUM, "checksum block")?;
+        if (0..n as u32).any(|k| csum::get(buf, idx + k) != 0) {
+            let buf = meta.write(blk);
+            for k in 0..n as u32 {
+                csum::set(buf, idx + k, 0);
+            }
+        }
+        b += n;
+    }
+    Ok(())
+}
+
+/// Read the stored checksums of `len` blocks from `start` (one pass over
+/// the checksum blocks that cover them).
+pub fn get_csums(meta: &mut Meta, start: u64, len: u64, out: &mut Vec<u32>) -> Result<()> {
+    let geo = meta.geo.clone();
+    let mut b = start;
+    while b < start + len {
+        let (blk, idx) = geo.csum_loc(b);
+        let n = (geo.csums_per_block - idx as u64).min(start + len - b);
+        let buf = meta.read(blk, magic::CSUM, "checksum block")?;
+        out.extend((0..n as u32).map(|k| csum::get(buf, idx + k)));
+        b += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bit_search() {
+        let mut bits = vec![0u64; 4];
+        set_bits(&mut bits, 0, 70, true);
+        assert_eq!(find_zero(&bits, 0, 256), Some(70));
+        assert_eq!(find_one(&bits, 70, 256), 256);
+        set_bits(&mut bits, 100, 1, true);
+        assert_eq!(find_one(&bits, 70, 256), 100);
+        assert_eq!(find_zero(&bits, 100, 256), Some(101));
+        set_bits(&mut bits, 0, 256, true);
+        assert_eq!(find_zero(&bits, 0, 256), None);
+        assert_eq!(find_zero(&bits, 0, 0), None);
+    }
+}

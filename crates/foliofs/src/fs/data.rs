@@ -1,0 +1,735 @@
+//! The buffered data path of this version: dirty blocks are held per inode
+//! and written back on fsync, sync, memory pressure and unmount. The large
+//! folio cache replaces the holding structure; the verbs stay:
+//!
+//! write: reserve space for holes -> copy into blocks (read-modify-write for
+//!        partial blocks, zeros for holes)
+//! writeback: classify dirty blocks -> log overwrite intents -> allocate
+//!        holes as unwritten extents -> write merged device runs -> flush ->
+//!        record checksums, convert to written, publish the size
+//!
+//! Ordering rules that make crashes safe:
+//! - newly allocated blocks are mapped unwritten until their data is on the
+//!   device, so a crash never exposes what was there before;
+//! - an in-place overwrite first commits "no checksum" for its blocks, so a
+//!   torn overwrite reads back (old, new or mixed sectors) without a false
+//!   EIO; the new checksum is committed after the data is flushed;
+//! - the on-disk size only covers data already on the device.
+
+use super::fork::{Extent, MAX_EXTENT_LEN};
+use super::inode::{DirtyBlock, Inode};
+use super::types::{ExtentInfo, Falloc, Whence};
+use super::{bump, Ctx, Inner};
+use crate::alloc::{clear_csums, get_csums, set_csums};
+use crate::device::AlignedBuf;
+use crate::error::{Error, Result};
+use crate::format::data_crc;
+
+/// Largest file offset: keeps block arithmetic far from overflow.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+/// Largest device I/O writeback and reads issue (1 MiB at 4 KiB blocks).
+const MAX_IO_BLOCKS: u64 = 256;
+
+impl Inode {
+    /// Read `count` mapped blocks starting at file block `lblk` (device
+    /// block `pblk`) into `out`, verifying their checksums.
+    fn read_mapped(
+        &self,
+        cx: &mut Ctx,
+        lblk: u64,
+        pblk: u64,
+        count: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let bs = cx.meta.geo.block_size;
+        cx.meta.dev.read_at(out, pblk * bs)?;
+        bump(&cx.counters.data_device_reads, 1);
+        let mut crcs = Vec::with_capacity(count as usize);
+        get_csums(cx.meta, pblk, count, &mut crcs)?;
+        for (i, stored) in crcs.iter().enumerate() {
+            let blk = &out[i * bs as usize..(i + 1) * bs as usize];
+            if *stored != 0 && data_crc(blk) != *stored {
+                bump(&cx.counters.csum_failures, 1);
+                return Err(Error::DataChecksum {
+                    ino: self.d.ino,
+                    offset: (lblk + i as u64) * bs,
+                    addr: pblk + i as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The current contents of file block `lblk` (dirty, on disk, or zeros).
+    fn block_contents(&self, cx: &mut Ctx, lblk: u64) -> Result<Box<[u8]>> {
+        let bs = cx.meta.geo.block_size as usize;
+        if let Some(d) = self.dirty.get(&lblk) {
+            return Ok(d.data.clone());
+        }
+        let mut buf = vec![0u8; bs].into_boxed_slice();
+        if let Some(e) = self.ext_find(cx, lblk)? {
+            if !e.unwritten {
+                let mut a = AlignedBuf::zeroed(bs);
+                self.read_mapped(cx, lblk, e.pblk + (lblk - e.lblk), 1, &mut a)?;
+                buf.copy_from_slice(&a);
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Zero bytes [from, to) of block `lblk` if it holds data.
+    fn zero_in_block(&mut self, cx: &mut Ctx, lblk: u64, from: usize, to: usize) -> Result<u64> {
+        if let Some(d) = self.dirty.get_mut(&lblk) {
+            d.data[from..to].fill(0);
+            return Ok(0);
+        }
+        match self.ext_find(cx, lblk)? {
+            Some(e) if !e.unwritten => {
+                let mut data = self.block_contents(cx, lblk)?;
+                data[from..to].fill(0);
+                self.dirty.insert(
+                    lblk,
+                    DirtyBlock {
+                        data,
+                        reserved: false,
+                    },
+                );
+                Ok(cx.meta.geo.block_size)
+            }
+            _ => Ok(0),
+        }
+    }
+}
+
+impl Inner {
+    pub fn read(&mut self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let bs = self.meta.geo.block_size;
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.is_dir() {
+            return Err(Error::IsDir);
+        }
+        if offset >= ip.size {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(ip.size - offset) as usize;
+        let mut done = 0usize;
+        let mut io = AlignedBuf::zeroed(0);
+        while done < n {
+            let pos = offset + done as u64;
+            let lblk = pos / bs;
+            let inb = (pos % bs) as usize;
+            if let Some(d) = ip.dirty.get(&lblk) {
+                let k = (bs as usize - inb).min(n - done);
+                buf[done..done + k].copy_from_slice(&d.data[inb..inb + k]);
+                done += k;
+                continue;
+            }
+            let last = (offset + n as u64 - 1) / bs;
+            match ip.ext_find(&mut cx, lblk)? {
+                Some(e) if !e.unwritten => {
+                    // One device read for the run of mapped, clean blocks.
+                    let mut count = (e.end().min(last + 1) - lblk).min(MAX_IO_BLOCKS);
+                    if let Some((&d, _)) = ip.dirty.range(lblk..lblk + count).next() {
+                        count = d - lblk;
+                    }
+                    if io.len() < (count * bs) as usize {
+                        io = AlignedBuf::zeroed((count.max(16) * bs) as usize);
+                    }
+                    let run = &mut io[..(count * bs) as usize];
+                    ip.read_mapped(&mut cx, lblk, e.pblk + (lblk - e.lblk), count, run)?;
+                    let k = ((count * bs) as usize - inb).min(n - done);
+                    buf[done..done + k].copy_from_slice(&run[inb..inb + k]);
+                    done += k;
+                }
+                _ => {
+                    let k = (bs as usize - inb).min(n - done);
+                    buf[done..done + k].fill(0);
+                    done += k;
+                }
+            }
+        }
+        bump(&self.counters.bytes_read_app, n as u64);
+        Ok(n)
+    }
+
+    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let bs = self.meta.geo.block_size;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        {
+            let (ip, _) = self.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+            if offset > ip.size {
+                let old = ip.size;
+                self.zero_eof_tail(ino, old)?;
+            }
+        }
+        let (ip, mut cx) = self.with(ino)?;
+        let mut done = 0usize;
+        let mut new_dirty = 0u64;
+        let mut result = Ok(());
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let lblk = pos / bs;
+            let inb = (pos % bs) as usize;
+            let k = (bs as usize - inb).min(data.len() - done);
+            if let Some(d) = ip.dirty.get_mut(&lblk) {
+                d.data[inb..inb + k].copy_from_slice(&data[done..done + k]);
+                done += k;
+                continue;
+            }
+            let mapped = ip.ext_find(&mut cx, lblk)?;
+            if mapped.is_none() {
+                if let Err(e) = cx.reserve(1) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            let mut block = if k == bs as usize {
+                vec![0u8; bs as usize].into_boxed_slice()
+            } else {
+                match ip.block_contents(&mut cx, lblk) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        if mapped.is_none() {
+                            cx.alloc.unreserve(1);
+                        }
+                        result = Err(e);
+                        break;
+                    }
+                }
+            };
+            block[inb..inb + k].copy_from_slice(&data[done..done + k]);
+            ip.dirty.insert(
+                lblk,
+                DirtyBlock {
+                    data: block,
+                    reserved: mapped.is_none(),
+                },
+            );
+            new_dirty += bs;
+            done += k;
+        }
+        if done > 0 {
+            ip.size = ip.size.max(offset + done as u64);
+            ip.touch_mtime();
+        }
+        bump(&cx.counters.bytes_written_app, done as u64);
+        bump(&cx.counters.bytes_dirtied, new_dirty);
+        self.dirty_bytes += new_dirty;
+        if self.dirty_bytes > self.opts.dirty_limit_bytes {
+            self.sync_data_all()?;
+        }
+        match result {
+            Err(e) if done == 0 => Err(e),
+            _ => Ok(done),
+        }
+    }
+
+    /// Before the size grows past `old_size`, zero the rest of the old last
+    /// block so bytes left there by an earlier truncate never reappear.
+    fn zero_eof_tail(&mut self, ino: u64, old_size: u64) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        if old_size % bs == 0 {
+            return Ok(());
+        }
+        let (ip, mut cx) = self.with(ino)?;
+        let added = ip.zero_in_block(
+            &mut cx,
+            old_size / bs,
+            (old_size % bs) as usize,
+            bs as usize,
+        )?;
+        self.dirty_bytes += added;
+        Ok(())
+    }
+
+    /// Write back every inode's dirty data (no commit).
+    fn sync_data_all(&mut self) -> Result<()> {
+        let dirty: Vec<u64> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| !i.dirty.is_empty() || i.size != i.d.size)
+            .map(|(k, _)| *k)
+            .collect();
+        for ino in dirty {
+            self.writeback(ino)?;
+            self.maybe_commit()?;
+        }
+        Ok(())
+    }
+
+    pub fn sync_all(&mut self) -> Result<()> {
+        self.meta.check_live()?;
+        self.sync_data_all()?;
+        self.meta.commit()
+    }
+
+    /// Write an inode's dirty blocks to the device and record them.
+    pub fn writeback(&mut self, ino: u64) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        let ag = self.meta.geo.inode_ag(ino);
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.dirty.is_empty() {
+            if ip.d.size != ip.size {
+                ip.d.size = ip.size;
+                ip.store(&mut cx)?;
+            }
+            return Ok(());
+        }
+        bump(&cx.counters.writebacks, 1);
+        // 1. Classify: (lblk, pblk, fresh) where fresh = not yet written.
+        let lblks: Vec<u64> = ip.dirty.keys().copied().collect();
+        let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
+        let mut holes: Vec<u64> = Vec::new();
+        let mut overwrites: Vec<u64> = Vec::new();
+        let mut cur: Option<Extent> = None;
+        for &l in &lblks {
+            if cur.is_none_or(|e| l < e.lblk || l >= e.end()) {
+                cur = ip.ext_find(&mut cx, l)?;
+            }
+            match cur {
+                Some(e) if e.lblk <= l && l < e.end() => {
+                    let p = e.pblk + (l - e.lblk);
+                    if !e.unwritten {
+                        overwrites.push(p);
+                    }
+                    targets.push((l, p, e.unwritten));
+                }
+                _ => holes.push(l),
+            }
+        }
+        // 2. Overwrite intents: commit "no checksum" before touching data.
+        if !overwrites.is_empty() {
+            for run in runs(&overwrites) {
+                clear_csums(cx.meta, run.0, run.1)?;
+            }
+            cx.meta.commit()?;
+            bump(&cx.counters.overwrite_intents, overwrites.len() as u64);
+        }
+        // 3. Allocate holes, one extent per contiguous range where free
+        // space allows, mapped unwritten until the data is down.
+        let mut i = 0;
+        while i < holes.len() {
+            let mut j = i + 1;
+            while j < holes.len()
+                && holes[j] == holes[j - 1] + 1
+                && (j - i) as u64 <= MAX_EXTENT_LEN
+            {
+                j += 1;
+            }
+            let mut l = holes[i];
+            let end = holes[j - 1] + 1;
+            while l < end {
+                let goal = if l > 0 {
+                    ip.ext_find(&mut cx, l - 1)?.map(|e| e.pblk + (l - e.lblk))
+                } else {
+                    None
+                };
+                let (p, n) = cx.alloc(ag, goal, end - l)?;
+                ip.ext_insert(
+                    &mut cx,
+                    Extent {
+                        lblk: l,
+                        pblk: p,
+                        len: n,
+                        unwritten: true,
+                    },
+                )?;
+                ip.d.nblocks += n;
+                for k in 0..n {
+                    targets.push((l + k, p + k, true));
+                    if ip
+                        .dirty
+                        .get_mut(&(l + k))
+                        .is_some_and(|d| std::mem::take(&mut d.reserved))
+                    {
+                        cx.alloc.unreserve(1);
+                    }
+                }
+                l += n;
+            }
+            i = j;
+        }
+        // 4. Write merged device runs, then flush.
+        targets.sort_unstable_by_key(|t| t.1);
+        let mut crcs: Vec<(u64, u32)> = Vec::with_capacity(targets.len());
+        let mut io_err = None;
+        let mut i = 0;
+        while i < targets.len() {
+            let mut j = i + 1;
+            while j < targets.len()
+                && targets[j].1 == targets[j - 1].1 + 1
+                && targets[j].0 == targets[j - 1].0 + 1
+                && ((j - i) as u64) < MAX_IO_BLOCKS
+            {
+                j += 1;
+            }
+            let mut buf = AlignedBuf::zeroed((j - i) * bs as usize);
+            for (k, t) in targets[i..j].iter().enumerate() {
+                let d = &ip.dirty[&t.0].data;
+                buf[k * bs as usize..(k + 1) * bs as usize].copy_from_slice(d);
+                crcs.push((t.1, data_crc(d)));
+            }
+            if let Err(e) = cx.meta.dev.write_at(&buf, targets[i].1 * bs) {
+                io_err = Some(e);
+                break;
+            }
+            bump(&cx.counters.data_device_writes, 1);
+            bump(&cx.counters.bytes_written_back, buf.len() as u64);
+            i = j;
+        }
+        if io_err.is_none() {
+            if let Err(e) = cx.meta.dev.flush() {
+                io_err = Some(e);
+            }
+        }
+        let n = ip.dirty.len() as u64;
+        ip.dirty.clear();
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
+        let (ip, mut cx) = self.with(ino)?;
+        if let Some(e) = io_err {
+            // The data is lost: its blocks stay unwritten (zeros) or
+            // without checksum; the error goes to the caller (fsync).
+            ip.d.size = ip.size;
+            ip.store(&mut cx)?;
+            return Err(e.into());
+        }
+        // 5. Record checksums, convert unwritten extents, publish the size.
+        crcs.sort_unstable_by_key(|c| c.0);
+        let mut i = 0;
+        while i < crcs.len() {
+            let mut j = i + 1;
+            while j < crcs.len() && crcs[j].0 == crcs[j - 1].0 + 1 {
+                j += 1;
+            }
+            let v: Vec<u32> = crcs[i..j].iter().map(|c| c.1).collect();
+            set_csums(cx.meta, crcs[i].0, &v)?;
+            i = j;
+        }
+        let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
+        fresh.sort_unstable();
+        for (l, n) in runs(&fresh) {
+            ip.ext_mark_written(&mut cx, l, l + n)?;
+        }
+        ip.d.size = ip.size;
+        ip.store(&mut cx)
+    }
+
+    /// Change the size (truncate up or down).
+    pub fn set_size(&mut self, ino: u64, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let bs = self.meta.geo.block_size;
+        let old = self.with(ino)?.0.size;
+        if size > old {
+            self.zero_eof_tail(ino, old)?;
+            let (ip, _) = self.with(ino)?;
+            ip.size = size;
+            ip.touch_mtime();
+            // The zeroed tail must be on the device before the new size is.
+            return self.writeback(ino);
+        }
+        let (ip, cx) = self.with(ino)?;
+        let first_gone = size.div_ceil(bs);
+        let gone: Vec<u64> = ip.dirty.range(first_gone..).map(|(k, _)| *k).collect();
+        for l in &gone {
+            if ip.dirty.remove(l).unwrap().reserved {
+                cx.alloc.unreserve(1);
+            }
+        }
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(gone.len() as u64 * bs);
+        let (ip, mut cx) = self.with(ino)?;
+        if size % bs != 0 {
+            if let Some(d) = ip.dirty.get_mut(&(size / bs)) {
+                d.data[(size % bs) as usize..].fill(0);
+            }
+        }
+        ip.size = size;
+        ip.d.size = ip.d.size.min(size);
+        ip.touch_mtime();
+        ip.store(&mut cx)?;
+        self.truncate_blocks(ino, first_gone)
+    }
+
+    /// Unmap and free every block from file block `first` on, committing
+    /// in steps so that huge files never outgrow the journal.
+    pub fn truncate_blocks(&mut self, ino: u64, first: u64) -> Result<()> {
+        loop {
+            let (ip, mut cx) = self.with(ino)?;
+            let batch: Vec<Extent> = ip
+                .ext_range(&mut cx, first, u64::MAX)?
+                .into_iter()
+                .rev()
+                .take(32)
+                .collect();
+            if batch.is_empty() {
+                return ip.store(&mut cx);
+            }
+            let from = batch.last().unwrap().lblk.max(first);
+            for (p, n) in ip.ext_remove(&mut cx, from, u64::MAX)? {
+                cx.alloc.free(cx.meta, p, n)?;
+                ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
+            }
+            ip.store(&mut cx)?;
+            if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+                self.meta.commit()?;
+            }
+        }
+    }
+
+    /// Allocate unwritten blocks over the holes in [from, to).
+    fn prealloc(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
+        let ag = self.meta.geo.inode_ag(ino);
+        let (ip, mut cx) = self.with(ino)?;
+        let mut holes = Vec::new();
+        let mut l = from;
+        for e in ip
+            .ext_range(&mut cx, from, to)?
+            .into_iter()
+            .chain(std::iter::once(Extent {
+                lblk: to,
+                pblk: 0,
+                len: 0,
+                unwritten: false,
+            }))
+        {
+            while l < e.lblk.min(to) {
+                // Dirty blocks in holes already hold a reservation.
+                if !ip.dirty.contains_key(&l) {
+                    holes.push(l);
+                }
+                l += 1;
+            }
+            l = l.max(e.end());
+        }
+        if cx.alloc.available() < holes.len() as u64 {
+            cx.reclaim()?;
+            if cx.alloc.available() < holes.len() as u64 {
+                return Err(Error::NoSpace);
+            }
+        }
+        for (start, len) in runs(&holes) {
+            let mut l = start;
+            while l < start + len {
+                let goal = if l > 0 {
+                    ip.ext_find(&mut cx, l - 1)?.map(|e| e.pblk + (l - e.lblk))
+                } else {
+                    None
+                };
+                let (p, n) = cx.alloc(ag, goal, start + len - l)?;
+                ip.ext_insert(
+                    &mut cx,
+                    Extent {
+                        lblk: l,
+                        pblk: p,
+                        len: n,
+                        unwritten: true,
+                    },
+                )?;
+                ip.d.nblocks += n;
+                l += n;
+                if cx.meta.running_blocks() > cx.meta.max_tx_blocks() / 2 {
+                    ip.store(&mut cx)?;
+                    cx.meta.commit()?;
+                }
+            }
+        }
+        ip.store(&mut cx)
+    }
+
+    /// Punch [from, to) in blocks: drop cached data and unmap.
+    fn punch_blocks(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        let (ip, mut cx) = self.with(ino)?;
+        let gone: Vec<u64> = ip.dirty.range(from..to).map(|(k, _)| *k).collect();
+        for l in &gone {
+            if ip.dirty.remove(l).unwrap().reserved {
+                cx.alloc.unreserve(1);
+            }
+        }
+        for (p, n) in ip.ext_remove(&mut cx, from, to)? {
+            cx.alloc.free(cx.meta, p, n)?;
+            ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
+        }
+        ip.store(&mut cx)?;
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(gone.len() as u64 * bs);
+        Ok(())
+    }
+
+    /// Zero the partial-block edges of [offset, end) and return the range
+    /// of whole blocks inside it.
+    fn zero_edges(&mut self, ino: u64, offset: u64, end: u64) -> Result<(u64, u64)> {
+        let bs = self.meta.geo.block_size;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        let (ip, mut cx) = self.with(ino)?;
+        let mut added = 0;
+        if first_full > end_full {
+            // Inside one block.
+            added += ip.zero_in_block(
+                &mut cx,
+                offset / bs,
+                (offset % bs) as usize,
+                (end % bs) as usize,
+            )?;
+        } else {
+            if offset % bs != 0 {
+                added +=
+                    ip.zero_in_block(&mut cx, offset / bs, (offset % bs) as usize, bs as usize)?;
+            }
+            if end % bs != 0 {
+                added += ip.zero_in_block(&mut cx, end / bs, 0, (end % bs) as usize)?;
+            }
+        }
+        self.dirty_bytes += added;
+        Ok((first_full, end_full.max(first_full)))
+    }
+
+    pub fn fallocate(&mut self, ino: u64, mode: Falloc, offset: u64, len: u64) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        if len == 0 {
+            return Err(Error::Invalid("fallocate length 0".into()));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
+        {
+            let (ip, _) = self.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+        }
+        let size = self.with(ino)?.0.size;
+        match mode {
+            Falloc::Allocate { keep_size } => {
+                self.prealloc(ino, offset / bs, end.div_ceil(bs))?;
+                if !keep_size && end > size {
+                    self.set_size(ino, end)?;
+                }
+            }
+            Falloc::PunchHole => {
+                // Only within the file; the size never changes.
+                let end = end.min(size);
+                if offset < end {
+                    let (a, b) = self.zero_edges(ino, offset, end)?;
+                    self.punch_blocks(ino, a, b)?;
+                }
+                let (ip, mut cx) = self.with(ino)?;
+                ip.touch_mtime();
+                ip.store(&mut cx)?;
+            }
+            Falloc::ZeroRange { keep_size } => {
+                let zend = end.min(size.max(if keep_size { size } else { end }));
+                if offset < zend {
+                    let (a, b) = self.zero_edges(ino, offset, zend.min(size).max(offset))?;
+                    self.punch_blocks(ino, a, b)?;
+                }
+                self.prealloc(ino, offset / bs, end.div_ceil(bs))?;
+                if !keep_size && end > size {
+                    self.set_size(ino, end)?;
+                }
+                let (ip, mut cx) = self.with(ino)?;
+                ip.touch_mtime();
+                ip.store(&mut cx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// SEEK_DATA / SEEK_HOLE. Unwritten extents count as holes (they read
+    /// as zeros), dirty cached blocks as data.
+    pub fn seek(&mut self, ino: u64, offset: u64, whence: Whence) -> Result<Option<u64>> {
+        let bs = self.meta.geo.block_size;
+        let (ip, mut cx) = self.with(ino)?;
+        let size = ip.size;
+        if offset >= size {
+            return Ok(None);
+        }
+        let mut l = offset / bs;
+        let last = size.div_ceil(bs);
+        match whence {
+            Whence::Data => {
+                let dirty = ip.dirty.range(l..).next().map(|(k, _)| *k);
+                let mut ext = None;
+                while l < last {
+                    match ip
+                        .ext_range(&mut cx, l, last)?
+                        .into_iter()
+                        .find(|e| !e.unwritten && e.end() > l)
+                    {
+                        Some(e) => {
+                            ext = Some(e.lblk.max(l));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let b = match (dirty, ext) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (a, b) => match a.or(b) {
+                        Some(x) => x,
+                        None => return Ok(None),
+                    },
+                };
+                let pos = (b * bs).max(offset);
+                Ok((pos < size).then_some(pos))
+            }
+            Whence::Hole => {
+                while l < last {
+                    if ip.dirty.contains_key(&l) {
+                        l += 1;
+                        continue;
+                    }
+                    match ip.ext_find(&mut cx, l)? {
+                        Some(e) if !e.unwritten => l = e.end(),
+                        _ => break,
+                    }
+                }
+                Ok(Some((l * bs).max(offset).min(size)))
+            }
+        }
+    }
+
+    pub fn extent_info(&mut self, ino: u64) -> Result<Vec<ExtentInfo>> {
+        let bs = self.meta.geo.block_size;
+        self.writeback(ino)?;
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.is_dir() {
+            return Ok(Vec::new());
+        }
+        Ok(ip
+            .ext_all(&mut cx)?
+            .into_iter()
+            .map(|e| ExtentInfo {
+                offset: e.lblk * bs,
+                device_block: e.pblk,
+                blocks: e.len,
+                unwritten: e.unwritten,
+            })
+            .collect())
+    }
+}
+
+/// Sorted values -> runs of consecutive values (start, count).
+fn runs(v: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &x in v {
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == x => *n += 1,
+            _ => out.push((x, 1)),
+        }
+    }
+    out
+}

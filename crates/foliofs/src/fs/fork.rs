@@ -1,0 +1,283 @@
+//! The data fork as an ordered key/value map, inline in the inode until it
+//! outgrows the literal area, then a B+tree; and the extent map on top.
+//!
+//! Extent value (16 bytes): device block u64, length u32, flags u32
+//! (bit 0: unwritten, reads as zeros). Key: first file block.
+
+use super::inode::{inline_len, Fork, Inode};
+use super::{bump, Ctx};
+use crate::error::{Error, Result};
+use crate::format::inode::LITERAL_SIZE;
+
+pub const EXT_UNWRITTEN: u32 = 1;
+/// Longest extent: keeps `len` in a u32 with room to merge.
+pub const MAX_EXTENT_LEN: u64 = 1 << 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub lblk: u64,
+    pub pblk: u64,
+    pub len: u64,
+    pub unwritten: bool,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.lblk + self.len
+    }
+    fn value(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&self.pblk.to_le_bytes());
+        v.extend_from_slice(&(self.len as u32).to_le_bytes());
+        v.extend_from_slice(&(if self.unwritten { EXT_UNWRITTEN } else { 0 }).to_le_bytes());
+        v
+    }
+    fn decode(ino: u64, key: u64, v: &[u8], cx: &Ctx) -> Result<Self> {
+        if v.len() != 16 {
+            return Err(Error::corrupted(
+                "extent",
+                ino,
+                format!("inode {ino}: extent value of {} bytes", v.len()),
+            ));
+        }
+        let e = Extent {
+            lblk: key,
+            pblk: u64::from_le_bytes(v[..8].try_into().unwrap()),
+            len: u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64,
+            unwritten: u32::from_le_bytes(v[12..16].try_into().unwrap()) & EXT_UNWRITTEN != 0,
+        };
+        let geo = &cx.meta.geo;
+        if e.len == 0
+            || !geo.is_data_block(e.pblk)
+            || !geo.is_data_block(e.pblk + e.len - 1)
+            || geo.ag_of(e.pblk) != geo.ag_of(e.pblk + e.len - 1)
+            || e.lblk.checked_add(e.len).is_none()
+        {
+            return Err(Error::corrupted(
+                "extent",
+                e.pblk,
+                format!(
+                    "inode {ino}: extent at file block {} ({} blocks) outside the data area",
+                    e.lblk, e.len
+                ),
+            ));
+        }
+        Ok(e)
+    }
+}
+
+impl Inode {
+    fn ag(&self, cx: &Ctx) -> u32 {
+        cx.meta.geo.inode_ag(self.d.ino)
+    }
+
+    /// The entry with the largest key <= `key`.
+    pub fn kv_le(&self, cx: &mut Ctx, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        match &self.fork {
+            Fork::Inline(v) => {
+                let i = v.partition_point(|(k, _)| *k <= key);
+                Ok((i > 0).then(|| v[i - 1].clone()))
+            }
+            Fork::Tree => self
+                .tree(self.ag(cx))
+                .find_le(cx.meta, self.d.fork_root, key),
+            Fork::Symlink(_) => Ok(None),
+        }
+    }
+
+    /// Entries with key >= `key`: at least `min` of them, if there are.
+    pub fn kv_scan(&self, cx: &mut Ctx, key: u64, min: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        match &self.fork {
+            Fork::Inline(v) => Ok(v.iter().filter(|(k, _)| *k >= key).cloned().collect()),
+            Fork::Tree => self
+                .tree(self.ag(cx))
+                .scan(cx.meta, self.d.fork_root, key, min),
+            Fork::Symlink(_) => Ok(Vec::new()),
+        }
+    }
+
+    pub fn kv_put(&mut self, cx: &mut Ctx, key: u64, value: &[u8]) -> Result<()> {
+        let ag = self.ag(cx);
+        match &mut self.fork {
+            Fork::Inline(v) => {
+                match v.binary_search_by_key(&key, |(k, _)| *k) {
+                    Ok(i) => v[i].1 = value.to_vec(),
+                    Err(i) => v.insert(i, (key, value.to_vec())),
+                }
+                if inline_len(v) > LITERAL_SIZE {
+                    // Outgrew the inode: move every entry into a new tree.
+                    let entries = std::mem::take(v);
+                    let tree = self.tree(ag);
+                    let mut root = 0;
+                    for (k, val) in &entries {
+                        tree.insert(cx.meta, cx.alloc, &mut root, *k, val)?;
+                    }
+                    self.d.fork_root = root;
+                    self.fork = Fork::Tree;
+                }
+                Ok(())
+            }
+            Fork::Tree => {
+                let mut root = self.d.fork_root;
+                self.tree(ag)
+                    .insert(cx.meta, cx.alloc, &mut root, key, value)?;
+                self.d.fork_root = root;
+                Ok(())
+            }
+            Fork::Symlink(_) => Err(Error::Invalid("symlink has no data fork".into())),
+        }
+    }
+
+    pub fn kv_del(&mut self, cx: &mut Ctx, key: u64) -> Result<Option<Vec<u8>>> {
+        let ag = self.ag(cx);
+        match &mut self.fork {
+            Fork::Inline(v) => Ok(v
+                .binary_search_by_key(&key, |(k, _)| *k)
+                .ok()
+                .map(|i| v.remove(i).1)),
+            Fork::Tree => {
+                let mut root = self.d.fork_root;
+                let r = self.tree(ag).remove(cx.meta, cx.alloc, &mut root, key)?;
+                self.d.fork_root = root;
+                if root == 0 {
+                    self.fork = Fork::Inline(Vec::new());
+                }
+                Ok(r)
+            }
+            Fork::Symlink(_) => Ok(None),
+        }
+    }
+
+    // ---- extents ----
+
+    /// The extent containing file block `lblk`, if any.
+    pub fn ext_find(&self, cx: &mut Ctx, lblk: u64) -> Result<Option<Extent>> {
+        bump(&cx.counters.mapping_lookups, 1);
+        match self.kv_le(cx, lblk)? {
+            Some((k, v)) => {
+                let e = Extent::decode(self.d.ino, k, &v, cx)?;
+                Ok((e.end() > lblk).then_some(e))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Extents overlapping [from, to), in order.
+    pub fn ext_range(&self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<Extent>> {
+        let mut out = Vec::new();
+        if from >= to {
+            return Ok(out);
+        }
+        if let Some(e) = self.ext_find(cx, from)? {
+            out.push(e);
+        }
+        let mut key = from + 1;
+        loop {
+            let batch = self.kv_scan(cx, key, 64)?;
+            if batch.is_empty() {
+                return Ok(out);
+            }
+            for (k, v) in &batch {
+                if *k >= to {
+                    return Ok(out);
+                }
+                out.push(Extent::decode(self.d.ino, *k, v, cx)?);
+            }
+            key = batch.last().unwrap().0 + 1;
+            if matches!(self.fork, Fork::Inline(_)) {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Unmap [from, to); returns the device runs that were mapped there
+    /// (the caller frees them).
+    pub fn ext_remove(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
+        let mut freed = Vec::new();
+        for e in self.ext_range(cx, from, to)? {
+            self.kv_del(cx, e.lblk)?;
+            if e.lblk < from {
+                let left = Extent {
+                    len: from - e.lblk,
+                    ..e
+                };
+                self.kv_put(cx, left.lblk, &left.value())?;
+            }
+            if e.end() > to {
+                let skip = to - e.lblk;
+                let right = Extent {
+                    lblk: to,
+                    pblk: e.pblk + skip,
+                    len: e.end() - to,
+                    unwritten: e.unwritten,
+                };
+                self.kv_put(cx, right.lblk, &right.value())?;
+            }
+            let s = from.max(e.lblk);
+            let t = to.min(e.end());
+            freed.push((e.pblk + (s - e.lblk), t - s));
+        }
+        Ok(freed)
+    }
+
+    /// Map a range that is currently unmapped, merging with neighbours
+    /// that continue it on the device with the same state.
+    pub fn ext_insert(&mut self, cx: &mut Ctx, mut e: Extent) -> Result<()> {
+        if e.lblk > 0 {
+            if let Some(l) = self.ext_find(cx, e.lblk - 1)? {
+                if l.end() == e.lblk
+                    && l.pblk + l.len == e.pblk
+                    && l.unwritten == e.unwritten
+                    && l.len + e.len <= MAX_EXTENT_LEN
+                {
+                    self.kv_del(cx, l.lblk)?;
+                    e = Extent {
+                        lblk: l.lblk,
+                        pblk: l.pblk,
+                        len: l.len + e.len,
+                        unwritten: e.unwritten,
+                    };
+                }
+            }
+        }
+        if let Some(r) = self.ext_find(cx, e.end())? {
+            if r.lblk == e.end()
+                && e.pblk + e.len == r.pblk
+                && r.unwritten == e.unwritten
+                && r.len + e.len <= MAX_EXTENT_LEN
+            {
+                self.kv_del(cx, r.lblk)?;
+                e.len += r.len;
+            }
+        }
+        self.kv_put(cx, e.lblk, &e.value())
+    }
+
+    /// Turn unwritten blocks in [from, to) into written ones (after their
+    /// data reached the device).
+    pub fn ext_mark_written(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<()> {
+        for e in self.ext_range(cx, from, to)? {
+            if !e.unwritten {
+                continue;
+            }
+            let s = from.max(e.lblk);
+            let t = to.min(e.end());
+            self.ext_remove(cx, s, t)?;
+            self.ext_insert(
+                cx,
+                Extent {
+                    lblk: s,
+                    pblk: e.pblk + (s - e.lblk),
+                    len: t - s,
+                    unwritten: false,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Every extent of the file.
+    pub fn ext_all(&self, cx: &mut Ctx) -> Result<Vec<Extent>> {
+        self.ext_range(cx, 0, u64::MAX)
+    }
+}

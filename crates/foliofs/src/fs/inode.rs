@@ -1,0 +1,384 @@
+//! In-memory inodes: loading, storing, allocating, freeing, orphans.
+//!
+//! `Inode::d` mirrors the on-disk inode; `d.size` is the size on disk,
+//! which only ever covers data already on the device, while `size` is the
+//! size the application sees (it runs ahead while dirty data is cached).
+
+use super::types::FileType;
+use super::{Ctx, Inner};
+use crate::btree::Tree;
+use crate::error::{Error, Result};
+use crate::format::ag_header::AgHeader;
+use crate::format::btree_node::TreeType;
+use crate::format::inode::{DiskInode, ForkFormat, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE};
+use crate::format::{get_u16, get_u64, magic};
+use std::collections::BTreeMap;
+
+/// A cached block of file data not yet written to the device.
+pub(crate) struct DirtyBlock {
+    pub data: Box<[u8]>,
+    /// A delayed-allocation reservation is held for this block.
+    pub reserved: bool,
+}
+
+/// The data fork: inline entries, a B+tree (root in `d.fork_root`), or an
+/// inline symlink target.
+pub(crate) enum Fork {
+    Inline(Vec<(u64, Vec<u8>)>),
+    Tree,
+    Symlink(Vec<u8>),
+}
+
+pub(crate) struct Inode {
+    pub d: DiskInode,
+    pub size: u64,
+    pub fork: Fork,
+    pub dirty: BTreeMap<u64, DirtyBlock>,
+    pub open: u32,
+}
+
+/// Bytes an inline entry takes in the literal area.
+pub(crate) fn inline_len(entries: &[(u64, Vec<u8>)]) -> usize {
+    entries.iter().map(|(_, v)| 10 + v.len()).sum()
+}
+
+impl Inode {
+    fn from_disk(d: DiskInode, blk: u64) -> Result<Self> {
+        let bad = |r: &str| Error::corrupted("inode", blk, format!("inode {}: {r}", d.ino));
+        let fork = match d.fork {
+            ForkFormat::Extents | ForkFormat::DirInline => {
+                let mut entries = Vec::with_capacity(d.fork_count as usize);
+                let mut p = 0usize;
+                for _ in 0..d.fork_count {
+                    if p + 10 > LITERAL_SIZE {
+                        return Err(bad("inline entries overrun the literal area"));
+                    }
+                    let k = get_u64(&d.literal, p);
+                    let vlen = get_u16(&d.literal, p + 8) as usize;
+                    if p + 10 + vlen > LITERAL_SIZE {
+                        return Err(bad("inline entry overruns the literal area"));
+                    }
+                    if entries
+                        .last()
+                        .is_some_and(|(pk, _): &(u64, Vec<u8>)| *pk >= k)
+                    {
+                        return Err(bad("inline entries out of order"));
+                    }
+                    entries.push((k, d.literal[p + 10..p + 10 + vlen].to_vec()));
+                    p += 10 + vlen;
+                }
+                Fork::Inline(entries)
+            }
+            ForkFormat::ExtentTree | ForkFormat::DirTree => Fork::Tree,
+            ForkFormat::Symlink => Fork::Symlink(d.literal[..d.fork_count as usize].to_vec()),
+        };
+        let is_dir = d.mode & super::types::S_IFMT == 0o040000;
+        let dir_fork = matches!(d.fork, ForkFormat::DirInline | ForkFormat::DirTree);
+        if is_dir != dir_fork {
+            return Err(bad("fork format does not match the file type"));
+        }
+        if FileType::from_mode(d.mode).is_none() {
+            return Err(bad("bad file type in mode"));
+        }
+        Ok(Inode {
+            size: d.size,
+            d,
+            fork,
+            dirty: BTreeMap::new(),
+            open: 0,
+        })
+    }
+
+    pub fn to_disk(&self) -> DiskInode {
+        let mut d = self.d.clone();
+        d.literal = [0; LITERAL_SIZE];
+        match &self.fork {
+            Fork::Inline(entries) => {
+                let mut p = 0;
+                for (k, v) in entries {
+                    d.literal[p..p + 8].copy_from_slice(&k.to_le_bytes());
+                    d.literal[p + 8..p + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
+                    d.literal[p + 10..p + 10 + v.len()].copy_from_slice(v);
+                    p += 10 + v.len();
+                }
+                d.fork_count = entries.len() as u16;
+                d.fork = if self.is_dir() {
+                    ForkFormat::DirInline
+                } else {
+                    ForkFormat::Extents
+                };
+            }
+            Fork::Tree => {
+                d.fork_count = 0;
+                d.fork = if self.is_dir() {
+                    ForkFormat::DirTree
+                } else {
+                    ForkFormat::ExtentTree
+                };
+            }
+            Fork::Symlink(t) => {
+                d.literal[..t.len()].copy_from_slice(t);
+                d.fork_count = t.len() as u16;
+                d.fork = ForkFormat::Symlink;
+            }
+        }
+        d
+    }
+
+    pub fn kind(&self) -> FileType {
+        FileType::from_mode(self.d.mode).unwrap_or(FileType::File)
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind() == FileType::Dir
+    }
+
+    /// The tree that holds this inode's fork when it is not inline.
+    pub fn tree(&self, ag: u32) -> Tree {
+        Tree {
+            owner: self.d.ino,
+            tt: if self.is_dir() {
+                TreeType::Dir
+            } else {
+                TreeType::Extents
+            },
+            ag,
+        }
+    }
+
+    pub fn xattr_tree(&self, ag: u32) -> Tree {
+        Tree {
+            owner: self.d.ino,
+            tt: TreeType::Xattr,
+            ag,
+        }
+    }
+
+    /// Write the inode into its inode-table block (joins the transaction).
+    pub fn store(&self, cx: &mut Ctx) -> Result<()> {
+        let (blk, off) = cx.meta.geo.inode_loc(self.d.ino);
+        let uuid = cx.meta.uuid;
+        cx.meta.read_itable(blk)?;
+        let buf = cx.meta.write(blk);
+        self.to_disk()
+            .encode(&mut buf[off..off + INODE_SIZE], &uuid);
+        Ok(())
+    }
+
+    pub fn touch_ctime(&mut self) {
+        self.d.ctime = super::now();
+    }
+
+    pub fn touch_mtime(&mut self) {
+        let t = super::now();
+        self.d.mtime = t;
+        self.d.ctime = t;
+    }
+}
+
+pub(crate) fn orphan_tree() -> Tree {
+    Tree {
+        owner: 0,
+        tt: TreeType::Orphans,
+        ag: 0,
+    }
+}
+
+impl Inner {
+    /// Make sure inode `ino` is in the cache.
+    pub fn load_inode(&mut self, ino: u64) -> Result<()> {
+        if self.inodes.contains_key(&ino) {
+            return Ok(());
+        }
+        let geo = &self.meta.geo;
+        if ino == 0 || ino >= geo.max_ino() {
+            return Err(Error::NotFound);
+        }
+        let (blk, off) = geo.inode_loc(ino);
+        let uuid = self.meta.uuid;
+        let buf = self.meta.read_itable(blk)?;
+        let slot = &buf[off..off + INODE_SIZE];
+        if DiskInode::is_blank(slot) {
+            return Err(Error::NotFound);
+        }
+        let d = DiskInode::decode(slot, ino, blk, &uuid)?;
+        if d.mode == 0 {
+            return Err(Error::NotFound);
+        }
+        let ip = Inode::from_disk(d, blk)?;
+        if self.inodes.len() >= 65536 {
+            self.inodes.retain(|_, i| i.open > 0 || !i.dirty.is_empty());
+        }
+        self.inodes.insert(ino, ip);
+        Ok(())
+    }
+
+    /// The cached inode and the context to change it with.
+    pub fn with(&mut self, ino: u64) -> Result<(&mut Inode, Ctx<'_>)> {
+        self.load_inode(ino)?;
+        let Inner {
+            meta,
+            alloc,
+            inodes,
+            counters,
+            ..
+        } = self;
+        Ok((
+            inodes.get_mut(&ino).unwrap(),
+            Ctx {
+                meta,
+                alloc,
+                counters,
+            },
+        ))
+    }
+
+    /// Allocate and initialise a new inode in AG `ag`.
+    pub fn new_inode(&mut self, ag: u32, mode: u32, uid: u32, gid: u32) -> Result<u64> {
+        let ino = self.alloc.alloc_inode(&mut self.meta, ag)?;
+        let (blk, off) = self.meta.geo.inode_loc(ino);
+        let uuid = self.meta.uuid;
+        let old = &self.meta.read_itable(blk)?[off..off + INODE_SIZE];
+        // Keep generations increasing across reuse of the slot.
+        let generation = if DiskInode::is_blank(old) {
+            1
+        } else {
+            DiskInode::decode(old, ino, blk, &uuid)?
+                .generation
+                .wrapping_add(1)
+        };
+        let t = super::now();
+        let mut d = DiskInode::new(ino);
+        d.mode = mode;
+        d.uid = uid;
+        d.gid = gid;
+        d.nlink = 1;
+        d.atime = t;
+        d.mtime = t;
+        d.ctime = t;
+        d.crtime = t;
+        d.generation = generation;
+        let is_dir = mode & super::types::S_IFMT == 0o040000;
+        d.fork = if is_dir {
+            ForkFormat::DirInline
+        } else {
+            ForkFormat::Extents
+        };
+        let ip = Inode {
+            size: 0,
+            d,
+            fork: Fork::Inline(Vec::new()),
+            dirty: BTreeMap::new(),
+            open: 0,
+        };
+        let mut cx = self.ctx();
+        ip.store(&mut cx)?;
+        self.inodes.insert(ino, ip);
+        Ok(ino)
+    }
+
+    fn orphan_root(&mut self) -> Result<u64> {
+        let blk = self.meta.geo.agh_blk(0);
+        Ok(
+            AgHeader::decode(self.meta.read(blk, magic::AG_HEADER, "AG header")?, blk, 0)?
+                .orphan_root,
+        )
+    }
+
+    fn set_orphan_root(&mut self, root: u64) -> Result<()> {
+        let blk = self.meta.geo.agh_blk(0);
+        let mut h = AgHeader::decode(self.meta.read(blk, magic::AG_HEADER, "AG header")?, blk, 0)?;
+        if h.orphan_root != root {
+            h.orphan_root = root;
+            let uuid = self.meta.uuid;
+            h.encode(self.meta.write(blk), blk, uuid);
+        }
+        Ok(())
+    }
+
+    pub fn orphan_add(&mut self, ino: u64) -> Result<()> {
+        let mut root = self.orphan_root()?;
+        orphan_tree().insert(&mut self.meta, &mut self.alloc, &mut root, ino, &[])?;
+        self.set_orphan_root(root)?;
+        let (ip, mut cx) = self.with(ino)?;
+        ip.d.flags |= FLAG_ORPHAN;
+        ip.store(&mut cx)
+    }
+
+    fn orphan_remove(&mut self, ino: u64) -> Result<()> {
+        let mut root = self.orphan_root()?;
+        orphan_tree().remove(&mut self.meta, &mut self.alloc, &mut root, ino)?;
+        self.set_orphan_root(root)
+    }
+
+    /// Free an unlinked inode and everything it owns. The inode is on the
+    /// orphan list while this runs, so a crash part-way (long files commit
+    /// in steps) is finished by the next mount.
+    pub fn destroy_inode(&mut self, ino: u64) -> Result<()> {
+        self.load_inode(ino)?;
+        self.truncate_blocks(ino, 0)?;
+        let ag = self.meta.geo.inode_ag(ino);
+        let (ip, cx) = self.with(ino)?;
+        for b in std::mem::take(&mut ip.dirty).into_values() {
+            if b.reserved {
+                cx.alloc.unreserve(1);
+            }
+        }
+        let mut xroot = ip.d.xattr_root;
+        ip.xattr_tree(ag).destroy(cx.meta, cx.alloc, &mut xroot)?;
+        ip.d.xattr_root = xroot;
+        if let Fork::Tree = ip.fork {
+            let mut root = ip.d.fork_root;
+            ip.tree(ag).destroy(cx.meta, cx.alloc, &mut root)?;
+            ip.d.fork_root = 0;
+            ip.fork = Fork::Inline(Vec::new());
+        }
+        ip.d.mode = 0;
+        ip.d.nlink = 0;
+        ip.d.size = 0;
+        ip.d.nblocks = 0;
+        ip.d.flags = 0;
+        ip.d.xattr_root = 0;
+        ip.fork = Fork::Inline(Vec::new());
+        // Encode as a plain file so the free slot decodes consistently.
+        let mut d = ip.to_disk();
+        d.fork = ForkFormat::Extents;
+        let (blk, off) = cx.meta.geo.inode_loc(ino);
+        let uuid = cx.meta.uuid;
+        cx.meta.read_itable(blk)?;
+        d.encode(&mut cx.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+        cx.alloc.free_inode(cx.meta, ino)?;
+        self.inodes.remove(&ino);
+        self.orphan_remove(ino)
+    }
+
+    /// Last reference to an open file description went away.
+    pub fn release(&mut self, ino: u64) -> Result<()> {
+        let (ip, _) = self.with(ino)?;
+        ip.open = ip.open.saturating_sub(1);
+        if ip.open == 0 && ip.d.nlink == 0 {
+            self.check_writable()?;
+            self.destroy_inode(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Finish inodes that were unlinked while open when the system stopped.
+    pub fn process_orphans(&mut self) -> Result<()> {
+        loop {
+            let root = self.orphan_root()?;
+            let batch = orphan_tree().scan(&mut self.meta, root, 0, 64)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for (ino, _) in batch {
+                match self.load_inode(ino) {
+                    Ok(()) => self.destroy_inode(ino)?,
+                    Err(Error::NotFound) => self.orphan_remove(ino)?,
+                    Err(e) => return Err(e),
+                }
+                self.maybe_commit()?;
+            }
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The file system: mount, unmount and the public API.
+//!
+//! Locking: one metadata lock (`Fs::inner`) serialises namespace and
+//! mapping changes and the simple buffered path of this version; under it,
+//! per-AG allocator locks (see `alloc`). Nothing blocks on device I/O while
+//! holding an AG lock. The seams for the concurrent data paths (folio cache,
+//! direct I/O with a per-inode I/O lock, parallel writeback) are the `data`
+//! module's verbs.
+
+mod data;
+mod dir;
+mod fork;
+mod inode;
+mod mkfs;
+mod ns;
+pub mod types;
+mod xattr;
+
+pub use mkfs::{mkfs, MkfsOptions};
+pub use types::*;
+
+use crate::alloc::Alloc;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::superblock::Superblock;
+use crate::meta::{self, Meta};
+use inode::Inode;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Mount-time settings.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub read_only: bool,
+    /// Metadata cache size.
+    pub meta_cache_bytes: u64,
+    /// Dirty data held before a writer writes back its own file.
+    pub dirty_limit_bytes: u64,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            meta_cache_bytes: 64 << 20,
+            dirty_limit_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Event counters, readable at any time without the metadata lock.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub bytes_written_app: AtomicU64,
+    pub bytes_read_app: AtomicU64,
+    pub bytes_dirtied: AtomicU64,
+    pub bytes_written_back: AtomicU64,
+    pub data_device_writes: AtomicU64,
+    pub data_device_reads: AtomicU64,
+    pub csum_failures: AtomicU64,
+    pub mapping_lookups: AtomicU64,
+    pub writebacks: AtomicU64,
+    pub overwrite_intents: AtomicU64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CounterSnapshot {
+    pub bytes_written_app: u64,
+    pub bytes_read_app: u64,
+    pub bytes_dirtied: u64,
+    pub bytes_written_back: u64,
+    pub data_device_writes: u64,
+    pub data_device_reads: u64,
+    pub csum_failures: u64,
+    pub mapping_lookups: u64,
+    pub writebacks: u64,
+    pub overwrite_intents: u64,
+    pub journal: meta::JournalStats,
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// What the engine's parts borrow together: metadata cache/journal,
+/// allocator and counters.
+pub(crate) struct Ctx<'a> {
+    pub meta: &'a mut Meta,
+    pub alloc: &'a mut Alloc,
+    pub counters: &'a Counters,
+}
+
+impl Ctx<'_> {
+    /// Allocate, making room first if frees are only waiting for a checkpoint.
+    pub fn alloc(&mut self, ag: u32, goal: Option<u64>, want: u64) -> Result<(u64, u64)> {
+        match self.alloc.alloc(self.meta, ag, goal, want) {
+            Err(Error::NoSpace) if self.reclaimable() => {
+                self.reclaim()?;
+                self.alloc.alloc(self.meta, ag, goal, want)
+            }
+            r => r,
+        }
+    }
+
+    pub fn reclaimable(&self) -> bool {
+        !self.meta.freed_running.is_empty() || !self.meta.freed_committed.is_empty()
+    }
+
+    /// Commit and checkpoint so that freed blocks become reusable.
+    pub fn reclaim(&mut self) -> Result<()> {
+        self.meta.commit()?;
+        let runs = self.meta.checkpoint()?;
+        let geo = self.meta.geo.clone();
+        self.alloc.release(&geo, runs);
+        Ok(())
+    }
+
+    /// Reserve blocks for dirty data, reclaiming first if that helps.
+    pub fn reserve(&mut self, n: u64) -> Result<()> {
+        match self.alloc.reserve(n) {
+            Err(Error::NoSpace) if self.reclaimable() => {
+                self.reclaim()?;
+                self.alloc.reserve(n)
+            }
+            r => r,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub meta: Meta,
+    pub alloc: Alloc,
+    pub inodes: HashMap<u64, Inode>,
+    pub opts: MountOptions,
+    pub dirty_bytes: u64,
+    pub counters: Arc<Counters>,
+}
+
+/// A mounted foliofs file system. Send + Sync: share it with `Arc`.
+pub struct Fs {
+    inner: Mutex<Inner>,
+    counters: Arc<Counters>,
+    dev: Arc<dyn Device>,
+}
+
+impl Inner {
+    pub fn ctx(&mut self) -> Ctx<'_> {
+        Ctx {
+            meta: &mut self.meta,
+            alloc: &mut self.alloc,
+            counters: &self.counters,
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.meta.check_live()?;
+        if self.opts.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Commit at an operation boundary when the running transaction grows
+    /// past a quarter of the journal, so no transaction outgrows it.
+    fn maybe_commit(&mut self) -> Result<()> {
+        if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+            self.meta.commit()?;
+        }
+        if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
+            let runs = self.meta.checkpoint()?;
+            let geo = self.meta.geo.clone();
+            self.alloc.release(&geo, runs);
+        }
+        Ok(())
+    }
+}
+
+impl Fs {
+    /// Mount: read the superblock, replay the journal, load the AGs and
+    /// finish any orphaned inodes left by a crash.
+    pub fn mount(dev: Arc<dyn Device>, opts: MountOptions) -> Result<Fs> {
+        let mut sb = meta::read_superblock(&*dev)?;
+        let need = sb.total_blocks * sb.block_size as u64;
+        if dev.len() < need {
+            return Err(Error::corrupted(
+                "superblock",
+                0,
+                format!("file system needs {need} bytes, device has {}", dev.len()),
+            ));
+        }
+        if !opts.read_only {
+            meta::replay(&*dev, &mut sb)?;
+        } else if has_journal_work(&*dev, &sb)? {
+            return Err(Error::Invalid(
+                "the journal needs replay; mount read-write once (or run fsck) first".into(),
+            ));
+        }
+        let counters = Arc::new(Counters::default());
+        let mut meta = Meta::new(dev.clone(), sb, opts.meta_cache_bytes);
+        meta.stats.replayed_transactions = 0;
+        let alloc = Alloc::load(&mut meta)?;
+        let mut inner = Inner {
+            meta,
+            alloc,
+            inodes: HashMap::new(),
+            opts,
+            dirty_bytes: 0,
+            counters: counters.clone(),
+        };
+        // The root must be a directory.
+        let root = inner.meta.sb.root_ino;
+        inner.load_inode(root)?;
+        if !inner.inodes[&root].is_dir() {
+            return Err(Error::corrupted(
+                "inode",
+                root,
+                "root inode is not a directory",
+            ));
+        }
+        if !inner.opts.read_only {
+            inner.meta.set_clean(false)?;
+            inner.process_orphans()?;
+            inner.meta.commit()?;
+        }
+        Ok(Fs {
+            inner: Mutex::new(inner),
+            counters,
+            dev,
+        })
+    }
+
+    /// Write everything back, checkpoint and mark the file system clean.
+    pub fn unmount(self) -> Result<()> {
+        let mut g = self.inner.lock();
+        if g.opts.read_only || g.meta.is_shutdown() {
+            return g.meta.check_live();
+        }
+        g.sync_all()?;
+        let runs = g.meta.checkpoint()?;
+        let geo = g.meta.geo.clone();
+        g.alloc.release(&geo, runs);
+        g.meta.set_clean(true)?;
+        Ok(())
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    pub fn superblock(&self) -> Superblock {
+        self.inner.lock().meta.sb.clone()
+    }
+
+    pub fn root_ino(&self) -> u64 {
+        self.inner.lock().meta.sb.root_ino
+    }
+
+    pub fn block_size(&self) -> u64 {
+        self.inner.lock().meta.geo.block_size
+    }
+
+    /// Why the file system shut down, if it did.
+    pub fn shutdown_reason(&self) -> Option<String> {
+        self.inner
+            .lock()
+            .meta
+            .check_live()
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    pub fn counters(&self) -> CounterSnapshot {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CounterSnapshot {
+            bytes_written_app: l(&c.bytes_written_app),
+            bytes_read_app: l(&c.bytes_read_app),
+            bytes_dirtied: l(&c.bytes_dirtied),
+            bytes_written_back: l(&c.bytes_written_back),
+            data_device_writes: l(&c.data_device_writes),
+            data_device_reads: l(&c.data_device_reads),
+            csum_failures: l(&c.csum_failures),
+            mapping_lookups: l(&c.mapping_lookups),
+            writebacks: l(&c.writebacks),
+            overwrite_intents: l(&c.overwrite_intents),
+            journal: self.inner.lock().meta.stats.clone(),
+        }
+    }
+
+    // ---- namespace ----
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.inner.lock().lookup(parent, name)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.inner.lock().getattr(ino)
+    }
+
+    pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.setattr(ino, set);
+        g.maybe_commit()?;
+        r
+    }
+
+    /// Create a node of any type (regular file, fifo, device, socket).
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: FileType,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.create(parent, name, kind, perm, uid, gid, rdev, None);
+        g.maybe_commit()?;
+        r
+    }
+
+    pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mknod(parent, name, FileType::File, perm, uid, gid, 0)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mknod(parent, name, FileType::Dir, perm, uid, gid, 0)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.create(
+            parent,
+            name,
+            FileType::Symlink,
+            0o777,
+            uid,
+            gid,
+            0,
+            Some(target),
+        );
+        g.maybe_commit()?;
+        r
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.inner.lock().readlink(ino)
+    }
+
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.link(ino, parent, name);
+        g.maybe_commit()?;
+        r
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.unlink(parent, name, false);
+        g.maybe_commit()?;
+        r
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.unlink(parent, name, true);
+        g.maybe_commit()?;
+        r
+    }
+
+    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE flags.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.rename(parent, name, new_parent, new_name, flags);
+        g.maybe_commit()?;
+        r
+    }
+
+    /// Directory entries after `cookie` (0 to start), "." and ".." first.
+    pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        self.inner.lock().readdir(ino, cookie, max)
+    }
+
+    /// Note an open file description; unlinked inodes live until the last
+    /// one is released.
+    pub fn open(&self, ino: u64) -> Result<Attr> {
+        let mut g = self.inner.lock();
+        g.load_inode(ino)?;
+        g.inodes.get_mut(&ino).unwrap().open += 1;
+        g.getattr(ino)
+    }
+
+    pub fn release(&self, ino: u64) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.release(ino)?;
+        g.maybe_commit()
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        Ok(self.inner.lock().statfs())
+    }
+
+    // ---- data ----
+
+    pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.lock().read(ino, offset, buf)
+    }
+
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.write(ino, offset, data);
+        g.maybe_commit()?;
+        r
+    }
+
+    /// fsync / fdatasync: the file's data and the metadata needed to reach
+    /// it are durable when this returns Ok. (The journal commits every
+    /// pending metadata change at once, so both are the same here.)
+    pub fn fsync(&self, ino: u64, _datasync: bool) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.meta.check_live()?;
+        if g.opts.read_only {
+            return Ok(());
+        }
+        g.writeback(ino)?;
+        g.meta.commit()
+    }
+
+    /// Write back every file and commit.
+    pub fn sync(&self) -> Result<()> {
+        let mut g = self.inner.lock();
+        if g.opts.read_only {
+            return g.meta.check_live();
+        }
+        g.sync_all()
+    }
+
+    pub fn fallocate(&self, ino: u64, mode: Falloc, offset: u64, len: u64) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.fallocate(ino, mode, offset, len);
+        g.maybe_commit()?;
+        r
+    }
+
+    /// SEEK_DATA / SEEK_HOLE. `Ok(None)` is ENXIO.
+    pub fn seek(&self, ino: u64, offset: u64, whence: Whence) -> Result<Option<u64>> {
+        self.inner.lock().seek(ino, offset, whence)
+    }
+
+    /// The file's extent map (after writing back its dirty data).
+    pub fn extents(&self, ino: u64) -> Result<Vec<ExtentInfo>> {
+        self.inner.lock().extent_info(ino)
+    }
+
+    // ---- xattrs ----
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.inner.lock().getxattr(ino, name)
+    }
+
+    /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if not.
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.setxattr(ino, name, value, flags);
+        g.maybe_commit()?;
+        r
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.inner.lock().listxattr(ino)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.check_writable()?;
+        let r = g.removexattr(ino, name);
+        g.maybe_commit()?;
+        r
+    }
+
+    // ---- path helpers for tools and tests ----
+
+    /// Resolve an absolute path (no symlink following).
+    pub fn resolve(&self, path: &str) -> Result<u64> {
+        let mut ino = self.root_ino();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            ino = self.lookup(ino, part.as_bytes())?.ino;
+        }
+        Ok(ino)
+    }
+}
+
+fn has_journal_work(dev: &dyn Device, sb: &Superblock) -> Result<bool> {
+    let bs = sb.block_size as usize;
+    let mut b = crate::device::AlignedBuf::zeroed(bs);
+    dev.read_at(&mut b, (sb.journal_start + sb.tail_pos) * bs as u64)?;
+    Ok(matches!(
+        crate::format::header::verify(&b, "journal descriptor", crate::format::magic::JOURNAL_DESC, sb.journal_start + sb.tail_pos, &sb.uuid),
+        Ok(h) if h.lsn == sb.tail_seq
+    ))
+}
+
+pub(crate) fn now() -> crate::format::inode::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::format::inode::Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}

@@ -1,0 +1,462 @@
+//! Namespace operations.
+
+use super::dir::{check_name, COOKIE_DOT, COOKIE_DOTDOT};
+use super::inode::Fork;
+use super::types::*;
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::inode::LITERAL_SIZE;
+
+const LINK_MAX: u32 = 65000;
+
+impl Inner {
+    pub fn getattr(&mut self, ino: u64) -> Result<Attr> {
+        let bs = self.meta.geo.block_size;
+        let (ip, _) = self.with(ino)?;
+        let reserved = ip.dirty.values().filter(|b| b.reserved).count() as u64;
+        let t = |t: crate::format::inode::Timespec| (t.sec, t.nsec);
+        Ok(Attr {
+            ino,
+            size: ip.size,
+            allocated: (ip.d.nblocks + reserved) * bs,
+            kind: ip.kind(),
+            perm: ip.d.mode & 0o7777,
+            nlink: ip.d.nlink,
+            uid: ip.d.uid,
+            gid: ip.d.gid,
+            rdev: ip.d.rdev,
+            atime: t(ip.d.atime),
+            mtime: t(ip.d.mtime),
+            ctime: t(ip.d.ctime),
+            crtime: t(ip.d.crtime),
+            blksize: bs as u32,
+            generation: ip.d.generation,
+        })
+    }
+
+    fn dir_of(&mut self, ino: u64) -> Result<()> {
+        let (ip, _) = self.with(ino)?;
+        if !ip.is_dir() {
+            return Err(Error::NotDir);
+        }
+        Ok(())
+    }
+
+    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.dir_of(parent)?;
+        if name == b"." {
+            return self.getattr(parent);
+        }
+        if name == b".." {
+            let p = self.with(parent)?.0.d.parent;
+            return self.getattr(p);
+        }
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let (ip, mut cx) = self.with(parent)?;
+        let d = ip.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        match self.getattr(d.ino) {
+            Err(Error::NotFound) => Err(Error::corrupted(
+                "directory entry",
+                parent,
+                format!(
+                    "directory {parent}: entry {:?} points to free inode {}",
+                    String::from_utf8_lossy(name),
+                    d.ino
+                ),
+            )),
+            r => r,
+        }
+    }
+
+    pub fn setattr(&mut self, ino: u64, set: &SetAttr) -> Result<Attr> {
+        if let Some(size) = set.size {
+            let (ip, _) = self.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+            self.set_size(ino, size)?;
+        }
+        let (ip, mut cx) = self.with(ino)?;
+        let ts = |t: TimeSet| match t {
+            TimeSet::Now => super::now(),
+            TimeSet::At(t) => t,
+        };
+        if let Some(m) = set.mode {
+            ip.d.mode = (ip.d.mode & S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = set.uid {
+            ip.d.uid = u;
+        }
+        if let Some(g) = set.gid {
+            ip.d.gid = g;
+        }
+        if let Some(t) = set.atime {
+            ip.d.atime = ts(t);
+        }
+        if let Some(t) = set.mtime {
+            ip.d.mtime = ts(t);
+        }
+        ip.touch_ctime();
+        ip.store(&mut cx)?;
+        self.getattr(ino)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        kind: FileType,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        self.dir_of(parent)?;
+        if let Some(t) = target {
+            if t.is_empty() || t.len() > SYMLINK_MAX {
+                return Err(if t.is_empty() {
+                    Error::NotFound
+                } else {
+                    Error::NameTooLong
+                });
+            }
+        }
+        {
+            let (pp, mut cx) = self.with(parent)?;
+            if pp.d.nlink == 0 {
+                return Err(Error::NotFound);
+            }
+            if pp.dir_lookup(&mut cx, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            if kind == FileType::Dir && pp.d.nlink >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+        }
+        // New directories spread across AGs; files stay with their parent.
+        let ag = if kind == FileType::Dir {
+            self.alloc.next_dir_ag(self.meta.geo.ag_count)
+        } else {
+            self.meta.geo.inode_ag(parent)
+        };
+        let ino = self.new_inode(ag, kind.mode_bits() | (perm & 0o7777), uid, gid)?;
+        {
+            let (ip, mut cx) = self.with(ino)?;
+            ip.d.rdev = rdev;
+            if kind == FileType::Dir {
+                ip.d.nlink = 2;
+                ip.d.parent = parent;
+            }
+            if let Some(t) = target {
+                if t.len() <= LITERAL_SIZE {
+                    ip.fork = Fork::Symlink(t.to_vec());
+                    ip.size = t.len() as u64;
+                    ip.d.size = ip.size;
+                }
+            }
+            ip.store(&mut cx)?;
+        }
+        if let Some(t) = target.filter(|t| t.len() > LITERAL_SIZE) {
+            self.write(ino, 0, t)?;
+        }
+        let (pp, mut cx) = self.with(parent)?;
+        pp.dir_add(&mut cx, name, ino, kind)?;
+        if kind == FileType::Dir {
+            pp.d.nlink += 1;
+        }
+        pp.touch_mtime();
+        pp.store(&mut cx)?;
+        self.getattr(ino)
+    }
+
+    pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
+        let (ip, _) = self.with(ino)?;
+        if ip.kind() != FileType::Symlink {
+            return Err(Error::Invalid("not a symbolic link".into()));
+        }
+        if let Fork::Symlink(t) = &ip.fork {
+            return Ok(t.clone());
+        }
+        let mut buf = vec![0; ip.size as usize];
+        let n = self.read(ino, 0, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub fn link(&mut self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        self.dir_of(parent)?;
+        let kind = {
+            let (ip, _) = self.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::Invalid("hard link to a directory".into()));
+            }
+            if ip.d.nlink >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+            if ip.d.nlink == 0 {
+                return Err(Error::NotFound);
+            }
+            ip.kind()
+        };
+        let (pp, mut cx) = self.with(parent)?;
+        if pp.d.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        pp.dir_add(&mut cx, name, ino, kind)?;
+        pp.touch_mtime();
+        pp.store(&mut cx)?;
+        let (ip, mut cx) = self.with(ino)?;
+        ip.d.nlink += 1;
+        ip.touch_ctime();
+        ip.store(&mut cx)?;
+        self.getattr(ino)
+    }
+
+    /// Drop one link to `ino` (a directory loses both of its own). At zero
+    /// links the inode goes on the orphan list, and is freed now unless open.
+    fn drop_link(&mut self, ino: u64) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.is_dir() {
+            ip.d.nlink = 0;
+        } else {
+            ip.d.nlink = ip.d.nlink.saturating_sub(1);
+        }
+        ip.touch_ctime();
+        ip.store(&mut cx)?;
+        if ip.d.nlink == 0 {
+            let open = ip.open;
+            self.orphan_add(ino)?;
+            if open == 0 {
+                self.destroy_inode(ino)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn unlink(&mut self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
+        self.dir_of(parent)?;
+        if rmdir && (name == b"." || name == b"..") {
+            return Err(Error::Invalid("cannot remove . or ..".into()));
+        }
+        let (pp, mut cx) = self.with(parent)?;
+        let d = pp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        {
+            let (ip, mut cx) = self.with(d.ino)?;
+            match (rmdir, ip.is_dir()) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !ip.dir_is_empty(&mut cx)? => return Err(Error::NotEmpty),
+                _ => {}
+            }
+        }
+        let (pp, mut cx) = self.with(parent)?;
+        pp.dir_remove(&mut cx, name)?;
+        if rmdir {
+            pp.d.nlink -= 1;
+        }
+        pp.touch_mtime();
+        pp.store(&mut cx)?;
+        self.drop_link(d.ino)
+    }
+
+    /// True if `dir` is `anc` or below it.
+    fn is_below(&mut self, mut dir: u64, anc: u64) -> Result<bool> {
+        let root = self.meta.sb.root_ino;
+        for _ in 0..self.meta.geo.max_ino() {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == root {
+                return Ok(false);
+            }
+            dir = self.with(dir)?.0.d.parent;
+        }
+        Err(Error::corrupted(
+            "inode",
+            dir,
+            "directory parent chain has a cycle",
+        ))
+    }
+
+    pub fn rename(&mut self, p: u64, name: &[u8], np: u64, nname: &[u8], flags: u32) -> Result<()> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(Error::Invalid(format!("rename flags {flags:#x}")));
+        }
+        check_name(nname)?;
+        self.dir_of(p)?;
+        self.dir_of(np)?;
+        let src = {
+            let (pp, mut cx) = self.with(p)?;
+            pp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?
+        };
+        let dst = {
+            let (pp, mut cx) = self.with(np)?;
+            pp.dir_lookup(&mut cx, nname)?
+        };
+        if let Some(d) = &dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Error::Exists);
+            }
+            if d.ino == src.ino {
+                return Ok(());
+            }
+        } else if flags & RENAME_EXCHANGE != 0 {
+            return Err(Error::NotFound);
+        }
+        let src_dir = src.kind == FileType::Dir;
+        if src_dir && self.is_below(np, src.ino)? {
+            return Err(Error::Invalid(
+                "cannot move a directory below itself".into(),
+            ));
+        }
+        if flags & RENAME_EXCHANGE != 0 {
+            let d = dst.unwrap();
+            let dst_dir = d.kind == FileType::Dir;
+            if dst_dir && self.is_below(p, d.ino)? {
+                return Err(Error::Invalid(
+                    "cannot move a directory below itself".into(),
+                ));
+            }
+            {
+                let (pp, mut cx) = self.with(p)?;
+                pp.dir_replace(&mut cx, name, d.ino, d.kind)?;
+                pp.touch_mtime();
+                pp.store(&mut cx)?;
+            }
+            {
+                let (pp, mut cx) = self.with(np)?;
+                pp.dir_replace(&mut cx, nname, src.ino, src.kind)?;
+                pp.touch_mtime();
+                pp.store(&mut cx)?;
+            }
+            if p != np && src_dir != dst_dir {
+                let (into_np, into_p) = if src_dir { (1i64, -1i64) } else { (-1, 1) };
+                self.adjust_nlink(np, into_np)?;
+                self.adjust_nlink(p, into_p)?;
+            }
+            self.set_parent(src.ino, np, src_dir)?;
+            self.set_parent(d.ino, p, dst_dir)?;
+            return Ok(());
+        }
+        if let Some(d) = &dst {
+            let (ip, mut cx) = self.with(d.ino)?;
+            match (src_dir, ip.is_dir()) {
+                (false, true) => return Err(Error::IsDir),
+                (true, false) => return Err(Error::NotDir),
+                (true, true) if !ip.dir_is_empty(&mut cx)? => return Err(Error::NotEmpty),
+                _ => {}
+            }
+        }
+        {
+            let (pp, mut cx) = self.with(p)?;
+            pp.dir_remove(&mut cx, name)?;
+            pp.touch_mtime();
+            pp.store(&mut cx)?;
+        }
+        {
+            let (pp, mut cx) = self.with(np)?;
+            if dst.is_some() {
+                pp.dir_replace(&mut cx, nname, src.ino, src.kind)?;
+            } else {
+                pp.dir_add(&mut cx, nname, src.ino, src.kind)?;
+            }
+            pp.touch_mtime();
+            pp.store(&mut cx)?;
+        }
+        if src_dir && p != np {
+            self.adjust_nlink(p, -1)?;
+            self.adjust_nlink(np, 1)?;
+        }
+        self.set_parent(src.ino, np, src_dir)?;
+        if let Some(d) = dst {
+            if d.kind == FileType::Dir {
+                self.adjust_nlink(np, -1)?;
+            }
+            self.drop_link(d.ino)?;
+        }
+        Ok(())
+    }
+
+    fn adjust_nlink(&mut self, ino: u64, by: i64) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        ip.d.nlink = (ip.d.nlink as i64 + by).max(0) as u32;
+        ip.store(&mut cx)
+    }
+
+    fn set_parent(&mut self, ino: u64, parent: u64, is_dir: bool) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        if is_dir {
+            ip.d.parent = parent;
+        }
+        ip.touch_ctime();
+        ip.store(&mut cx)
+    }
+
+    pub fn readdir(&mut self, ino: u64, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        self.dir_of(ino)?;
+        let mut out = Vec::new();
+        let parent = self.with(ino)?.0.d.parent;
+        if cookie < COOKIE_DOT {
+            out.push(DirEntry {
+                ino,
+                kind: FileType::Dir,
+                name: b".".to_vec(),
+                cookie: COOKIE_DOT,
+            });
+        }
+        if cookie < COOKIE_DOTDOT {
+            out.push(DirEntry {
+                ino: parent,
+                kind: FileType::Dir,
+                name: b"..".to_vec(),
+                cookie: COOKIE_DOTDOT,
+            });
+        }
+        let (ip, mut cx) = self.with(ino)?;
+        for d in ip.dir_list(&mut cx, cookie.max(COOKIE_DOTDOT), max)? {
+            if out.len() >= max {
+                break;
+            }
+            out.push(DirEntry {
+                ino: d.ino,
+                kind: d.kind,
+                name: d.name,
+                cookie: d.key,
+            });
+        }
+        Ok(out)
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let geo = &self.meta.geo;
+        let data_blocks: u64 = (0..geo.ag_count)
+            .map(|a| geo.ag_len(a) - geo.data_start_agbno(a))
+            .sum();
+        let pending: u64 = self
+            .meta
+            .freed_running
+            .iter()
+            .chain(&self.meta.freed_committed)
+            .map(|(_, l)| l)
+            .sum();
+        let free = self.alloc.free_blocks() + pending;
+        let files_free: u64 = self.alloc.ags.iter().map(|a| a.lock().free_inodes).sum();
+        StatFs {
+            block_size: geo.block_size as u32,
+            blocks: data_blocks,
+            blocks_free: free.saturating_sub(self.alloc.reserved),
+            blocks_avail: free.saturating_sub(self.alloc.reserved + self.alloc.meta_reserve),
+            files: geo.max_ino(),
+            files_free,
+            name_max: NAME_MAX as u32,
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Public value types of the engine API.
+
+use crate::format::inode::Timespec;
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FileType {
+    File,
+    Dir,
+    Symlink,
+    CharDev,
+    BlockDev,
+    Fifo,
+    Socket,
+}
+
+pub const S_IFMT: u32 = 0o170000;
+
+impl FileType {
+    pub fn from_mode(mode: u32) -> Option<Self> {
+        Some(match mode & S_IFMT {
+            0o100000 => FileType::File,
+            0o040000 => FileType::Dir,
+            0o120000 => FileType::Symlink,
+            0o020000 => FileType::CharDev,
+            0o060000 => FileType::BlockDev,
+            0o010000 => FileType::Fifo,
+            0o140000 => FileType::Socket,
+            _ => return None,
+        })
+    }
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::File => 0o100000,
+            FileType::Dir => 0o040000,
+            FileType::Symlink => 0o120000,
+            FileType::CharDev => 0o020000,
+            FileType::BlockDev => 0o060000,
+            FileType::Fifo => 0o010000,
+            FileType::Socket => 0o140000,
+        }
+    }
+    /// The d_type value stored in directory entries.
+    pub fn dtype(self) -> u8 {
+        match self {
+            FileType::File => 8,
+            FileType::Dir => 4,
+            FileType::Symlink => 10,
+            FileType::CharDev => 2,
+            FileType::BlockDev => 6,
+            FileType::Fifo => 1,
+            FileType::Socket => 12,
+        }
+    }
+    pub fn from_dtype(t: u8) -> Option<Self> {
+        Some(match t {
+            8 => FileType::File,
+            4 => FileType::Dir,
+            10 => FileType::Symlink,
+            2 => FileType::CharDev,
+            6 => FileType::BlockDev,
+            1 => FileType::Fifo,
+            12 => FileType::Socket,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    /// Bytes of device space allocated to the file.
+    pub allocated: u64,
+    pub kind: FileType,
+    /// Permission bits (mode & 0o7777).
+    pub perm: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub crtime: (i64, u32),
+    pub blksize: u32,
+    pub generation: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: FileType,
+    pub name: Vec<u8>,
+    /// Pass this back to `readdir` to continue after this entry.
+    pub cookie: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSet {
+    Now,
+    At(Timespec),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// rename(2) flags.
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Falloc {
+    /// Allocate unwritten blocks; extend the size unless `keep_size`.
+    Allocate { keep_size: bool },
+    /// Deallocate; the size never changes.
+    PunchHole,
+    /// Make the range read as zeros, leaving it allocated (unwritten).
+    ZeroRange { keep_size: bool },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whence {
+    Data,
+    Hole,
+}
+
+/// One extent of a file's map, for `stat` and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ExtentInfo {
+    pub offset: u64,
+    pub device_block: u64,
+    pub blocks: u64,
+    pub unwritten: bool,
+}
+
+pub const NAME_MAX: usize = 255;
+pub const SYMLINK_MAX: usize = 4095;
+pub const XATTR_NAME_MAX: usize = 255;

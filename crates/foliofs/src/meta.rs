@@ -1,0 +1,534 @@
+//! The metadata buffer cache and the write-ahead journal.
+//!
+//! Metadata blocks are changed only in this cache. Changed blocks join the
+//! running transaction; `commit` writes their images to the journal with a
+//! commit block and one flush (group commit: every change made since the
+//! last commit goes in one transaction, whichever thread asked). Committed
+//! blocks are written to their home addresses by `checkpoint`, which then
+//! advances the journal tail in the superblock.
+//!
+//! Durability order: journal images, commit block, flush; only then may a
+//! checkpoint write the home copies; flush; only then does the superblock
+//! move the tail past them.
+//!
+//! A committed block changed again before its checkpoint keeps a frozen
+//! copy of its committed image, so a checkpoint never writes uncommitted
+//! changes home (jbd2 does the same with frozen buffers).
+//!
+//! Freed blocks may still have images in the live journal, which replay
+//! would write home again; they are therefore not reused until the
+//! checkpoint after the commit that freed them (see `Alloc::release`).
+
+use crate::device::{AlignedBuf, Device};
+use crate::error::{Error, Result};
+use crate::format::superblock::Superblock;
+use crate::format::{header, journal, magic};
+use crate::geometry::Geometry;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A block with the common header, stamped at commit.
+    Header,
+    /// An inode-table block: each inode carries its own checksum.
+    InodeTable,
+}
+
+struct Cached {
+    data: AlignedBuf,
+    kind: Kind,
+}
+
+pub struct Meta {
+    pub dev: Arc<dyn Device>,
+    pub geo: Geometry,
+    pub uuid: [u8; 16],
+    pub sb: Superblock,
+    cache: HashMap<u64, Cached>,
+    running: BTreeSet<u64>,
+    checkpoint: BTreeSet<u64>,
+    frozen: HashMap<u64, AlignedBuf>,
+    head_pos: u64,
+    head_seq: u64,
+    /// Blocks freed by the running transaction, then by committed ones.
+    pub freed_running: Vec<(u64, u64)>,
+    pub freed_committed: Vec<(u64, u64)>,
+    shutdown: Option<String>,
+    cache_limit: usize,
+    pub stats: JournalStats,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct JournalStats {
+    pub commits: u64,
+    pub blocks_logged: u64,
+    pub checkpoints: u64,
+    pub blocks_checkpointed: u64,
+    pub replayed_transactions: u64,
+}
+
+impl Meta {
+    pub fn new(dev: Arc<dyn Device>, sb: Superblock, cache_limit_bytes: u64) -> Self {
+        let geo = Geometry::new(&sb);
+        Meta {
+            dev,
+            uuid: sb.uuid,
+            head_pos: sb.tail_pos,
+            head_seq: sb.tail_seq,
+            cache_limit: (cache_limit_bytes / geo.block_size).max(256) as usize,
+            geo,
+            sb,
+            cache: HashMap::new(),
+            running: BTreeSet::new(),
+            checkpoint: BTreeSet::new(),
+            frozen: HashMap::new(),
+            freed_running: Vec::new(),
+            freed_committed: Vec::new(),
+            shutdown: None,
+            stats: JournalStats::default(),
+        }
+    }
+
+    pub fn check_live(&self) -> Result<()> {
+        match &self.shutdown {
+            Some(why) => Err(Error::Shutdown(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.is_some()
+    }
+
+    /// Shut the file system down: every later change fails.
+    pub fn poison(&mut self, why: String) -> Error {
+        if self.shutdown.is_none() {
+            self.shutdown = Some(why.clone());
+        }
+        Error::Shutdown(why)
+    }
+
+    fn load(&mut self, blk: u64, kind: Kind) -> Result<()> {
+        if self.cache.contains_key(&blk) {
+            return Ok(());
+        }
+        if blk >= self.geo.total_blocks {
+            return Err(Error::corrupted(
+                "metadata pointer",
+                blk,
+                "past the end of the device",
+            ));
+        }
+        let mut buf = AlignedBuf::zeroed(self.geo.block_size as usize);
+        self.dev.read_at(&mut buf, blk * self.geo.block_size)?;
+        self.evict_if_needed();
+        self.cache.insert(blk, Cached { data: buf, kind });
+        Ok(())
+    }
+
+    /// Read a header-carrying metadata block, verifying it on first load.
+    pub fn read(&mut self, blk: u64, magic: u32, structure: &'static str) -> Result<&[u8]> {
+        if !self.cache.contains_key(&blk) {
+            self.load(blk, Kind::Header)?;
+            let uuid = self.uuid;
+            let c = &self.cache[&blk];
+            if let Err(e) = header::verify(&c.data, structure, magic, blk, &uuid) {
+                self.cache.remove(&blk);
+                return Err(e);
+            }
+        }
+        Ok(&self.cache[&blk].data)
+    }
+
+    /// Read an inode-table block (inodes verify themselves).
+    pub fn read_itable(&mut self, blk: u64) -> Result<&[u8]> {
+        self.load(blk, Kind::InodeTable)?;
+        Ok(&self.cache[&blk].data)
+    }
+
+    /// Mutable access to a cached block; it joins the running transaction.
+    /// The block must have been read (or created) first.
+    pub fn write(&mut self, blk: u64) -> &mut [u8] {
+        if self.checkpoint.contains(&blk)
+            && !self.running.contains(&blk)
+            && !self.frozen.contains_key(&blk)
+        {
+            let img = self.cache[&blk].data.clone();
+            self.frozen.insert(blk, img);
+        }
+        self.running.insert(blk);
+        &mut self
+            .cache
+            .get_mut(&blk)
+            .expect("write to a block not in the cache")
+            .data
+    }
+
+    /// A new block with zeroed contents, in the running transaction.
+    pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
+        if !self.cache.contains_key(&blk) {
+            self.evict_if_needed();
+            self.cache.insert(
+                blk,
+                Cached {
+                    data: AlignedBuf::zeroed(self.geo.block_size as usize),
+                    kind,
+                },
+            );
+        }
+        let b = self.write(blk);
+        b.fill(0);
+        b
+    }
+
+    /// A block was freed: drop it from the cache and from the running
+    /// transaction. Its older images may still sit in the journal; the
+    /// allocator keeps the block out of use until the next checkpoint.
+    pub fn forget(&mut self, blk: u64) {
+        if self.running.remove(&blk) || self.checkpoint.contains(&blk) {
+            // Keep writing its committed image home if a checkpoint is
+            // pending: harmless (the block is free) and simpler than revoking.
+            if let Some(c) = self.cache.get(&blk) {
+                if self.checkpoint.contains(&blk) && !self.frozen.contains_key(&blk) {
+                    let img = c.data.clone();
+                    self.frozen.insert(blk, img);
+                }
+            }
+        }
+        self.cache.remove(&blk);
+    }
+
+    fn evict_if_needed(&mut self) {
+        if self.cache.len() < self.cache_limit {
+            return;
+        }
+        // Drop clean blocks: neither in the running transaction nor waiting
+        // for a checkpoint. Half the cache goes at once to amortise the scan.
+        let target = self.cache_limit / 2;
+        let victims: Vec<u64> = self
+            .cache
+            .keys()
+            .copied()
+            .filter(|b| !self.running.contains(b) && !self.checkpoint.contains(b))
+            .take(self.cache.len().saturating_sub(target))
+            .collect();
+        for b in victims {
+            self.cache.remove(&b);
+        }
+    }
+
+    pub fn running_blocks(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn journal_used(&self) -> u64 {
+        let j = self.geo.journal_blocks;
+        (self.head_pos + j - self.sb.tail_pos) % j
+    }
+
+    pub fn journal_free(&self) -> u64 {
+        self.geo.journal_blocks - 1 - self.journal_used()
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.head_seq
+    }
+
+    /// Blocks a transaction of `n` metadata blocks takes in the journal.
+    fn tx_len(&self, n: usize) -> u64 {
+        let per = journal::targets_per_desc(self.geo.block_size as usize);
+        (n.div_ceil(per) + n + 1) as u64
+    }
+
+    /// Largest number of metadata blocks one transaction may hold; the
+    /// engine commits at operation boundaries long before this.
+    pub fn max_tx_blocks(&self) -> usize {
+        (self.geo.journal_blocks / 2) as usize
+    }
+
+    /// Write the running transaction to the journal and flush.
+    pub fn commit(&mut self) -> Result<()> {
+        self.check_live()?;
+        if self.running.is_empty() {
+            self.freed_committed.append(&mut self.freed_running);
+            return Ok(());
+        }
+        let blocks: Vec<u64> = self.running.iter().copied().collect();
+        let need = self.tx_len(blocks.len());
+        if need > self.geo.journal_blocks - 1 {
+            return Err(self.poison(format!(
+                "transaction of {} blocks does not fit the {}-block journal",
+                blocks.len(),
+                self.geo.journal_blocks
+            )));
+        }
+        if need > self.journal_free() {
+            self.checkpoint()?;
+        }
+        if let Err(e) = self.write_transaction(&blocks) {
+            return Err(self.poison(format!("journal commit failed: {e}")));
+        }
+        self.stats.commits += 1;
+        self.stats.blocks_logged += blocks.len() as u64;
+        for b in blocks {
+            self.frozen.remove(&b);
+            self.checkpoint.insert(b);
+        }
+        self.running.clear();
+        self.freed_committed.append(&mut self.freed_running);
+        Ok(())
+    }
+
+    fn write_transaction(&mut self, blocks: &[u64]) -> Result<()> {
+        let bs = self.geo.block_size as usize;
+        let seq = self.head_seq;
+        let per = journal::targets_per_desc(bs);
+        let jstart = self.geo.journal_start;
+        let jlen = self.geo.journal_blocks;
+        let total = self.tx_len(blocks.len()) as usize;
+        let mut out = AlignedBuf::zeroed(total * bs);
+        let mut pos = self.head_pos;
+        let mut i = 0; // block index within `out`
+        let mut crc = 0u32;
+        for (ci, chunk) in blocks.chunks(per).enumerate() {
+            let last = (ci + 1) * per >= blocks.len();
+            let desc = &mut out[i * bs..(i + 1) * bs];
+            journal::encode_desc(desc, jstart + pos, self.uuid, seq, chunk, last);
+            crc = crc32c::crc32c_append(crc, desc);
+            i += 1;
+            pos = (pos + 1) % jlen;
+            for b in chunk {
+                let c = self.cache.get_mut(b).expect("running block not cached");
+                if c.kind == Kind::Header {
+                    header::stamp_lsn(&mut c.data, seq);
+                }
+                out[i * bs..(i + 1) * bs].copy_from_slice(&c.data);
+                crc = crc32c::crc32c_append(crc, &out[i * bs..(i + 1) * bs]);
+                i += 1;
+                pos = (pos + 1) % jlen;
+            }
+        }
+        let nblocks = (total - 1) as u32;
+        journal::encode_commit(
+            &mut out[i * bs..(i + 1) * bs],
+            jstart + pos,
+            self.uuid,
+            seq,
+            nblocks,
+            crc,
+        );
+        pos = (pos + 1) % jlen;
+        // Write in at most two runs (the log may wrap), then one flush.
+        let first = ((jlen - self.head_pos) as usize).min(total);
+        self.dev.write_at(
+            &out[..first * bs],
+            (jstart + self.head_pos) * self.geo.block_size,
+        )?;
+        if first < total {
+            self.dev
+                .write_at(&out[first * bs..], jstart * self.geo.block_size)?;
+        }
+        self.dev.flush()?;
+        self.head_pos = pos;
+        self.head_seq = seq + 1;
+        Ok(())
+    }
+
+    /// Write every committed block home, then move the journal tail to the
+    /// head. Returns the extents freed by committed transactions, which are
+    /// now safe to reuse.
+    pub fn checkpoint(&mut self) -> Result<Vec<(u64, u64)>> {
+        self.check_live()?;
+        let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
+        let bs = self.geo.block_size as usize;
+        let r: Result<()> = (|| {
+            let mut i = 0;
+            while i < blocks.len() {
+                let mut j = i + 1;
+                while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && j - i < 256 {
+                    j += 1;
+                }
+                let mut buf = AlignedBuf::zeroed((j - i) * bs);
+                for (k, b) in blocks[i..j].iter().enumerate() {
+                    let img: &[u8] = match self.frozen.get(b) {
+                        Some(f) => f,
+                        None => &self.cache[b].data,
+                    };
+                    buf[k * bs..(k + 1) * bs].copy_from_slice(img);
+                }
+                self.dev.write_at(&buf, blocks[i] * bs as u64)?;
+                i = j;
+            }
+            self.dev.flush()?;
+            let mut sb = self.sb.clone();
+            sb.tail_pos = self.head_pos;
+            sb.tail_seq = self.head_seq;
+            write_superblock(&*self.dev, &mut sb)?;
+            self.sb = sb;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            return Err(self.poison(format!("checkpoint failed: {e}")));
+        }
+        self.stats.checkpoints += 1;
+        self.stats.blocks_checkpointed += blocks.len() as u64;
+        self.checkpoint.clear();
+        self.frozen.clear();
+        Ok(std::mem::take(&mut self.freed_committed))
+    }
+
+    /// Write the superblock with the clean flag set or cleared (at unmount
+    /// or at mount).
+    pub fn set_clean(&mut self, clean: bool) -> Result<()> {
+        let mut sb = self.sb.clone();
+        if clean {
+            sb.flags |= crate::format::superblock::FLAG_CLEAN;
+        } else {
+            sb.flags &= !crate::format::superblock::FLAG_CLEAN;
+        }
+        write_superblock(&*self.dev, &mut sb)?;
+        self.sb = sb;
+        Ok(())
+    }
+}
+
+/// Write the superblock to the slot after the current one and flush. The
+/// two slots alternate, so a torn write leaves the other one intact.
+pub fn write_superblock(dev: &dyn Device, sb: &mut Superblock) -> Result<()> {
+    sb.generation += 1;
+    let bs = sb.block_size as usize;
+    let slot = sb.generation % 2;
+    let mut buf = AlignedBuf::zeroed(bs);
+    sb.encode(&mut buf, slot);
+    dev.write_at(&buf, slot * bs as u64)?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// Read both superblock slots; the valid one with the higher generation
+/// wins. Both invalid is an error naming the first slot's problem.
+pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
+    let mut first = AlignedBuf::zeroed(512);
+    dev.read_at(&mut first, 0)?;
+    let mut best: Option<Superblock> = None;
+    let mut err = None;
+    // The block size is in the superblock; slot 1 is one block further.
+    let guess = Superblock::decode(&first, 0).map(|s| s.block_size).ok();
+    let sizes: Vec<u64> = match guess {
+        Some(bs) => vec![bs as u64],
+        None => (9..=16).map(|s| 1u64 << s).collect(),
+    };
+    for bs in sizes {
+        if bs * 2 > dev.len() {
+            continue;
+        }
+        let mut buf = AlignedBuf::zeroed(bs as usize);
+        for slot in 0..2u64 {
+            dev.read_at(&mut buf, slot * bs)?;
+            match Superblock::decode(&buf, slot) {
+                Ok(sb) if sb.block_size as u64 == bs => {
+                    if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                        best = Some(sb);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    best.ok_or_else(|| {
+        err.unwrap_or_else(|| Error::corrupted("superblock", 0, "no valid superblock slot"))
+    })
+}
+
+/// Replay committed transactions from the superblock's tail. Returns the
+/// number of transactions applied; the superblock's tail is moved past them.
+pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
+    let geo = Geometry::new(sb);
+    let bs = geo.block_size as usize;
+    let jstart = geo.journal_start;
+    let jlen = geo.journal_blocks;
+    let mut pos = sb.tail_pos;
+    let mut seq = sb.tail_seq;
+    let mut applied = 0u64;
+    let read = |p: u64| -> Result<AlignedBuf> {
+        let mut b = AlignedBuf::zeroed(bs);
+        dev.read_at(&mut b, (jstart + p) * bs as u64)?;
+        Ok(b)
+    };
+    'tx: loop {
+        let mut p = pos;
+        let mut crc = 0u32;
+        let mut images: Vec<(u64, AlignedBuf)> = Vec::new();
+        let mut count = 0u32;
+        loop {
+            let d = read(p)?;
+            let ok = header::verify(
+                &d,
+                "journal descriptor",
+                magic::JOURNAL_DESC,
+                jstart + p,
+                &sb.uuid,
+            );
+            if !matches!(ok, Ok(h) if h.lsn == seq) {
+                break 'tx;
+            }
+            let Some((targets, last)) = journal::decode_desc(&d) else {
+                break 'tx;
+            };
+            crc = crc32c::crc32c_append(crc, &d);
+            count += 1;
+            p = (p + 1) % jlen;
+            for t in targets {
+                if t >= geo.total_blocks || (t >= jstart && t < jstart + jlen) || t < 2 {
+                    return Err(Error::corrupted(
+                        "journal descriptor",
+                        jstart + pos,
+                        format!("transaction {seq} targets block {t}, outside the metadata area"),
+                    ));
+                }
+                let img = read(p)?;
+                crc = crc32c::crc32c_append(crc, &img);
+                count += 1;
+                p = (p + 1) % jlen;
+                images.push((t, img));
+                if count as u64 >= jlen {
+                    break 'tx;
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        let c = read(p)?;
+        match header::verify(
+            &c,
+            "journal commit",
+            magic::JOURNAL_COMMIT,
+            jstart + p,
+            &sb.uuid,
+        ) {
+            Ok(h) if h.lsn == seq && journal::decode_commit(&c) == (count, crc) => {}
+            _ => break 'tx,
+        }
+        for (t, img) in &images {
+            dev.write_at(img, t * bs as u64)?;
+        }
+        applied += 1;
+        pos = (p + 1) % jlen;
+        seq += 1;
+    }
+    if applied > 0 || pos != sb.tail_pos {
+        dev.flush()?;
+        sb.tail_pos = pos;
+        sb.tail_seq = seq;
+        write_superblock(dev, sb)?;
+    }
+    Ok(applied)
+}

@@ -1,0 +1,127 @@
+//! End-to-end behaviour of the library API on an in-memory device.
+
+use foliofs::device::{Device, MemDevice};
+use foliofs::fs::*;
+use foliofs::{Error, Fs};
+use std::sync::Arc;
+
+fn fresh(bytes: u64, bs: u32) -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(bytes));
+    let o = MkfsOptions {
+        block_size: bs,
+        ..Default::default()
+    };
+    mkfs(&*dev, &o, |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    (dev, fs)
+}
+
+fn remount(dev: &Arc<MemDevice>, fs: Fs) -> Fs {
+    fs.unmount().unwrap();
+    Fs::mount(dev.clone(), MountOptions::default()).unwrap()
+}
+
+#[test]
+fn write_read_remount() {
+    for bs in [512u32, 4096, 65536] {
+        let (dev, fs) = fresh(64 << 20, bs);
+        let root = fs.root_ino();
+        let f = fs.create(root, b"a", 0o644, 1, 2).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(fs.write(f.ino, 7, &data).unwrap(), data.len());
+        let mut back = vec![0; data.len() + 7];
+        assert_eq!(fs.read(f.ino, 0, &mut back).unwrap(), data.len() + 7);
+        assert_eq!(&back[7..], &data[..]);
+        assert_eq!(&back[..7], &[0; 7]);
+        let fs = remount(&dev, fs);
+        let ino = fs.lookup(root, b"a").unwrap().ino;
+        assert_eq!(ino, f.ino);
+        let mut back2 = vec![0; data.len() + 7];
+        fs.read(ino, 0, &mut back2).unwrap();
+        assert_eq!(back, back2, "block size {bs}");
+        let a = fs.getattr(ino).unwrap();
+        assert_eq!(
+            (a.size, a.uid, a.gid, a.perm),
+            (data.len() as u64 + 7, 1, 2, 0o644)
+        );
+        fs.unmount().unwrap();
+    }
+}
+
+#[test]
+fn namespace_round_trip() {
+    let (dev, fs) = fresh(32 << 20, 4096);
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"dir", 0o755, 0, 0).unwrap();
+    for i in 0..500 {
+        fs.create(d.ino, format!("file-{i:04}").as_bytes(), 0o600, 0, 0)
+            .unwrap();
+    }
+    assert!(matches!(
+        fs.create(d.ino, b"file-0007", 0o600, 0, 0),
+        Err(Error::Exists)
+    ));
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = fs.readdir(d.ino, cookie, 37).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        cookie = batch.last().unwrap().cookie;
+        names.extend(
+            batch
+                .into_iter()
+                .map(|e| String::from_utf8(e.name).unwrap()),
+        );
+    }
+    assert_eq!(names.len(), 502);
+    assert_eq!(&names[..2], &[".", ".."]);
+    for i in (0..500).step_by(2) {
+        fs.unlink(d.ino, format!("file-{i:04}").as_bytes()).unwrap();
+    }
+    fs.symlink(root, b"link", b"dir/file-0001", 0, 0).unwrap();
+    let long = vec![b'x'; 1000];
+    let l2 = fs.symlink(root, b"long", &long, 0, 0).unwrap();
+    fs.rename(d.ino, b"file-0001", root, b"moved", 0).unwrap();
+    let e = fs.mkdir(root, b"e", 0o700, 0, 0).unwrap();
+    fs.rename(root, b"dir", e.ino, b"dir2", 0).unwrap();
+    assert_eq!(fs.getattr(e.ino).unwrap().nlink, 3);
+    assert!(matches!(
+        fs.rename(root, b"e", e.ino, b"x", 0),
+        Err(Error::Invalid(_))
+    ));
+    fs.setxattr(e.ino, b"user.k", b"v1", 0).unwrap();
+    let fs = remount(&dev, fs);
+    let d = fs.resolve("/e/dir2").unwrap();
+    assert_eq!(fs.readdir(d, 0, 1000).unwrap().len(), 2 + 249);
+    assert_eq!(
+        fs.readlink(fs.resolve("/link").unwrap()).unwrap(),
+        b"dir/file-0001"
+    );
+    assert_eq!(fs.readlink(l2.ino).unwrap(), long);
+    assert_eq!(fs.getxattr(e.ino, b"user.k").unwrap(), b"v1");
+    assert!(fs.resolve("/moved").is_ok());
+    assert!(matches!(fs.rmdir(root, b"e"), Err(Error::NotEmpty)));
+    fs.unmount().unwrap();
+    let _ = dev.len();
+}
+
+#[test]
+fn unlinked_open_file_lives_until_release() {
+    let (dev, fs) = fresh(16 << 20, 4096);
+    let root = fs.root_ino();
+    let before = fs.statfs().unwrap();
+    let f = fs.create(root, b"tmp", 0o644, 0, 0).unwrap();
+    fs.open(f.ino).unwrap();
+    fs.write(f.ino, 0, &vec![7u8; 1 << 20]).unwrap();
+    fs.fsync(f.ino, false).unwrap();
+    fs.unlink(root, b"tmp").unwrap();
+    let mut b = [0u8; 4];
+    fs.read(f.ino, 1000, &mut b).unwrap();
+    assert_eq!(b, [7; 4]);
+    fs.release(f.ino).unwrap();
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.statfs().unwrap().blocks_free, before.blocks_free);
+    fs.unmount().unwrap();
+}
