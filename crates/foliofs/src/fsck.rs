@@ -1,1 +1,636 @@
-pub fn placeholder() {}
+//! The checker. It reads every structure (each read verifies checksum and
+//! structure) and cross-references them: blocks used by files and trees
+//! against the block bitmaps and AG counters, inodes against the inode
+//! bitmaps, link counts against directory entries, the directory tree's
+//! connectivity, the orphan list, and optionally every data checksum.
+//!
+//! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
+//! uncorrected, 8 operational error.
+
+use crate::btree::Tree;
+use crate::device::{AlignedBuf, Device, OverlayDevice};
+use crate::error::{Error, Result};
+use crate::format::ag_header::AgHeader;
+use crate::format::btree_node::TreeType;
+use crate::format::inode::{DiskInode, FLAG_ORPHAN, INODE_SIZE};
+use crate::format::{bitmap, data_crc, magic};
+use crate::fs::dir;
+use crate::fs::fork::Extent;
+use crate::fs::inode::{Fork, Inode};
+use crate::fs::types::FileType;
+use crate::meta::{self, Meta};
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default)]
+pub struct FsckOptions {
+    /// Fix what is safe to fix (bitmaps, counters, link counts).
+    pub repair: bool,
+    /// Also read every data block and verify its checksum.
+    pub check_data: bool,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Problem {
+    pub structure: String,
+    pub addr: u64,
+    pub message: String,
+    pub repaired: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub problems: Vec<Problem>,
+    pub journal_replayed: u64,
+    pub inodes_used: u64,
+    pub directories: u64,
+    pub blocks_used: u64,
+    pub data_blocks_checked: u64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+    /// e2fsck-style exit code.
+    pub fn exit_code(&self) -> i32 {
+        if self.problems.is_empty() {
+            0
+        } else if self.problems.iter().all(|p| p.repaired) {
+            1
+        } else {
+            4
+        }
+    }
+}
+
+struct Checker {
+    meta: Meta,
+    report: Report,
+    /// Owner of each block (0 = fixed metadata), by block number.
+    owner: HashMap<u64, u64>,
+    used: Vec<u64>,
+    links: HashMap<u64, u32>,
+    subdirs: HashMap<u64, u32>,
+    parent_seen: HashMap<u64, u64>,
+    inodes: HashMap<u64, (FileType, u32, u64, u32)>, // kind, nlink, parent, flags
+    dirs: Vec<u64>,
+    /// (directory, entry) pairs, checked once every inode is known.
+    dirents: Vec<(u64, dir::Dirent)>,
+}
+
+impl Checker {
+    fn problem(&mut self, structure: &str, addr: u64, message: String) {
+        self.report.problems.push(Problem {
+            structure: structure.to_string(),
+            addr,
+            message,
+            repaired: false,
+        });
+    }
+
+    fn err(&mut self, e: Error) {
+        match e {
+            Error::Corrupted {
+                structure,
+                addr,
+                reason,
+            } => self.problem(structure, addr, reason),
+            Error::DataChecksum { ino, offset, addr } => self.problem(
+                "data block",
+                addr,
+                format!("inode {ino} offset {offset}: checksum mismatch"),
+            ),
+            other => self.problem("device", 0, other.to_string()),
+        }
+    }
+
+    fn claim(&mut self, blk: u64, len: u64, owner: u64, what: &str) {
+        for b in blk..blk + len {
+            if b >= self.meta.geo.total_blocks {
+                self.problem(
+                    what,
+                    b,
+                    format!("inode {owner}: block past the end of the device"),
+                );
+                return;
+            }
+            if let Some(prev) = self.owner.insert(b, owner) {
+                self.problem(
+                    what,
+                    b,
+                    format!(
+                        "block claimed by inode {owner} and by {}",
+                        if prev == 0 {
+                            "fixed metadata".to_string()
+                        } else {
+                            format!("inode {prev}")
+                        }
+                    ),
+                );
+            }
+            self.used[(b / 64) as usize] |= 1 << (b % 64);
+        }
+    }
+}
+
+/// Check the file system on `dev`. With `repair` off nothing is written:
+/// a journal that needs replay is replayed into a memory overlay.
+pub fn fsck(
+    dev: Arc<dyn Device>,
+    opts: &FsckOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Report> {
+    let mut sb = meta::read_superblock(&*dev)?;
+    let need = sb.total_blocks * sb.block_size as u64;
+    if dev.len() < need {
+        return Err(Error::corrupted(
+            "superblock",
+            0,
+            format!("file system needs {need} bytes, device has {}", dev.len()),
+        ));
+    }
+    let dev: Arc<dyn Device> = if opts.repair {
+        dev
+    } else {
+        Arc::new(OverlayDevice::new(dev, sb.block_size as u64))
+    };
+    let replayed = meta::replay(&*dev, &mut sb)?;
+    let meta = Meta::new(dev.clone(), sb, 256 << 20);
+    let total = meta.geo.total_blocks;
+    let mut c = Checker {
+        meta,
+        report: Report {
+            journal_replayed: replayed,
+            ..Default::default()
+        },
+        owner: HashMap::new(),
+        used: vec![0; total.div_ceil(64) as usize],
+        links: HashMap::new(),
+        subdirs: HashMap::new(),
+        parent_seen: HashMap::new(),
+        inodes: HashMap::new(),
+        dirs: Vec::new(),
+        dirents: Vec::new(),
+    };
+    let geo = c.meta.geo.clone();
+    // Fixed metadata of every AG, and the journal.
+    for ag in 0..geo.ag_count {
+        c.claim(geo.ag_start(ag), geo.data_start_agbno(ag), 0, "AG metadata");
+    }
+    // Inodes.
+    let slots = geo.max_ino();
+    let mut imap_used = vec![false; slots as usize];
+    for ag in 0..geo.ag_count {
+        for i in 0..geo.imap_blocks {
+            let blk = geo.imap_start(ag) + i;
+            match c
+                .meta
+                .read(blk, magic::INODE_BITMAP, "inode bitmap")
+                .map(|b| b.to_vec())
+            {
+                Ok(b) => {
+                    for bit in 0..geo
+                        .bits_per_bmap
+                        .min(geo.inodes_per_ag.saturating_sub(i * geo.bits_per_bmap))
+                    {
+                        let idx = ag as u64 * geo.inodes_per_ag + i * geo.bits_per_bmap + bit;
+                        imap_used[idx as usize] = bitmap::get_bit(&b, bit as u32);
+                    }
+                }
+                Err(e) => c.err(e),
+            }
+        }
+    }
+    for ino in 1..slots {
+        if ino % 4096 == 0 {
+            progress(ino, slots);
+        }
+        check_inode(&mut c, ino, imap_used[ino as usize]);
+    }
+    progress(slots, slots);
+    check_tree_and_links(&mut c);
+    check_orphans(&mut c);
+    check_space(&mut c, opts.repair);
+    if opts.check_data {
+        check_data(&mut c);
+    }
+    c.report.inodes_used = c.inodes.len() as u64;
+    c.report.directories = c.dirs.len() as u64;
+    c.report.blocks_used = c.used.iter().map(|w| w.count_ones() as u64).sum();
+    if opts.repair && c.report.problems.iter().any(|p| p.repaired) {
+        c.meta.commit()?;
+        c.meta.checkpoint()?;
+    }
+    Ok(c.report)
+}
+
+fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
+    let geo = c.meta.geo.clone();
+    let (blk, off) = geo.inode_loc(ino);
+    let uuid = c.meta.uuid;
+    let slot = match c.meta.read_itable(blk) {
+        Ok(b) => b[off..off + INODE_SIZE].to_vec(),
+        Err(e) => return c.err(e),
+    };
+    let in_use = !DiskInode::is_blank(&slot) && {
+        match DiskInode::decode(&slot, ino, blk, &uuid) {
+            Ok(d) => d.mode != 0,
+            Err(e) => {
+                c.err(e);
+                return;
+            }
+        }
+    };
+    if in_use != marked {
+        c.problem(
+            "inode bitmap",
+            geo.imap_loc(ino).0,
+            format!(
+                "inode {ino} is {} but marked {}",
+                if in_use { "in use" } else { "free" },
+                if marked { "in use" } else { "free" }
+            ),
+        );
+    }
+    if !in_use {
+        return;
+    }
+    let d = DiskInode::decode(&slot, ino, blk, &uuid).unwrap();
+    let ip = match Inode::from_disk(d, blk) {
+        Ok(i) => i,
+        Err(e) => return c.err(e),
+    };
+    let kind = ip.kind();
+    let ag = geo.inode_ag(ino);
+    c.inodes
+        .insert(ino, (kind, ip.d.nlink, ip.d.parent, ip.d.flags));
+    if kind == FileType::Dir {
+        c.dirs.push(ino);
+    }
+    // Xattr tree blocks.
+    let xt = ip.xattr_tree(ag);
+    match xt.walk(&mut c.meta, ip.d.xattr_root, |_, _| Ok(())) {
+        Ok(blocks) => {
+            for b in blocks {
+                c.claim(b, 1, ino, "xattr tree");
+            }
+        }
+        Err(e) => c.err(e),
+    }
+    // Data fork entries.
+    let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+    match &ip.fork {
+        Fork::Inline(v) => entries = v.clone(),
+        Fork::Tree => {
+            let t = ip.tree(ag);
+            match t.walk(&mut c.meta, ip.d.fork_root, |_, n| {
+                entries.extend(n.entries.iter().cloned());
+                Ok(())
+            }) {
+                Ok(blocks) => {
+                    for b in blocks {
+                        c.claim(b, 1, ino, t.tt.name());
+                    }
+                }
+                Err(e) => return c.err(e),
+            }
+        }
+        Fork::Symlink(_) => {}
+    }
+    if kind == FileType::Dir {
+        for (k, v) in entries {
+            match dir::decode(ino, k, &v) {
+                Ok(de) => {
+                    *c.links.entry(de.ino).or_default() += 1;
+                    if de.kind == FileType::Dir {
+                        *c.subdirs.entry(ino).or_default() += 1;
+                        if let Some(prev) = c.parent_seen.insert(de.ino, ino) {
+                            c.problem(
+                                "directory",
+                                ino,
+                                format!("directory {} has entries in {prev} and {ino}", de.ino),
+                            );
+                        }
+                    }
+                    c.dirents.push((ino, de));
+                }
+                Err(e) => c.err(e),
+            }
+        }
+        return;
+    }
+    let mut nblocks = 0;
+    let mut prev_end = 0;
+    for (k, v) in entries {
+        match Extent::decode_geo(ino, k, &v, &geo) {
+            Ok(e) => {
+                if e.lblk < prev_end {
+                    c.problem(
+                        "extent",
+                        e.pblk,
+                        format!(
+                            "inode {ino}: extent at file block {} overlaps the previous one",
+                            e.lblk
+                        ),
+                    );
+                }
+                prev_end = e.end();
+                nblocks += e.len;
+                c.claim(e.pblk, e.len, ino, "extent");
+            }
+            Err(e) => c.err(e),
+        }
+    }
+    if nblocks != ip.d.nblocks {
+        c.problem(
+            "inode",
+            blk,
+            format!(
+                "inode {ino}: block count {} but extents map {nblocks}",
+                ip.d.nblocks
+            ),
+        );
+    }
+}
+
+fn check_tree_and_links(c: &mut Checker) {
+    let dirents = std::mem::take(&mut c.dirents);
+    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    for (dir, de) in &dirents {
+        match c.inodes.get(&de.ino) {
+            None => c.problem(
+                "directory entry",
+                *dir,
+                format!(
+                    "directory {dir}: {:?} points to free inode {}",
+                    String::from_utf8_lossy(&de.name),
+                    de.ino
+                ),
+            ),
+            Some((kind, ..)) if *kind != de.kind => c.problem(
+                "directory entry",
+                *dir,
+                format!(
+                    "directory {dir}: {:?} has type {:?}, inode {} is {:?}",
+                    String::from_utf8_lossy(&de.name),
+                    de.kind,
+                    de.ino,
+                    kind
+                ),
+            ),
+            Some(_) => {}
+        }
+        if de.kind == FileType::Dir {
+            children.entry(*dir).or_default().push(de.ino);
+        }
+    }
+    let root = c.meta.sb.root_ino;
+    // Every directory reachable from the root, each exactly once.
+    let mut seen: HashMap<u64, ()> = HashMap::new();
+    let mut q = VecDeque::from([root]);
+    while let Some(d) = q.pop_front() {
+        if seen.insert(d, ()).is_some() {
+            c.problem(
+                "directory",
+                d,
+                format!("directory {d} reached twice (loop)"),
+            );
+            continue;
+        }
+        for ch in children.get(&d).cloned().unwrap_or_default() {
+            q.push_back(ch);
+        }
+    }
+    let geo = c.meta.geo.clone();
+    let inodes: Vec<(u64, (FileType, u32, u64, u32))> =
+        c.inodes.iter().map(|(k, v)| (*k, *v)).collect();
+    for (ino, (kind, nlink, parent, flags)) in inodes {
+        let blk = geo.inode_loc(ino).0;
+        let found = c.links.get(&ino).copied().unwrap_or(0);
+        if kind == FileType::Dir {
+            if nlink == 0 {
+                if flags & FLAG_ORPHAN == 0 {
+                    c.problem(
+                        "inode",
+                        blk,
+                        format!("directory {ino} has no links and is not on the orphan list"),
+                    );
+                }
+                continue;
+            }
+            if ino != root && !seen.contains_key(&ino) {
+                c.problem(
+                    "directory",
+                    blk,
+                    format!("directory {ino} is not reachable from the root"),
+                );
+            }
+            let want = 2 + c.subdirs.get(&ino).copied().unwrap_or(0);
+            if nlink != want {
+                c.problem(
+                    "inode",
+                    blk,
+                    format!("directory {ino}: link count {nlink}, should be {want}"),
+                );
+            }
+            let real_parent = if ino == root {
+                root
+            } else {
+                c.parent_seen.get(&ino).copied().unwrap_or(0)
+            };
+            if parent != real_parent {
+                c.problem(
+                    "inode",
+                    blk,
+                    format!("directory {ino}: parent {parent}, but it is listed in {real_parent}"),
+                );
+            }
+        } else if nlink != found {
+            if nlink == 0 && found == 0 && flags & FLAG_ORPHAN != 0 {
+                continue;
+            }
+            c.problem(
+                "inode",
+                blk,
+                format!("inode {ino}: link count {nlink}, but {found} directory entries"),
+            );
+        }
+    }
+}
+
+fn check_orphans(c: &mut Checker) {
+    let blk = c.meta.geo.agh_blk(0);
+    let root = match c
+        .meta
+        .read(blk, magic::AG_HEADER, "AG header")
+        .map(|b| b.to_vec())
+    {
+        Ok(b) => match AgHeader::decode(&b, blk, 0) {
+            Ok(h) => h.orphan_root,
+            Err(e) => return c.err(e),
+        },
+        Err(e) => return c.err(e),
+    };
+    let t = Tree {
+        owner: 0,
+        tt: TreeType::Orphans,
+        ag: 0,
+    };
+    let mut orphans = Vec::new();
+    match t.walk(&mut c.meta, root, |_, n| {
+        orphans.extend(n.entries.iter().map(|(k, _)| *k));
+        Ok(())
+    }) {
+        Ok(blocks) => {
+            for b in blocks {
+                c.claim(b, 1, 0, "orphan tree");
+            }
+        }
+        Err(e) => return c.err(e),
+    }
+    for ino in orphans {
+        match c.inodes.get(&ino) {
+            None => c.problem("orphan list", blk, format!("lists free inode {ino}")),
+            Some((_, _, _, flags)) if flags & FLAG_ORPHAN == 0 => c.problem(
+                "orphan list",
+                blk,
+                format!("lists inode {ino}, which is not flagged orphan"),
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn check_space(c: &mut Checker, repair: bool) {
+    let geo = c.meta.geo.clone();
+    for ag in 0..geo.ag_count {
+        let len = geo.ag_len(ag);
+        let mut free = 0u64;
+        for i in 0..geo.bmap_blocks {
+            let blk = geo.bmap_start(ag) + i;
+            let b = match c
+                .meta
+                .read(blk, magic::BLOCK_BITMAP, "block bitmap")
+                .map(|b| b.to_vec())
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    c.err(e);
+                    continue;
+                }
+            };
+            let mut fixed = b.clone();
+            let mut changed = false;
+            for bit in 0..geo
+                .bits_per_bmap
+                .min(len.saturating_sub(i * geo.bits_per_bmap))
+            {
+                let global = geo.ag_start(ag) + i * geo.bits_per_bmap + bit;
+                let on_disk = bitmap::get_bit(&b, bit as u32);
+                let used = c.used[(global / 64) as usize] & (1 << (global % 64)) != 0;
+                if !used {
+                    free += 1;
+                }
+                if on_disk != used {
+                    let msg = if used {
+                        format!("block {global} is in use but marked free")
+                    } else {
+                        format!("block {global} is marked in use but nothing owns it (leaked)")
+                    };
+                    c.report.problems.push(Problem {
+                        structure: "block bitmap".into(),
+                        addr: blk,
+                        message: msg,
+                        repaired: repair,
+                    });
+                    bitmap::set_bit(&mut fixed, bit as u32, used);
+                    changed = true;
+                }
+            }
+            if repair && changed {
+                c.meta.write(blk).copy_from_slice(&fixed);
+            }
+        }
+        let agh_blk = geo.agh_blk(ag);
+        let h = match c
+            .meta
+            .read(agh_blk, magic::AG_HEADER, "AG header")
+            .map(|b| b.to_vec())
+        {
+            Ok(b) => match AgHeader::decode(&b, agh_blk, ag) {
+                Ok(h) => h,
+                Err(e) => {
+                    c.err(e);
+                    continue;
+                }
+            },
+            Err(e) => {
+                c.err(e);
+                continue;
+            }
+        };
+        let free_inodes = (0..geo.inodes_per_ag)
+            .filter(|i| {
+                let ino = ag as u64 * geo.inodes_per_ag + i;
+                ino != 0 && !c.inodes.contains_key(&ino)
+            })
+            .count() as u64;
+        if h.blocks != len || h.free_blocks != free || h.free_inodes != free_inodes {
+            c.report.problems.push(Problem {
+                structure: "AG header".into(),
+                addr: agh_blk,
+                message: format!(
+                    "AG {ag}: header says {} blocks, {} free, {} free inodes; counted {len}, {free}, {free_inodes}",
+                    h.blocks, h.free_blocks, h.free_inodes
+                ),
+                repaired: repair,
+            });
+            if repair {
+                let h2 = AgHeader {
+                    blocks: len,
+                    free_blocks: free,
+                    free_inodes,
+                    ..h
+                };
+                let uuid = c.meta.uuid;
+                h2.encode(c.meta.write(agh_blk), agh_blk, uuid);
+            }
+        }
+    }
+}
+
+fn check_data(c: &mut Checker) {
+    let bs = c.meta.geo.block_size as usize;
+    let mut owned: Vec<(u64, u64)> = c
+        .owner
+        .iter()
+        .filter(|(_, o)| **o != 0)
+        .map(|(b, o)| (*b, *o))
+        .collect();
+    owned.sort_unstable();
+    let mut buf = AlignedBuf::zeroed(bs);
+    for (b, ino) in owned {
+        let mut crc = Vec::new();
+        if let Err(e) = crate::alloc::get_csums(&mut c.meta, b, 1, &mut crc) {
+            c.err(e);
+            continue;
+        }
+        if crc[0] == 0 {
+            continue;
+        }
+        if let Err(e) = c.meta.dev.read_at(&mut buf, b * bs as u64) {
+            c.err(e.into());
+            continue;
+        }
+        c.report.data_blocks_checked += 1;
+        if data_crc(&buf) != crc[0] {
+            c.problem(
+                "data block",
+                b,
+                format!("inode {ino}: data checksum mismatch"),
+            );
+        }
+    }
+}

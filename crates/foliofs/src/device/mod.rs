@@ -9,10 +9,12 @@
 mod crash;
 mod file;
 mod mem;
+mod overlay;
 
 pub use crash::{CrashDevice, CrashLog, FaultPlan};
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use overlay::OverlayDevice;
 
 use std::alloc::{self, Layout};
 use std::io;

@@ -41,7 +41,7 @@ pub struct Dirent {
     pub name: Vec<u8>,
 }
 
-fn decode(dir: u64, key: u64, v: &[u8]) -> Result<Dirent> {
+pub(crate) fn decode(dir: u64, key: u64, v: &[u8]) -> Result<Dirent> {
     if v.len() < 10 || v.len() > 9 + NAME_MAX {
         return Err(Error::corrupted(
             "directory entry",

@@ -33,6 +33,15 @@ impl Extent {
         v
     }
     fn decode(ino: u64, key: u64, v: &[u8], cx: &Ctx) -> Result<Self> {
+        Self::decode_geo(ino, key, v, &cx.meta.geo)
+    }
+
+    pub(crate) fn decode_geo(
+        ino: u64,
+        key: u64,
+        v: &[u8],
+        geo: &crate::geometry::Geometry,
+    ) -> Result<Self> {
         if v.len() != 16 {
             return Err(Error::corrupted(
                 "extent",
@@ -46,7 +55,6 @@ impl Extent {
             len: u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64,
             unwritten: u32::from_le_bytes(v[12..16].try_into().unwrap()) & EXT_UNWRITTEN != 0,
         };
-        let geo = &cx.meta.geo;
         if e.len == 0
             || !geo.is_data_block(e.pblk)
             || !geo.is_data_block(e.pblk + e.len - 1)

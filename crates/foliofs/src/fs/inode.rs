@@ -43,7 +43,7 @@ pub(crate) fn inline_len(entries: &[(u64, Vec<u8>)]) -> usize {
 }
 
 impl Inode {
-    fn from_disk(d: DiskInode, blk: u64) -> Result<Self> {
+    pub(crate) fn from_disk(d: DiskInode, blk: u64) -> Result<Self> {
         let bad = |r: &str| Error::corrupted("inode", blk, format!("inode {}: {r}", d.ino));
         let fork = match d.fork {
             ForkFormat::Extents | ForkFormat::DirInline => {

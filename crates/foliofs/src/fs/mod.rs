@@ -8,9 +8,9 @@
 //! module's verbs.
 
 mod data;
-mod dir;
-mod fork;
-mod inode;
+pub(crate) mod dir;
+pub(crate) mod fork;
+pub(crate) mod inode;
 mod mkfs;
 mod ns;
 pub mod types;
