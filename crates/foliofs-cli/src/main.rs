@@ -1,1 +1,374 @@
-fn main() {}
+//! The `foliofs` command: mkfs, fsck, stat.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use foliofs::device::FileDevice;
+use foliofs::fsck::{fsck, FsckOptions};
+use foliofs::{Fs, MkfsOptions, MountOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "foliofs",
+    version,
+    about = "foliofs: a userspace file system engine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Make a file system on an image file (created if --size is given) or a block device.
+    Mkfs {
+        image: PathBuf,
+        /// Size, e.g. 1G, 512M (creates or resizes a regular file).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        #[arg(long, default_value_t = 4096)]
+        block_size: u32,
+        /// Allocation groups (default: from the size).
+        #[arg(long)]
+        ag_count: Option<u32>,
+        /// Journal size in blocks (default: 1/32 of the device, 64 blocks to 128 MiB).
+        #[arg(long)]
+        journal_blocks: Option<u64>,
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Overwrite an existing foliofs file system.
+        #[arg(short, long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a file system. Exit code 0 clean, 1 corrected, 4 uncorrected, 8 operational error.
+    Fsck {
+        image: PathBuf,
+        /// Fix what is safe to fix (bitmaps, counters); replays the journal in place.
+        #[arg(long)]
+        repair: bool,
+        /// Also verify every data block's checksum.
+        #[arg(long)]
+        data: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
+    Stat {
+        image: PathBuf,
+        /// A path inside the file system.
+        path: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                u => return Err(format!("unknown size unit {u:?} (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s} is too large"))
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} ({eta})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn open(image: &Path, writable: bool) -> Result<Arc<FileDevice>> {
+    Ok(Arc::new(FileDevice::open(image, writable).with_context(
+        || format!("cannot open {}", image.display()),
+    )?))
+}
+
+fn mkfs_cmd(
+    image: &Path,
+    size: Option<u64>,
+    o: MkfsOptions,
+    force: bool,
+    json: bool,
+) -> Result<()> {
+    if let Some(size) = size {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(image)
+            .with_context(|| format!("cannot create {}", image.display()))?;
+        if f.metadata()?.file_type().is_file() {
+            f.set_len(size)
+                .with_context(|| format!("cannot size {} to {size} bytes", image.display()))?;
+        }
+    } else if !image.exists() {
+        bail!(
+            "{} does not exist: give --size to create an image file",
+            image.display()
+        );
+    }
+    let dev = open(image, true)?;
+    if !force && foliofs::meta::read_superblock(&*dev).is_ok() {
+        bail!(
+            "{} already holds a foliofs file system: use --force to overwrite it",
+            image.display()
+        );
+    }
+    let pb = bar(0, "mkfs");
+    let sb = foliofs::mkfs(&*dev, &o, |done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })?;
+    pb.finish_and_clear();
+    let size = sb.total_blocks * sb.block_size as u64;
+    if json {
+        println!(
+            "{}",
+            json!({"image": image, "bytes": size, "block_size": sb.block_size, "blocks": sb.total_blocks,
+                   "ag_count": sb.ag_count, "ag_blocks": sb.ag_blocks, "inodes": sb.inodes_per_ag as u64 * sb.ag_count as u64,
+                   "journal_blocks": sb.journal_blocks, "uuid": hex(&sb.uuid)})
+        );
+    } else {
+        println!(
+            "{}: {} bytes, {} blocks of {}, {} AGs of {} blocks, {} inodes, journal {} blocks, uuid {}",
+            image.display(),
+            size,
+            sb.total_blocks,
+            sb.block_size,
+            sb.ag_count,
+            sb.ag_blocks,
+            sb.inodes_per_ag as u64 * sb.ag_count as u64,
+            sb.journal_blocks,
+            hex(&sb.uuid)
+        );
+    }
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn fsck_cmd(image: &Path, repair: bool, data: bool, json: bool) -> Result<i32> {
+    let dev = open(image, repair)?;
+    let pb = bar(0, "inodes");
+    let r = fsck(
+        dev,
+        &FsckOptions {
+            repair,
+            check_data: data,
+        },
+        |done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+    )?;
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        for p in &r.problems {
+            println!(
+                "{}{} at block {}: {}",
+                if p.repaired { "fixed: " } else { "" },
+                p.structure,
+                p.addr,
+                p.message
+            );
+        }
+        println!(
+            "{}: {} problems, {} inodes, {} directories, {} blocks in use{}{}",
+            image.display(),
+            r.problems.len(),
+            r.inodes_used,
+            r.directories,
+            r.blocks_used,
+            if r.journal_replayed > 0 {
+                format!(", {} journal transactions replayed", r.journal_replayed)
+            } else {
+                String::new()
+            },
+            if data {
+                format!(", {} data blocks verified", r.data_blocks_checked)
+            } else {
+                String::new()
+            },
+        );
+    }
+    Ok(r.exit_code())
+}
+
+fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
+    let dev = open(image, false)?;
+    let fs = Fs::mount(
+        dev,
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let sb = fs.superblock();
+    if let Some(p) = path {
+        let ino = fs
+            .resolve(p)
+            .with_context(|| format!("{p}: not found in {}", image.display()))?;
+        let attr = fs.getattr(ino)?;
+        let extents = fs.extents(ino)?;
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &json!({"path": p, "attr": attr, "extents": extents})
+                )?
+            );
+        } else {
+            println!(
+                "{p}: inode {} {:?} size {} mode {:o} links {} uid {} gid {}",
+                ino, attr.kind, attr.size, attr.perm, attr.nlink, attr.uid, attr.gid
+            );
+            println!("{} extents:", extents.len());
+            for e in &extents {
+                println!(
+                    "  offset {:>12}  device block {:>10}  blocks {:>8}{}",
+                    e.offset,
+                    e.device_block,
+                    e.blocks,
+                    if e.unwritten { "  unwritten" } else { "" }
+                );
+            }
+        }
+        return Ok(());
+    }
+    let ags = fs.ag_usage();
+    let st = fs.statfs()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "uuid": hex(&sb.uuid), "label": sb.label_str(), "block_size": sb.block_size, "blocks": sb.total_blocks,
+                "ag_count": sb.ag_count, "ag_blocks": sb.ag_blocks, "journal_blocks": sb.journal_blocks,
+                "clean": sb.flags & foliofs::format::superblock::FLAG_CLEAN != 0, "statfs": st, "ags": ags,
+                "counters": fs.counters(),
+            }))?
+        );
+    } else {
+        println!(
+            "uuid {}  label {:?}  block size {}  {} blocks  {} AGs  journal {} blocks  {}",
+            hex(&sb.uuid),
+            sb.label_str(),
+            sb.block_size,
+            sb.total_blocks,
+            sb.ag_count,
+            sb.journal_blocks,
+            if sb.flags & foliofs::format::superblock::FLAG_CLEAN != 0 {
+                "clean"
+            } else {
+                "not cleanly unmounted"
+            }
+        );
+        println!(
+            "free {} of {} data blocks, {} of {} inodes",
+            st.blocks_free, st.blocks, st.files_free, st.files
+        );
+        for a in ags {
+            println!(
+                "  AG {:>3}: {:>10} blocks, {:>8} metadata, {:>10} free ({:.1}% used), {:>8} of {} inodes free",
+                a.agno,
+                a.blocks,
+                a.metadata_blocks,
+                a.free_blocks,
+                100.0 * (a.blocks - a.free_blocks) as f64 / a.blocks as f64,
+                a.free_inodes,
+                a.inodes
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Mkfs {
+            image,
+            size,
+            block_size,
+            ag_count,
+            journal_blocks,
+            label,
+            force,
+            json,
+        } => mkfs_cmd(
+            &image,
+            size,
+            MkfsOptions {
+                block_size,
+                ag_count,
+                journal_blocks,
+                label,
+                ..Default::default()
+            },
+            force,
+            json,
+        )
+        .map(|_| 0),
+        Cmd::Fsck {
+            image,
+            repair,
+            data,
+            json,
+        } => fsck_cmd(&image, repair, data, json),
+        Cmd::Stat { image, path, json } => stat_cmd(&image, path.as_deref(), json).map(|_| 0),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("foliofs: {e:#}");
+            ExitCode::from(8)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("x").is_err());
+    }
+}

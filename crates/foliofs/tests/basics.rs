@@ -137,7 +137,7 @@ fn fsck_is_clean_after_work_and_finds_leaks() {
             .unwrap();
         fs.write(f.ino, (i * 1000) as u64, &vec![i as u8; 5000 + i * 300])
             .unwrap();
-        fs.setxattr(f.ino, b"user.a", &vec![1; 100], 0).unwrap();
+        fs.setxattr(f.ino, b"user.a", &[1; 100], 0).unwrap();
     }
     fs.unmount().unwrap();
     let opts = foliofs::fsck::FsckOptions {

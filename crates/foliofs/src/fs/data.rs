@@ -662,26 +662,13 @@ impl Inner {
         match whence {
             Whence::Data => {
                 let dirty = ip.dirty.range(l..).next().map(|(k, _)| *k);
-                let mut ext = None;
-                while l < last {
-                    match ip
-                        .ext_range(&mut cx, l, last)?
-                        .into_iter()
-                        .find(|e| !e.unwritten && e.end() > l)
-                    {
-                        Some(e) => {
-                            ext = Some(e.lblk.max(l));
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                let b = match (dirty, ext) {
-                    (Some(a), Some(b)) => a.min(b),
-                    (a, b) => match a.or(b) {
-                        Some(x) => x,
-                        None => return Ok(None),
-                    },
+                let ext = ip
+                    .ext_range(&mut cx, l, last)?
+                    .into_iter()
+                    .find(|e| !e.unwritten && e.end() > l)
+                    .map(|e| e.lblk.max(l));
+                let Some(b) = dirty.into_iter().chain(ext).min() else {
+                    return Ok(None);
                 };
                 let pos = (b * bs).max(offset);
                 Ok((pos < size).then_some(pos))

@@ -85,6 +85,16 @@ pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+#[derive(Clone, Debug, Serialize)]
+pub struct AgUsage {
+    pub agno: u32,
+    pub blocks: u64,
+    pub metadata_blocks: u64,
+    pub free_blocks: u64,
+    pub inodes: u64,
+    pub free_inodes: u64,
+}
+
 /// What the engine's parts borrow together: metadata cache/journal,
 /// allocator and counters.
 pub(crate) struct Ctx<'a> {
@@ -272,6 +282,28 @@ impl Fs {
             .map(|e| e.to_string())
     }
 
+    /// Per-AG usage.
+    pub fn ag_usage(&self) -> Vec<AgUsage> {
+        let g = self.inner.lock();
+        let geo = &g.meta.geo;
+        g.alloc
+            .ags
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let a = a.lock();
+                AgUsage {
+                    agno: i as u32,
+                    blocks: geo.ag_len(i as u32),
+                    metadata_blocks: geo.data_start_agbno(i as u32),
+                    free_blocks: a.free,
+                    inodes: geo.inodes_per_ag,
+                    free_inodes: a.free_inodes,
+                }
+            })
+            .collect()
+    }
+
     pub fn counters(&self) -> CounterSnapshot {
         let c = &self.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -309,6 +341,7 @@ impl Fs {
     }
 
     /// Create a node of any type (regular file, fifo, device, socket).
+    #[allow(clippy::too_many_arguments)]
     pub fn mknod(
         &self,
         parent: u64,

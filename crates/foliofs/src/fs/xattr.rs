@@ -9,6 +9,8 @@ use super::Inner;
 use crate::btree::max_value_len;
 use crate::error::{Error, Result};
 
+type Entry = (u64, Vec<u8>);
+
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
 
@@ -21,7 +23,7 @@ fn check(name: &[u8]) -> Result<()> {
 
 impl Inner {
     /// (key, value) of attribute `name`, and the keys in its hash bucket.
-    fn xattr_find(&mut self, ino: u64, name: &[u8]) -> Result<(Option<(u64, Vec<u8>)>, Vec<u64>)> {
+    fn xattr_find(&mut self, ino: u64, name: &[u8]) -> Result<(Option<Entry>, Vec<u64>)> {
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, cx) = self.with(ino)?;
         let base = name_key(name);
