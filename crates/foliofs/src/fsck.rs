@@ -213,6 +213,7 @@ pub fn fsck(
     check_tree_and_links(&mut c);
     check_orphans(&mut c);
     check_space(&mut c, opts.repair);
+    check_csum_blocks(&mut c);
     if opts.check_data {
         check_data(&mut c);
     }
@@ -596,6 +597,42 @@ fn check_space(c: &mut Checker, repair: bool) {
                 };
                 let uuid = c.meta.uuid;
                 h2.encode(c.meta.write(agh_blk), agh_blk, uuid);
+            }
+        }
+    }
+}
+
+/// Every checksum block must verify, and free blocks carry no checksum.
+fn check_csum_blocks(c: &mut Checker) {
+    let geo = c.meta.geo.clone();
+    for ag in 0..geo.ag_count {
+        for i in 0..geo.csum_blocks {
+            let blk = geo.csum_start(ag) + i;
+            let b = match c
+                .meta
+                .read(blk, magic::CSUM, "checksum block")
+                .map(|b| b.to_vec())
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    c.err(e);
+                    continue;
+                }
+            };
+            for k in 0..geo.csums_per_block {
+                let agbno = i * geo.csums_per_block + k;
+                if agbno >= geo.ag_len(ag) {
+                    break;
+                }
+                let global = geo.ag_start(ag) + agbno;
+                let used = c.used[(global / 64) as usize] & (1 << (global % 64)) != 0;
+                if !used && crate::format::csum::get(&b, k as u32) != 0 {
+                    c.problem(
+                        "checksum block",
+                        blk,
+                        format!("free block {global} has a checksum"),
+                    );
+                }
             }
         }
     }

@@ -1,0 +1,198 @@
+//! A flipped byte in any metadata structure is reported by name and
+//! address by fsck, and never panics mount or fsck.
+
+use foliofs::device::{Device, MemDevice};
+use foliofs::format::inode::{DiskInode, INODE_SIZE};
+use foliofs::fs::*;
+use foliofs::geometry::Geometry;
+use foliofs::{Error, Fs};
+use std::sync::Arc;
+
+struct Image {
+    bytes: Vec<u8>,
+    geo: Geometry,
+    uuid: [u8; 16],
+    dir: u64,
+    big: u64,
+}
+
+fn build() -> Image {
+    let dev = Arc::new(MemDevice::new(32 << 20));
+    mkfs(
+        &*dev,
+        &MkfsOptions {
+            block_size: 4096,
+            ..Default::default()
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"dir", 0o755, 0, 0).unwrap();
+    for i in 0..300 {
+        fs.create(d.ino, format!("entry-{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    // Every other block: an extent per block, so the map becomes a tree.
+    let big = fs.create(root, b"big", 0o644, 0, 0).unwrap();
+    for i in 0..100u64 {
+        fs.write(big.ino, i * 8192, &[i as u8 + 1; 4096]).unwrap();
+        fs.fsync(big.ino, false).unwrap();
+        let filler = fs
+            .create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(filler.ino, 0, &[9; 4096]).unwrap();
+        fs.fsync(filler.ino, false).unwrap();
+    }
+    fs.setxattr(big.ino, b"user.x", b"value", 0).unwrap();
+    fs.unmount().unwrap();
+    let sb = foliofs::meta::read_superblock(&*dev).unwrap();
+    Image {
+        bytes: dev.image(),
+        geo: Geometry::new(&sb),
+        uuid: sb.uuid,
+        dir: d.ino,
+        big: big.ino,
+    }
+}
+
+fn inode(img: &Image, ino: u64) -> DiskInode {
+    let (blk, off) = img.geo.inode_loc(ino);
+    let at = (blk * 4096) as usize + off;
+    DiskInode::decode(&img.bytes[at..at + INODE_SIZE], ino, blk, &img.uuid).unwrap()
+}
+
+/// Flip a byte at `blk`+`off`, then run mount and fsck; fsck must name
+/// `structure`.
+fn flip_and_check(img: &Image, what: &str, blk: u64, off: usize, structure: &str) {
+    let mut bytes = img.bytes.clone();
+    bytes[(blk * 4096) as usize + off] ^= 0x5a;
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    // Mount may succeed (the structure is read lazily) or fail with a typed
+    // error; it must not panic, and reads must not return wrong data.
+    if let Ok(fs) = Fs::mount(
+        dev.clone(),
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    ) {
+        let _ = fs.readdir(img.dir, 0, 1000);
+        let mut buf = vec![0; 4096];
+        match fs.read(img.big, 0, &mut buf) {
+            Ok(_) => assert!(buf.iter().all(|&b| b == 1), "{what}: wrong data returned"),
+            Err(Error::Corrupted { .. }) | Err(Error::DataChecksum { .. }) => {}
+            Err(e) => panic!("{what}: unexpected error {e}"),
+        }
+    }
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {});
+    match r {
+        Ok(r) => {
+            assert!(
+                r.problems
+                    .iter()
+                    .any(|p| p.structure == structure && p.addr == blk),
+                "{what}: fsck did not name {structure} at {blk}: {:?}",
+                r.problems
+            );
+        }
+        Err(Error::Corrupted {
+            structure: s, addr, ..
+        }) => {
+            assert_eq!((s, addr), (structure, blk), "{what}");
+        }
+        Err(e) => panic!("{what}: fsck failed with {e}"),
+    }
+}
+
+#[test]
+fn every_metadata_structure_is_detected() {
+    let img = build();
+    let g = &img.geo;
+    flip_and_check(&img, "AG header", g.agh_blk(1), 64, "AG header");
+    flip_and_check(&img, "block bitmap", g.bmap_start(0), 100, "block bitmap");
+    flip_and_check(&img, "inode bitmap", g.imap_start(0), 64, "inode bitmap");
+    flip_and_check(
+        &img,
+        "checksum block",
+        g.csum_start(0),
+        200,
+        "checksum block",
+    );
+    let (iblk, ioff) = g.inode_loc(img.big);
+    flip_and_check(&img, "inode", iblk, ioff + 50, "inode");
+    let big = inode(&img, img.big);
+    assert_ne!(big.fork_root, 0, "big file should have an extent tree");
+    flip_and_check(&img, "extent tree", big.fork_root, 70, "extent tree node");
+    let dir = inode(&img, img.dir);
+    assert_ne!(dir.fork_root, 0, "directory should be a tree");
+    flip_and_check(
+        &img,
+        "directory tree",
+        dir.fork_root,
+        70,
+        "directory tree node",
+    );
+    flip_and_check(&img, "xattr tree", big.xattr_root, 70, "xattr tree node");
+}
+
+#[test]
+fn superblock_slots_back_each_other_up() {
+    let img = build();
+    // One slot corrupt: mount uses the other.
+    for slot in 0..2u64 {
+        let mut bytes = img.bytes.clone();
+        bytes[(slot * 4096) as usize + 60] ^= 1;
+        let dev = Arc::new(MemDevice::from_image(bytes));
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert!(fs.resolve("/big").is_ok());
+        fs.unmount().unwrap();
+    }
+    // Both corrupt: a typed error naming the superblock.
+    let mut bytes = img.bytes.clone();
+    bytes[60] ^= 1;
+    bytes[4096 + 60] ^= 1;
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    assert!(matches!(
+        Fs::mount(dev.clone(), MountOptions::default()),
+        Err(Error::Corrupted {
+            structure: "superblock",
+            ..
+        })
+    ));
+    assert!(foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).is_err());
+}
+
+#[test]
+fn flipped_data_byte_is_eio_and_counted() {
+    let img = build();
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let e = fs.extents(img.big).unwrap()[0];
+    fs.unmount().unwrap();
+    dev.poke(e.device_block * 4096 + 17, &[0xff]);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let mut buf = vec![0; 4096];
+    match fs.read(img.big, e.offset, &mut buf) {
+        Err(Error::DataChecksum { ino, addr, .. }) => {
+            assert_eq!((ino, addr), (img.big, e.device_block))
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    assert_eq!(fs.counters().csum_failures, 1);
+    let r = foliofs::fsck::fsck(
+        dev.clone(),
+        &foliofs::fsck::FsckOptions {
+            repair: false,
+            check_data: true,
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.structure == "data block" && p.addr == e.device_block));
+    let _ = dev.len();
+}
