@@ -398,11 +398,12 @@ impl Inner {
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
         let (ip, mut cx) = self.with(ino)?;
         if let Some(e) = io_err {
-            // The data is lost: its blocks stay unwritten (zeros) or
-            // without checksum; the error goes to the caller (fsync).
-            ip.d.size = ip.size;
-            ip.store(&mut cx)?;
-            return Err(e.into());
+            // The device's state is unknown: shut down rather than go on.
+            // Blocks of this writeback stay unwritten (zeros) or without a
+            // checksum on disk, so nothing stale or falsely failing shows.
+            return Err(cx
+                .meta
+                .poison(format!("data writeback of inode {ino} failed: {e}")));
         }
         // 5. Record checksums, convert unwritten extents, publish the size.
         crcs.sort_unstable_by_key(|c| c.0);
