@@ -77,6 +77,33 @@ impl Inode {
         Ok(buf)
     }
 
+    /// Allocate up to `want` blocks for file block `lblk` on, next to the
+    /// blocks before it where free space allows, and map them unwritten.
+    fn alloc_unwritten(
+        &mut self,
+        cx: &mut Ctx,
+        ag: u32,
+        lblk: u64,
+        want: u64,
+    ) -> Result<(u64, u64)> {
+        let goal = match lblk.checked_sub(1) {
+            Some(prev) => self.ext_find(cx, prev)?.map(|e| e.pblk + (lblk - e.lblk)),
+            None => None,
+        };
+        let (p, n) = cx.alloc(ag, goal, want)?;
+        self.ext_insert(
+            cx,
+            Extent {
+                lblk,
+                pblk: p,
+                len: n,
+                unwritten: true,
+            },
+        )?;
+        self.d.nblocks += n;
+        Ok((p, n))
+    }
+
     /// Zero bytes [from, to) of block `lblk` if it holds data.
     fn zero_in_block(&mut self, cx: &mut Ctx, lblk: u64, from: usize, to: usize) -> Result<u64> {
         if let Some(d) = self.dirty.get_mut(&lblk) {
@@ -330,22 +357,7 @@ impl Inner {
             let mut l = holes[i];
             let end = holes[j - 1] + 1;
             while l < end {
-                let goal = if l > 0 {
-                    ip.ext_find(&mut cx, l - 1)?.map(|e| e.pblk + (l - e.lblk))
-                } else {
-                    None
-                };
-                let (p, n) = cx.alloc(ag, goal, end - l)?;
-                ip.ext_insert(
-                    &mut cx,
-                    Extent {
-                        lblk: l,
-                        pblk: p,
-                        len: n,
-                        unwritten: true,
-                    },
-                )?;
-                ip.d.nblocks += n;
+                let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, end - l)?;
                 for k in 0..n {
                     targets.push((l + k, p + k, true));
                     if ip
@@ -523,22 +535,7 @@ impl Inner {
         for (start, len) in runs(&holes) {
             let mut l = start;
             while l < start + len {
-                let goal = if l > 0 {
-                    ip.ext_find(&mut cx, l - 1)?.map(|e| e.pblk + (l - e.lblk))
-                } else {
-                    None
-                };
-                let (p, n) = cx.alloc(ag, goal, start + len - l)?;
-                ip.ext_insert(
-                    &mut cx,
-                    Extent {
-                        lblk: l,
-                        pblk: p,
-                        len: n,
-                        unwritten: true,
-                    },
-                )?;
-                ip.d.nblocks += n;
+                let (_, n) = ip.alloc_unwritten(&mut cx, ag, l, start + len - l)?;
                 l += n;
                 if cx.meta.running_blocks() > cx.meta.max_tx_blocks() / 2 {
                     ip.store(&mut cx)?;
