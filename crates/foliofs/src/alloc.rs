@@ -95,6 +95,33 @@ impl AgState {
     }
 }
 
+/// Read `nblocks` bitmap blocks from `start` covering `items` bits: the
+/// in-memory bits and the count of clear ones.
+fn load_bitmap(
+    meta: &mut Meta,
+    start: u64,
+    nblocks: u64,
+    items: u64,
+    magic: u32,
+    what: &'static str,
+) -> Result<(Vec<u64>, u64)> {
+    let per = meta.geo.bits_per_bmap;
+    let mut bits = vec![0u64; items.div_ceil(64) as usize];
+    let mut clear = 0;
+    for i in 0..nblocks {
+        let b = meta.read(start + i, magic, what)?;
+        let first = i * per;
+        for bit in 0..per.min(items.saturating_sub(first)) {
+            if bitmap::get_bit(b, bit as u32) {
+                set_bits(&mut bits, first + bit, 1, true);
+            } else {
+                clear += 1;
+            }
+        }
+    }
+    Ok((bits, clear))
+}
+
 impl Alloc {
     /// Load every AG's header and bitmaps (verifying them).
     pub fn load(meta: &mut Meta) -> Result<Self> {
@@ -115,35 +142,22 @@ impl Alloc {
                     format!("AG has {} blocks, header says {}", len, agh.blocks),
                 ));
             }
-            let mut used = vec![0u64; len.div_ceil(64) as usize];
-            let mut free = 0;
-            for i in 0..geo.bmap_blocks {
-                let blk = geo.bmap_start(ag) + i;
-                let b = meta.read(blk, magic::BLOCK_BITMAP, "block bitmap")?;
-                let first = i * geo.bits_per_bmap;
-                for bit in 0..geo.bits_per_bmap.min(len.saturating_sub(first)) {
-                    if bitmap::get_bit(b, bit as u32) {
-                        set_bits(&mut used, first + bit, 1, true);
-                    } else {
-                        free += 1;
-                    }
-                }
-            }
-            let ipa = geo.inodes_per_ag;
-            let mut inodes = vec![0u64; ipa.div_ceil(64) as usize];
-            let mut free_inodes = 0;
-            for i in 0..geo.imap_blocks {
-                let blk = geo.imap_start(ag) + i;
-                let b = meta.read(blk, magic::INODE_BITMAP, "inode bitmap")?;
-                let first = i * geo.bits_per_bmap;
-                for bit in 0..geo.bits_per_bmap.min(ipa.saturating_sub(first)) {
-                    if bitmap::get_bit(b, bit as u32) {
-                        set_bits(&mut inodes, first + bit, 1, true);
-                    } else {
-                        free_inodes += 1;
-                    }
-                }
-            }
+            let (used, free) = load_bitmap(
+                meta,
+                geo.bmap_start(ag),
+                geo.bmap_blocks,
+                len,
+                magic::BLOCK_BITMAP,
+                "block bitmap",
+            )?;
+            let (inodes, free_inodes) = load_bitmap(
+                meta,
+                geo.imap_start(ag),
+                geo.imap_blocks,
+                geo.inodes_per_ag,
+                magic::INODE_BITMAP,
+                "inode bitmap",
+            )?;
             if free != agh.free_blocks || free_inodes != agh.free_inodes {
                 return Err(Error::corrupted(
                     "AG header",

@@ -143,14 +143,7 @@ pub fn fsck(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Report> {
     let mut sb = meta::read_superblock(&*dev)?;
-    let need = sb.total_blocks * sb.block_size as u64;
-    if dev.len() < need {
-        return Err(Error::corrupted(
-            "superblock",
-            0,
-            format!("file system needs {need} bytes, device has {}", dev.len()),
-        ));
-    }
+    meta::check_device_size(&*dev, &sb)?;
     let dev: Arc<dyn Device> = if opts.repair {
         dev
     } else {

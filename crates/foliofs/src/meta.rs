@@ -447,6 +447,19 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     })
 }
 
+/// The device must be at least as large as the file system it holds.
+pub fn check_device_size(dev: &dyn Device, sb: &Superblock) -> Result<()> {
+    let need = sb.total_blocks * sb.block_size as u64;
+    if dev.len() < need {
+        return Err(Error::corrupted(
+            "superblock",
+            0,
+            format!("file system needs {need} bytes, device has {}", dev.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Replay committed transactions from the superblock's tail. Returns the
 /// number of transactions applied; the superblock's tail is moved past them.
 pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {

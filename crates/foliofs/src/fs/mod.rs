@@ -193,14 +193,7 @@ impl Fs {
     /// finish any orphaned inodes left by a crash.
     pub fn mount(dev: Arc<dyn Device>, opts: MountOptions) -> Result<Fs> {
         let mut sb = meta::read_superblock(&*dev)?;
-        let need = sb.total_blocks * sb.block_size as u64;
-        if dev.len() < need {
-            return Err(Error::corrupted(
-                "superblock",
-                0,
-                format!("file system needs {need} bytes, device has {}", dev.len()),
-            ));
-        }
+        meta::check_device_size(&*dev, &sb)?;
         if !opts.read_only {
             meta::replay(&*dev, &mut sb)?;
         } else if has_journal_work(&*dev, &sb)? {
