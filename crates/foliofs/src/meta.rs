@@ -24,7 +24,9 @@ use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{header, journal, magic};
 use crate::geometry::Geometry;
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +59,83 @@ pub struct Meta {
     shutdown: Option<String>,
     cache_limit: usize,
     pub stats: JournalStats,
+    /// The sealed transaction being written, and its blocks.
+    sealed: Option<InFlight>,
+    sealed_set: BTreeSet<u64>,
+    done_seq: u64,
+    io: Arc<JournalIo>,
+    data_unflushed: Arc<AtomicBool>,
+}
+
+struct InFlight {
+    seq: u64,
+    /// (metadata block, index of its image in `buf`)
+    blocks: Vec<(u64, usize)>,
+    buf: Arc<AlignedBuf>,
+    freed: Vec<(u64, u64)>,
+}
+
+/// Completion state of the one journal write in flight. Waiting on it
+/// needs no other lock, so the writer never needs the caller's lock to
+/// finish.
+#[derive(Default)]
+pub struct JournalIo {
+    state: Mutex<IoState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct IoState {
+    busy: bool,
+    done: Option<std::result::Result<(), String>>,
+}
+
+impl JournalIo {
+    pub fn wait_idle(&self) {
+        let mut st = self.state.lock();
+        while st.busy {
+            self.cv.wait(&mut st);
+        }
+    }
+}
+
+/// A sealed transaction: its journal image and where it goes.
+pub struct SealedTx {
+    dev: Arc<dyn Device>,
+    io: Arc<JournalIo>,
+    buf: Arc<AlignedBuf>,
+    seq: u64,
+    /// Byte address of the journal area.
+    at: u64,
+    head_pos: u64,
+    jlen: u64,
+    bs: u64,
+    preflush: bool,
+}
+
+impl SealedTx {
+    /// Write the image (at most two runs: the log may wrap) and flush.
+    /// The outcome is picked up by `Meta::reap` / `Meta::wait_io`.
+    pub fn write(self) {
+        let r = (|| -> Result<()> {
+            if self.preflush {
+                self.dev.flush()?;
+            }
+            let total = self.buf.len() as u64 / self.bs;
+            let first = (self.jlen - self.head_pos).min(total);
+            let split = (first * self.bs) as usize;
+            self.dev
+                .write_at(&self.buf[..split], self.at + self.head_pos * self.bs)?;
+            if first < total {
+                self.dev.write_at(&self.buf[split..], self.at)?;
+            }
+            Ok(self.dev.flush()?)
+        })();
+        let mut st = self.io.state.lock();
+        st.busy = false;
+        st.done = Some(r.map_err(|e| format!("transaction {}: {e}", self.seq)));
+        self.io.cv.notify_all();
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -71,6 +150,7 @@ pub struct JournalStats {
 impl Meta {
     pub fn new(dev: Arc<dyn Device>, sb: Superblock, cache_limit_bytes: u64) -> Self {
         let geo = Geometry::new(&sb);
+        let head_seq = sb.tail_seq;
         Meta {
             dev,
             uuid: sb.uuid,
@@ -87,6 +167,11 @@ impl Meta {
             freed_committed: Vec::new(),
             shutdown: None,
             stats: JournalStats::default(),
+            sealed: None,
+            sealed_set: BTreeSet::new(),
+            done_seq: head_seq,
+            io: Arc::new(JournalIo::default()),
+            data_unflushed: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -210,7 +295,11 @@ impl Meta {
             .cache
             .keys()
             .copied()
-            .filter(|b| !self.running.contains(b) && !self.checkpoint.contains(b))
+            .filter(|b| {
+                !self.running.contains(b)
+                    && !self.checkpoint.contains(b)
+                    && !self.sealed_set.contains(b)
+            })
             .take(self.cache.len().saturating_sub(target))
             .collect();
         for b in victims {
@@ -247,12 +336,27 @@ impl Meta {
         (self.geo.journal_blocks / 2) as usize
     }
 
-    /// Write the running transaction to the journal and flush.
+    /// Write the running transaction to the journal and flush, holding the
+    /// caller's lock throughout (group commit across threads goes through
+    /// `seal` / `SealedTx::write` / `reap` instead).
     pub fn commit(&mut self) -> Result<()> {
+        if let Some(tx) = self.seal()? {
+            tx.write();
+        }
+        self.wait_io()
+    }
+
+    /// Seal the running transaction into a journal image and reserve its
+    /// place in the log. The caller writes it (`SealedTx::write`), usually
+    /// without holding the lock around `Meta`, and the next `reap` or
+    /// `wait_io` completes it. One sealed transaction is in flight at a
+    /// time; sealing waits for the previous one.
+    pub fn seal(&mut self) -> Result<Option<SealedTx>> {
+        self.wait_io()?;
         self.check_live()?;
         if self.running.is_empty() {
             self.freed_committed.append(&mut self.freed_running);
-            return Ok(());
+            return Ok(None);
         }
         let blocks: Vec<u64> = self.running.iter().copied().collect();
         let need = self.tx_len(blocks.len());
@@ -266,21 +370,112 @@ impl Meta {
         if need > self.journal_free() {
             self.checkpoint()?;
         }
-        if let Err(e) = self.write_transaction(&blocks) {
+        let (buf, offsets) = self.build_transaction(&blocks);
+        let buf = Arc::new(buf);
+        let tx = SealedTx {
+            dev: self.dev.clone(),
+            io: self.io.clone(),
+            buf: buf.clone(),
+            seq: self.head_seq,
+            at: self.geo.journal_start * self.geo.block_size,
+            head_pos: self.head_pos,
+            jlen: self.geo.journal_blocks,
+            bs: self.geo.block_size,
+            preflush: self.data_unflushed.swap(false, Ordering::SeqCst),
+        };
+        let total = self.tx_len(blocks.len());
+        self.head_pos = (self.head_pos + total) % self.geo.journal_blocks;
+        self.head_seq += 1;
+        for b in &blocks {
+            self.sealed_set.insert(*b);
+        }
+        self.sealed = Some(InFlight {
+            seq: tx.seq,
+            blocks: blocks.into_iter().zip(offsets).collect(),
+            buf,
+            freed: std::mem::take(&mut self.freed_running),
+        });
+        self.running.clear();
+        self.io.state.lock().busy = true;
+        Ok(Some(tx))
+    }
+
+    /// Complete the sealed transaction if its write has finished.
+    pub fn reap(&mut self) -> Result<()> {
+        let done = self.io.state.lock().done.take();
+        match done {
+            Some(r) => self.finish(r),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait for the sealed transaction's write and complete it.
+    pub fn wait_io(&mut self) -> Result<()> {
+        self.io.wait_idle();
+        self.reap()
+    }
+
+    fn finish(&mut self, r: std::result::Result<(), String>) -> Result<()> {
+        let Some(tx) = self.sealed.take() else {
+            return Ok(());
+        };
+        if let Err(e) = r {
             return Err(self.poison(format!("journal commit failed: {e}")));
         }
+        let bs = self.geo.block_size as usize;
         self.stats.commits += 1;
-        self.stats.blocks_logged += blocks.len() as u64;
-        for b in blocks {
-            self.frozen.remove(&b);
+        self.stats.blocks_logged += tx.blocks.len() as u64;
+        for (b, off) in tx.blocks {
+            self.sealed_set.remove(&b);
+            if self.running.contains(&b) || !self.cache.contains_key(&b) {
+                // Changed again (or dropped) since sealing: the committed
+                // image is the one in the journal buffer.
+                let mut img = AlignedBuf::zeroed(bs);
+                img.copy_from_slice(&tx.buf[off * bs..(off + 1) * bs]);
+                self.frozen.insert(b, img);
+            } else {
+                self.frozen.remove(&b);
+            }
             self.checkpoint.insert(b);
         }
-        self.running.clear();
-        self.freed_committed.append(&mut self.freed_running);
+        self.freed_committed.extend(tx.freed);
+        self.done_seq = tx.seq + 1;
         Ok(())
     }
 
-    fn write_transaction(&mut self, blocks: &[u64]) -> Result<()> {
+    /// Every transaction with a sequence number below this is durable.
+    pub fn done_seq(&self) -> u64 {
+        self.done_seq
+    }
+
+    /// Changes made now go into the transaction with this number.
+    pub fn running_seq(&self) -> u64 {
+        self.head_seq
+    }
+
+    pub fn has_running(&self) -> bool {
+        !self.running.is_empty()
+    }
+
+    pub fn io_busy(&self) -> bool {
+        self.io.state.lock().busy
+    }
+
+    pub fn journal_io(&self) -> Arc<JournalIo> {
+        self.io.clone()
+    }
+
+    /// A data write has completed but not been flushed: the next commit
+    /// flushes the device before writing its journal blocks, so metadata
+    /// that points at the data (checksums, written extents, sizes) is
+    /// never durable before the data is.
+    pub fn data_unflushed(&self) -> Arc<AtomicBool> {
+        self.data_unflushed.clone()
+    }
+
+    /// Lay out the journal image of a transaction: descriptors, block
+    /// images, commit block. Returns the image and each block's index in it.
+    fn build_transaction(&mut self, blocks: &[u64]) -> (AlignedBuf, Vec<usize>) {
         let bs = self.geo.block_size as usize;
         let seq = self.head_seq;
         let per = journal::targets_per_desc(bs);
@@ -288,6 +483,7 @@ impl Meta {
         let jlen = self.geo.journal_blocks;
         let total = self.tx_len(blocks.len()) as usize;
         let mut out = AlignedBuf::zeroed(total * bs);
+        let mut offsets = Vec::with_capacity(blocks.len());
         let mut pos = self.head_pos;
         let mut i = 0; // block index within `out`
         let mut crc = 0u32;
@@ -305,6 +501,7 @@ impl Meta {
                 }
                 out[i * bs..(i + 1) * bs].copy_from_slice(&c.data);
                 crc = crc32c::crc32c_append(crc, &out[i * bs..(i + 1) * bs]);
+                offsets.push(i);
                 i += 1;
                 pos = (pos + 1) % jlen;
             }
@@ -318,27 +515,14 @@ impl Meta {
             nblocks,
             crc,
         );
-        pos = (pos + 1) % jlen;
-        // Write in at most two runs (the log may wrap), then one flush.
-        let first = ((jlen - self.head_pos) as usize).min(total);
-        self.dev.write_at(
-            &out[..first * bs],
-            (jstart + self.head_pos) * self.geo.block_size,
-        )?;
-        if first < total {
-            self.dev
-                .write_at(&out[first * bs..], jstart * self.geo.block_size)?;
-        }
-        self.dev.flush()?;
-        self.head_pos = pos;
-        self.head_seq = seq + 1;
-        Ok(())
+        (out, offsets)
     }
 
     /// Write every committed block home, then move the journal tail to the
     /// head. Returns the extents freed by committed transactions, which are
     /// now safe to reuse.
     pub fn checkpoint(&mut self) -> Result<Vec<(u64, u64)>> {
+        self.wait_io()?;
         self.check_live()?;
         let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
         let bs = self.geo.block_size as usize;

@@ -476,7 +476,34 @@ impl Fs {
             return Ok(());
         }
         g.writeback(ino)?;
-        g.meta.commit()
+        self.commit_wait(g)
+    }
+
+    /// Make every change made so far durable, without holding the metadata
+    /// lock over the journal write: while one transaction is being written,
+    /// other threads add to the next one, and the first of them to get
+    /// the journal seals and writes them all (group commit).
+    fn commit_wait<'a>(&'a self, mut g: parking_lot::MutexGuard<'a, Inner>) -> Result<()> {
+        let target = g.meta.running_seq();
+        loop {
+            g.meta.reap()?;
+            g.meta.check_live()?;
+            if g.meta.done_seq() > target || (!g.meta.has_running() && !g.meta.io_busy()) {
+                return Ok(());
+            }
+            if g.meta.io_busy() {
+                let io = g.meta.journal_io();
+                drop(g);
+                io.wait_idle();
+                g = self.inner.lock();
+                continue;
+            }
+            if let Some(tx) = g.meta.seal()? {
+                drop(g);
+                tx.write();
+                g = self.inner.lock();
+            }
+        }
     }
 
     /// Write back every file and commit.
