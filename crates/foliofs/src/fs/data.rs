@@ -49,7 +49,6 @@ impl Inode {
         for (i, stored) in crcs.iter().enumerate() {
             let blk = &out[i * bs as usize..(i + 1) * bs as usize];
             if *stored != 0 && data_crc(blk) != *stored {
-                bump(&cx.counters.csum_failures, 1);
                 return Err(Error::DataChecksum {
                     ino: self.d.ino,
                     offset: (lblk + i as u64) * bs,
@@ -79,7 +78,7 @@ impl Inode {
 
     /// Allocate up to `want` blocks for file block `lblk` on, next to the
     /// blocks before it where free space allows, and map them unwritten.
-    fn alloc_unwritten(
+    pub(super) fn alloc_unwritten(
         &mut self,
         cx: &mut Ctx,
         ag: u32,
@@ -264,7 +263,7 @@ impl Inner {
 
     /// Before the size grows past `old_size`, zero the rest of the old last
     /// block so bytes left there by an earlier truncate never reappear.
-    fn zero_eof_tail(&mut self, ino: u64, old_size: u64) -> Result<()> {
+    pub(super) fn zero_eof_tail(&mut self, ino: u64, old_size: u64) -> Result<()> {
         let bs = self.meta.geo.block_size;
         if old_size % bs == 0 {
             return Ok(());
@@ -314,6 +313,7 @@ impl Inner {
             return Ok(());
         }
         bump(&cx.counters.writebacks, 1);
+        ip.data_gen += 1;
         // 1. Classify: (lblk, pblk, fresh) where fresh = not yet written.
         let lblks: Vec<u64> = ip.dirty.keys().copied().collect();
         let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
@@ -434,6 +434,7 @@ impl Inner {
         for (l, n) in runs(&fresh) {
             ip.ext_mark_written(&mut cx, l, l + n)?;
         }
+        ip.data_gen += 1;
         ip.d.size = ip.size;
         ip.store(&mut cx)
     }

@@ -34,7 +34,25 @@ pub(crate) struct Inode {
     pub size: u64,
     pub fork: Fork,
     pub dirty: BTreeMap<u64, DirtyBlock>,
+    /// Open file descriptions and direct I/Os in flight: the inode is
+    /// not freed while this is non-zero.
     pub open: u32,
+    /// Bumped whenever data on the device may change under a reader
+    /// (direct writes start or finish, writeback): a reader that sees a
+    /// checksum mismatch retries if it moved.
+    pub data_gen: u64,
+    /// Direct writes in flight (see `dio`).
+    pub dio_inflight: Vec<DioWrite>,
+}
+
+/// A direct write in flight over file blocks [from, to).
+pub(crate) struct DioWrite {
+    pub id: u64,
+    pub from: u64,
+    pub to: u64,
+    /// Another direct write overlapped it while it was in flight: which
+    /// data reached the device is unknown, so it records no checksum.
+    pub tainted: bool,
 }
 
 /// Bytes an inline entry takes in the literal area.
@@ -86,6 +104,8 @@ impl Inode {
             fork,
             dirty: BTreeMap::new(),
             open: 0,
+            data_gen: 0,
+            dio_inflight: Vec::new(),
         })
     }
 
@@ -270,6 +290,8 @@ impl Inner {
             fork: Fork::Inline(Vec::new()),
             dirty: BTreeMap::new(),
             open: 0,
+            data_gen: 0,
+            dio_inflight: Vec::new(),
         };
         let mut cx = self.ctx();
         ip.store(&mut cx)?;

@@ -1,0 +1,486 @@
+//! Direct I/O: block-aligned reads and writes between the caller's buffer
+//! and the device, bypassing the cache.
+//!
+//! read: shared I/O lock -> write back dirty cached blocks in the range ->
+//!       per request of at most `dio_max_blocks` blocks: map the range and
+//!       fetch its checksums in one pass under the metadata lock -> one
+//!       device read per mapped run, holes and unwritten blocks zero-filled
+//!       -> verify every block -> EIO on a mismatch (counted, logged).
+//! overwrite (every block allocated and written, inside the file): shared
+//!       lock -> commit "no checksum" for the blocks -> write -> record the
+//!       new checksums in the running transaction.
+//! other writes: exclusive lock -> write back the cache -> allocate holes
+//!       as unwritten -> commit "no checksum" for written blocks it covers
+//!       -> write -> checksums, written extents and the size in the running
+//!       transaction.
+//!
+//! A data write sets the "data unflushed" flag, so the commit that makes
+//! its checksums, extents or size durable first flushes the data. A
+//! checksum on disk therefore always matches the data, or is zero while an
+//! overwrite may be torn (docs/DESIGN.md, "Overwrites and checksums").
+//!
+//! Readers racing a direct overwrite of the same blocks may see new data
+//! with the old checksum: `Inode::data_gen` and the in-flight list tell a
+//! race from corruption, and the read is retried.
+
+use super::data::MAX_FILE_SIZE;
+use super::inode::{DioWrite, Inode};
+use super::iolock::Mode;
+use super::{bump, Ctx, Fs, Inner};
+use crate::alloc::{clear_csums, get_csums, set_csums};
+use crate::error::{Error, Result};
+use crate::format::data_crc;
+use parking_lot::MutexGuard;
+use std::sync::atomic::Ordering;
+
+/// Retries of a read whose checksum failed while a direct write raced it.
+pub(crate) const RACE_RETRIES: u32 = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Hole,
+    Unwritten(u64),
+    Written(u64),
+}
+
+/// A run of file blocks with one state, and its device address.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    lblk: u64,
+    len: u64,
+    state: State,
+}
+
+impl Seg {
+    fn pblk(&self) -> Option<u64> {
+        match self.state {
+            State::Hole => None,
+            State::Unwritten(p) | State::Written(p) => Some(p),
+        }
+    }
+}
+
+/// The state of file blocks [from, to), in order.
+fn map_range(ip: &Inode, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<Seg>> {
+    bump(&cx.counters.mapping_lookups, 1);
+    let mut out = Vec::new();
+    let mut l = from;
+    for e in ip.ext_range(cx, from, to)? {
+        if e.lblk > l {
+            out.push(Seg {
+                lblk: l,
+                len: e.lblk - l,
+                state: State::Hole,
+            });
+            l = e.lblk;
+        }
+        let end = e.end().min(to);
+        if end <= l {
+            continue;
+        }
+        let p = e.pblk + (l - e.lblk);
+        out.push(Seg {
+            lblk: l,
+            len: end - l,
+            state: if e.unwritten {
+                State::Unwritten(p)
+            } else {
+                State::Written(p)
+            },
+        });
+        l = end;
+    }
+    if l < to {
+        out.push(Seg {
+            lblk: l,
+            len: to - l,
+            state: State::Hole,
+        });
+    }
+    Ok(out)
+}
+
+/// Did a write change data under a reader since it read `gen`, or is a
+/// direct write in flight?
+pub(crate) fn raced(g: &mut Inner, ino: u64, gen: u64) -> Result<bool> {
+    let ip = g.with(ino)?.0;
+    Ok(ip.data_gen != gen || !ip.dio_inflight.is_empty())
+}
+
+fn check_aligned(bs: u64, offset: u64, len: usize, ptr: *const u8) -> Result<()> {
+    let mem = bs.min(4096);
+    if offset % bs != 0 || len as u64 % bs != 0 || ptr as u64 % mem != 0 {
+        return Err(Error::Invalid(format!(
+            "direct I/O needs an offset and a length in whole {bs}-byte blocks and a \
+             buffer aligned to {mem} bytes (offset {offset}, length {len})"
+        )));
+    }
+    Ok(())
+}
+
+impl Inode {
+    /// Register a direct write over [from, to); overlapping ones in flight
+    /// (and this one) are tainted. Pins the inode.
+    fn dio_begin(&mut self, id: u64, from: u64, to: u64) {
+        let mut tainted = false;
+        for w in &mut self.dio_inflight {
+            if w.from < to && from < w.to {
+                w.tainted = true;
+                tainted = true;
+            }
+        }
+        self.dio_inflight.push(DioWrite {
+            id,
+            from,
+            to,
+            tainted,
+        });
+        self.data_gen += 1;
+        self.open += 1;
+    }
+
+    /// Unregister direct write `id`; true when it was tainted. The caller
+    /// unpins with `Inner::release`.
+    fn dio_end(&mut self, id: u64) -> bool {
+        self.data_gen += 1;
+        match self.dio_inflight.iter().position(|w| w.id == id) {
+            Some(i) => self.dio_inflight.swap_remove(i).tainted,
+            None => true,
+        }
+    }
+}
+
+/// Record the checksums of the blocks of `segs` (written from file block
+/// `from` on) in the running transaction.
+fn record_csums(cx: &mut Ctx, segs: &[Seg], from: u64, crcs: &[u32]) -> Result<()> {
+    for s in segs {
+        if let Some(p) = s.pblk() {
+            let i = (s.lblk - from) as usize;
+            set_csums(cx.meta, p, &crcs[i..i + s.len as usize])?;
+        }
+    }
+    Ok(())
+}
+
+impl Fs {
+    /// Read with O_DIRECT semantics: `offset`, `buf.len()` in whole blocks
+    /// and `buf` aligned (EINVAL otherwise). Returns the bytes read, short
+    /// at end of file. Every block is verified against its checksum.
+    pub fn read_direct(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let bs = self.block_size;
+        check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
+        let _io = self.iolocks.lock(ino, Mode::Shared, &self.counters);
+        let n = {
+            let mut g = self.inner.lock();
+            let (ip, _) = g.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+            if offset >= ip.size || buf.is_empty() {
+                return Ok(0);
+            }
+            let n = (buf.len() as u64).min(ip.size - offset) as usize;
+            let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
+            if ip.dirty.range(from..to).next().is_some() {
+                g.writeback(ino)?;
+            }
+            g.with(ino)?.0.open += 1;
+            n
+        };
+        bump(&self.counters.dio_reads, 1);
+        let blocks = (n as u64).div_ceil(bs) as usize * bs as usize;
+        let r = self.read_direct_pinned(ino, offset, &mut buf[..blocks]);
+        self.inner.lock().release(ino)?;
+        r?;
+        // Bytes past the end of file in the last block are not file data.
+        buf[n..blocks].fill(0);
+        bump(&self.counters.dio_read_bytes, n as u64);
+        bump(&self.counters.bytes_read_app, n as u64);
+        Ok(n)
+    }
+
+    fn read_direct_pinned(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let bs = self.block_size;
+        let first = offset / bs;
+        let nblk = buf.len() as u64 / bs;
+        let mut crcs = self.csum_pool.lock().pop().unwrap_or_default();
+        let mut done = 0u64;
+        let mut tries = 0;
+        let r = loop {
+            if done == nblk {
+                break Ok(());
+            }
+            let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
+            let lblk = first + done;
+            let want = (nblk - done).min(cap);
+            // One pass under the metadata lock: mapping and checksums.
+            crcs.clear();
+            let (segs, gen) = {
+                let mut g = self.inner.lock();
+                let (ip, mut cx) = g.with(ino)?;
+                let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
+                for s in &segs {
+                    if let State::Written(p) = s.state {
+                        get_csums(cx.meta, p, s.len, &mut crcs)?;
+                    }
+                }
+                (segs, ip.data_gen)
+            };
+            let mut bad = None;
+            let mut ci = 0;
+            for s in &segs {
+                let at = ((s.lblk - first) * bs) as usize;
+                let out = &mut buf[at..at + (s.len * bs) as usize];
+                let State::Written(p) = s.state else {
+                    out.fill(0);
+                    continue;
+                };
+                self.dev.read_at(out, p * bs)?;
+                bump(&self.counters.dio_read_requests, 1);
+                self.counters.dio_request(s.len);
+                for (k, blk) in out.chunks(bs as usize).enumerate() {
+                    let stored = crcs[ci + k];
+                    if stored != 0 && bad.is_none() && data_crc(blk) != stored {
+                        bad = Some((s.lblk + k as u64, p + k as u64));
+                    }
+                }
+                ci += s.len as usize;
+            }
+            if let Some((l, p)) = bad {
+                if tries < RACE_RETRIES && raced(&mut self.inner.lock(), ino, gen)? {
+                    tries += 1;
+                    bump(&self.counters.dio_read_retries, 1);
+                    std::thread::yield_now();
+                    continue;
+                }
+                break Err(self.checksum_failed(Error::DataChecksum {
+                    ino,
+                    offset: l * bs,
+                    addr: p,
+                }));
+            }
+            done += want;
+        };
+        let mut pool = self.csum_pool.lock();
+        if pool.len() < 64 {
+            pool.push(crcs);
+        }
+        r
+    }
+
+    /// Write with O_DIRECT semantics (alignment as for `read_direct`).
+    /// Pure overwrites take the inode's I/O lock shared (unless the
+    /// `DioLock::Exclusive` knob is set); anything that allocates, converts
+    /// unwritten blocks or extends the file takes it exclusive.
+    pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let bs = self.block_size;
+        check_aligned(bs, offset, data.len(), data.as_ptr())?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let (from, to) = (offset / bs, end / bs);
+        let crcs: Vec<u32> = data.chunks(bs as usize).map(data_crc).collect();
+        let mut mode = if self.knobs.dio_exclusive.load(Ordering::Relaxed) {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        loop {
+            let io = self.iolocks.lock(ino, mode, &self.counters);
+            let mut g = self.inner.lock();
+            g.check_writable()?;
+            let (ip, mut cx) = g.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+            let segs = map_range(ip, &mut cx, from, to)?;
+            let overwrite = end <= ip.size
+                && ip.dirty.range(from..to).next().is_none()
+                && segs.iter().all(|s| matches!(s.state, State::Written(_)));
+            if !overwrite && mode == Mode::Shared {
+                drop(g);
+                drop(io);
+                mode = Mode::Exclusive;
+                continue;
+            }
+            bump(&self.counters.dio_writes, 1);
+            match mode {
+                Mode::Shared => bump(&self.counters.dio_overwrites_shared, 1),
+                Mode::Exclusive => bump(&self.counters.dio_writes_exclusive, 1),
+            }
+            let r = if overwrite {
+                self.dio_overwrite(g, ino, from, to, data, &crcs, segs)
+            } else {
+                self.dio_allocating(g, ino, offset, data, &crcs)
+            };
+            drop(io);
+            r?;
+            bump(&self.counters.dio_write_bytes, data.len() as u64);
+            bump(&self.counters.bytes_written_app, data.len() as u64);
+            return Ok(data.len());
+        }
+    }
+
+    /// Every block of [from, to) is allocated and written: no mapping
+    /// changes, only checksums.
+    #[allow(clippy::too_many_arguments)]
+    fn dio_overwrite(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        from: u64,
+        to: u64,
+        data: &[u8],
+        crcs: &[u32],
+        segs: Vec<Seg>,
+    ) -> Result<()> {
+        let id = self.next_dio_id.fetch_add(1, Ordering::Relaxed);
+        let (ip, cx) = g.with(ino)?;
+        ip.dio_begin(id, from, to);
+        let mut r = Ok(());
+        for s in &segs {
+            if let Some(p) = s.pblk() {
+                r = r.and_then(|()| clear_csums(cx.meta, p, s.len));
+            }
+        }
+        bump(&cx.counters.overwrite_intents, to - from);
+        // The cleared checksums must be durable before the data changes.
+        let r = r
+            .and_then(|()| self.commit_wait(g))
+            .and_then(|()| self.write_segs(&segs, from, data));
+        let mut g = self.inner.lock();
+        let (ip, mut cx) = g.with(ino)?;
+        let tainted = ip.dio_end(id);
+        let r = r.and_then(|()| {
+            if !tainted {
+                record_csums(&mut cx, &segs, from, crcs)?;
+            }
+            ip.touch_mtime();
+            ip.store(&mut cx)
+        });
+        g.release(ino)?;
+        r?;
+        g.maybe_commit()
+    }
+
+    /// A write that fills holes, converts unwritten blocks or extends the
+    /// file. The caller holds the inode's I/O lock exclusive.
+    fn dio_allocating(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<()> {
+        let bs = self.block_size;
+        let end = offset + data.len() as u64;
+        let (from, to) = (offset / bs, end / bs);
+        let ag = g.meta.geo.inode_ag(ino);
+        // Coherence: cached data goes to the device first, including the
+        // zeroed tail of the old last block when the write leaves a gap.
+        let size = g.with(ino)?.0.size;
+        if offset > size {
+            g.zero_eof_tail(ino, size)?;
+        }
+        if !g.with(ino)?.0.dirty.is_empty() {
+            g.writeback(ino)?;
+        }
+        let (ip, mut cx) = g.with(ino)?;
+        let before = map_range(ip, &mut cx, from, to)?;
+        let holes: u64 = before
+            .iter()
+            .filter(|s| s.state == State::Hole)
+            .map(|s| s.len)
+            .sum();
+        cx.reserve(holes)?;
+        let mut reserved = holes;
+        let mut overwrites = false;
+        let mut r = Ok(());
+        for s in &before {
+            match s.state {
+                State::Hole => {
+                    let mut l = s.lblk;
+                    while r.is_ok() && l < s.lblk + s.len {
+                        match ip.alloc_unwritten(&mut cx, ag, l, s.lblk + s.len - l) {
+                            Ok((_, n)) => {
+                                cx.alloc.unreserve(n);
+                                reserved -= n;
+                                l += n;
+                            }
+                            Err(e) => r = Err(e),
+                        }
+                    }
+                }
+                State::Written(p) => {
+                    overwrites = true;
+                    r = r.and_then(|()| clear_csums(cx.meta, p, s.len));
+                }
+                State::Unwritten(_) => {}
+            }
+        }
+        cx.alloc.unreserve(reserved);
+        r?;
+        let segs = map_range(ip, &mut cx, from, to)?;
+        ip.store(&mut cx)?;
+        let id = self.next_dio_id.fetch_add(1, Ordering::Relaxed);
+        ip.dio_begin(id, from, to);
+        if overwrites {
+            bump(&cx.counters.overwrite_intents, 1);
+        }
+        let r = if overwrites {
+            self.commit_wait(g)
+        } else {
+            drop(g);
+            Ok(())
+        };
+        let r = r.and_then(|()| self.write_segs(&segs, from, data));
+        let mut g = self.inner.lock();
+        let (ip, mut cx) = g.with(ino)?;
+        ip.dio_end(id);
+        let r = r.and_then(|()| {
+            record_csums(&mut cx, &segs, from, crcs)?;
+            ip.ext_mark_written(&mut cx, from, to)?;
+            // The data is written; the commit that makes this size durable
+            // flushes it first (the "data unflushed" flag).
+            ip.size = ip.size.max(end);
+            ip.d.size = ip.size;
+            ip.touch_mtime();
+            ip.store(&mut cx)
+        });
+        g.release(ino)?;
+        r?;
+        g.maybe_commit()
+    }
+
+    /// Write `data` (file blocks from `from` on) to the mapped runs of
+    /// `segs`, at most `dio_max_blocks` per device request.
+    fn write_segs(&self, segs: &[Seg], from: u64, data: &[u8]) -> Result<()> {
+        let bs = self.block_size;
+        let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
+        let r = (|| {
+            for s in segs {
+                let p = s
+                    .pblk()
+                    .ok_or_else(|| Error::Invalid("direct write to an unmapped block".into()))?;
+                let mut k = 0;
+                while k < s.len {
+                    let n = (s.len - k).min(cap);
+                    let at = ((s.lblk - from + k) * bs) as usize;
+                    self.dev
+                        .write_at(&data[at..at + (n * bs) as usize], (p + k) * bs)?;
+                    bump(&self.counters.dio_write_requests, 1);
+                    self.counters.dio_request(n);
+                    k += n;
+                }
+            }
+            Ok(())
+        })();
+        self.data_unflushed.store(true, Ordering::SeqCst);
+        r
+    }
+}

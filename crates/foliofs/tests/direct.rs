@@ -1,0 +1,355 @@
+//! Direct I/O: alignment, checksums, holes, request sizes, coherence with
+//! the buffered path, and many threads racing on one file against a model.
+
+use foliofs::device::{AlignedBuf, MemDevice};
+use foliofs::fs::*;
+use foliofs::{Error, Fs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+const BS: usize = 4096;
+
+fn fresh(bytes: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(bytes));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    (dev, fs)
+}
+
+fn pattern(len: usize, seed: u64) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(len);
+    let mut x = seed | 1;
+    for byte in b.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *byte = x as u8;
+    }
+    b
+}
+
+#[test]
+fn round_trip_overwrite_and_alignment() {
+    let (dev, fs) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(1 << 20, 1);
+    assert_eq!(fs.write_direct(f, 0, &data).unwrap(), 1 << 20);
+    assert_eq!(fs.counters().dio_writes_exclusive, 1, "extending write");
+    let mut back = AlignedBuf::zeroed(1 << 20);
+    assert_eq!(fs.read_direct(f, 0, &mut back).unwrap(), 1 << 20);
+    assert_eq!(&back[..], &data[..]);
+
+    // An overwrite inside the file takes the shared lock.
+    let over = pattern(8 * BS, 2);
+    fs.write_direct(f, 16 * BS as u64, &over).unwrap();
+    assert_eq!(fs.counters().dio_overwrites_shared, 1);
+    let mut buffered = vec![0u8; 8 * BS];
+    fs.read(f, 16 * BS as u64, &mut buffered).unwrap();
+    assert_eq!(&buffered[..], &over[..]);
+
+    // Unaligned offset, length or buffer: EINVAL, nothing written.
+    let odd = AlignedBuf::zeroed(2 * BS);
+    for r in [
+        fs.write_direct(f, 100, &odd[..BS]),
+        fs.write_direct(f, 0, &odd[..BS - 1]),
+        fs.write_direct(f, 0, &odd[1..BS + 1]),
+        fs.read_direct(f, 0, &mut AlignedBuf::zeroed(2 * BS)[1..BS + 1]),
+    ] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e}");
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    fs.read(f, 0, &mut buffered).unwrap();
+    assert_eq!(&buffered[..], &data[..8 * BS]);
+
+    // Short read at end of file; bytes past it come back zero.
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some((1 << 20) - 100),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut tail = AlignedBuf::zeroed(4 * BS);
+    let n = fs
+        .read_direct(f, (1 << 20) - 2 * BS as u64, &mut tail)
+        .unwrap();
+    assert_eq!(n, 2 * BS - 100);
+    assert_eq!(&tail[..n], &data[(1 << 20) - 2 * BS..(1 << 20) - 100]);
+    assert!(tail[n..].iter().all(|&b| b == 0));
+
+    // Survives a remount with checksums intact.
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    let mut again = AlignedBuf::zeroed(16 * BS);
+    fs.read_direct(f, 16 * BS as u64, &mut again).unwrap();
+    assert_eq!(&again[..8 * BS], &over[..]);
+    assert_eq!(fs.counters().csum_failures, 0);
+}
+
+#[test]
+fn holes_and_unwritten_read_zeros_without_device_io() {
+    let (_dev, fs) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.fallocate(f, Falloc::Allocate { keep_size: false }, 0, 64 * BS as u64)
+        .unwrap();
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(128 * BS as u64),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = fs.counters().dio_read_requests;
+    let mut b = pattern(128 * BS, 9);
+    assert_eq!(fs.read_direct(f, 0, &mut b).unwrap(), 128 * BS);
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(fs.counters().dio_read_requests, before);
+    // A direct write into the unwritten range converts it.
+    let w = pattern(4 * BS, 3);
+    fs.write_direct(f, 8 * BS as u64, &w).unwrap();
+    fs.read_direct(f, 0, &mut b).unwrap();
+    assert_eq!(&b[8 * BS..12 * BS], &w[..]);
+    assert!(b[..8 * BS].iter().all(|&x| x == 0));
+    let ext = fs.extents(f).unwrap();
+    assert!(ext.iter().any(|e| !e.unwritten && e.blocks == 4));
+}
+
+#[test]
+fn request_cap_splits_reads() {
+    let (_dev, fs) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(4 << 20, 4);
+    fs.write_direct(f, 0, &data).unwrap();
+    let mut b = AlignedBuf::zeroed(1 << 20);
+    for (cap, want) in [(256u64, 1u64), (1, 256), (16, 16)] {
+        fs.set_dio_max_blocks(cap);
+        let c0 = fs.counters().dio_read_requests;
+        fs.read_direct(f, 1 << 20, &mut b).unwrap();
+        assert_eq!(&b[..], &data[1 << 20..2 << 20]);
+        assert_eq!(fs.counters().dio_read_requests - c0, want, "cap {cap}");
+    }
+    let hist = fs.counters().dio_request_blocks;
+    assert!(hist[0] >= 256 && hist[4] >= 16 && hist[8] >= 1, "{hist:?}");
+}
+
+#[test]
+fn flipped_byte_is_eio_on_direct_and_buffered_reads() {
+    let (dev, fs) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(16 * BS, 5);
+    fs.write_direct(f, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let e = fs.extents(f).unwrap();
+    let victim = e[0].device_block + 3;
+    dev.poke(victim * BS as u64 + 17, &[!data[3 * BS + 17]]);
+    let mut b = AlignedBuf::zeroed(16 * BS);
+    match fs.read_direct(f, 0, &mut b) {
+        Err(Error::DataChecksum { ino, offset, addr }) => {
+            assert_eq!((ino, offset, addr), (f, 3 * BS as u64, victim));
+        }
+        r => panic!("direct read gave {r:?}"),
+    }
+    let mut v = vec![0u8; 16 * BS];
+    let e = fs.read(f, 0, &mut v).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert_eq!(fs.counters().csum_failures, 2);
+    // Blocks before the bad one still read.
+    fs.read_direct(f, 0, &mut b[..3 * BS]).unwrap();
+    assert_eq!(&b[..3 * BS], &data[..3 * BS]);
+}
+
+#[test]
+fn cached_data_is_written_back_before_direct_io() {
+    let (_dev, fs) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &vec![7u8; 10 * BS + 5]).unwrap();
+    let mut b = AlignedBuf::zeroed(12 * BS);
+    assert_eq!(fs.read_direct(f, 0, &mut b).unwrap(), 10 * BS + 5);
+    assert!(b[..10 * BS + 5].iter().all(|&x| x == 7));
+    // Buffered partial write, then a direct write over it, then reads.
+    fs.write(f, 3, b"abc").unwrap();
+    let w = pattern(2 * BS, 6);
+    fs.write_direct(f, 0, &w).unwrap();
+    let mut v = vec![0u8; 2 * BS];
+    fs.read(f, 0, &mut v).unwrap();
+    assert_eq!(&v[..], &w[..]);
+    // A direct write past EOF leaves zeros in the gap, also in the old
+    // last block.
+    fs.write_direct(f, 20 * BS as u64, &w).unwrap();
+    let mut all = vec![0u8; 22 * BS];
+    assert_eq!(fs.read(f, 0, &mut all).unwrap(), 22 * BS);
+    assert!(all[10 * BS + 5..20 * BS].iter().all(|&x| x == 0));
+    assert_eq!(&all[20 * BS..], &w[..]);
+}
+
+/// Block `b` at version `v`: the first 16 bytes say which, the rest is
+/// derived from them, so a reader can check any block it sees.
+fn fill_block(buf: &mut [u8], b: u64, v: u64) {
+    buf[..8].copy_from_slice(&b.to_le_bytes());
+    buf[8..16].copy_from_slice(&v.to_le_bytes());
+    for (i, x) in buf[16..].iter_mut().enumerate() {
+        *x = (b.wrapping_mul(31) ^ v.wrapping_mul(7) ^ i as u64) as u8;
+    }
+}
+
+/// (block, version) of a block, or None for zeros; panics on anything else.
+fn check_block(buf: &[u8], b: u64) -> Option<u64> {
+    if buf.iter().all(|&x| x == 0) {
+        return None;
+    }
+    let got_b = u64::from_le_bytes(buf[..8].try_into().unwrap());
+    let v = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    assert_eq!(got_b, b, "block {b} holds block {got_b}'s data");
+    let mut want = vec![0u8; buf.len()];
+    fill_block(&mut want, b, v);
+    assert!(buf == &want[..], "block {b} version {v} is torn or stale");
+    Some(v)
+}
+
+#[test]
+fn racing_threads_match_the_model() {
+    let ops: u64 = std::env::var("FOLIOFS_DIO_RACE_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
+    let (_dev, fs) = fresh(128 << 20, MountOptions::default());
+    let fs = Arc::new(fs);
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    // Blocks 0..64 are owned by writer threads (block % 4 = writer), blocks
+    // 64..72 are shared by all writers, 72..96 belong to the truncator.
+    const OWNED: u64 = 64;
+    const SHARED_END: u64 = 72;
+    const END: u64 = 96;
+    let mut init = AlignedBuf::zeroed(END as usize * BS);
+    for b in 0..END {
+        fill_block(&mut init[b as usize * BS..(b as usize + 1) * BS], b, 0);
+    }
+    fs.write_direct(f, 0, &init).unwrap();
+    let model: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; END as usize]));
+    let version = Arc::new(AtomicU64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for w in 0..4u64 {
+        let (fs, model, version) = (fs.clone(), model.clone(), version.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut rng = w * 7919 + 1;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut buf = AlignedBuf::zeroed(2 * BS);
+            for _ in 0..ops {
+                let r = next();
+                let v = version.fetch_add(1, Ordering::SeqCst);
+                if r % 5 == 0 {
+                    // Contended block: any writer's version may win.
+                    let b = OWNED + next() % (SHARED_END - OWNED);
+                    fill_block(&mut buf[..BS], b, v);
+                    fs.write_direct(f, b * BS as u64, &buf[..BS]).unwrap();
+                    continue;
+                }
+                let b = (next() % (OWNED / 4)) * 4 + w;
+                fill_block(&mut buf[..BS], b, v);
+                if r % 3 == 0 {
+                    fs.write(f, b * BS as u64, &buf[..BS]).unwrap();
+                } else {
+                    fs.write_direct(f, b * BS as u64, &buf[..BS]).unwrap();
+                }
+                model.lock().unwrap()[b as usize] = v;
+            }
+        }));
+    }
+    for rd in 0..3u64 {
+        let (fs, model, version, stop) = (fs.clone(), model.clone(), version.clone(), stop.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut buf = AlignedBuf::zeroed(END as usize * BS);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let floor = model.lock().unwrap().clone();
+                let (start, n) = ((i * 13) % 40, 8 + (i * 7) % 48);
+                let n = n.min(END - start);
+                let len = (n as usize) * BS;
+                let got = if (i + rd) % 2 == 0 {
+                    fs.read_direct(f, start * BS as u64, &mut buf[..len])
+                } else {
+                    fs.read(f, start * BS as u64, &mut buf[..len])
+                }
+                .unwrap_or_else(|e| panic!("read at block {start}: {e}"));
+                let ceiling = version.load(Ordering::SeqCst);
+                for k in 0..(got / BS) as u64 {
+                    let b = start + k;
+                    let blk = &buf[k as usize * BS..(k as usize + 1) * BS];
+                    match check_block(blk, b) {
+                        Some(v) => {
+                            assert!(v < ceiling, "block {b}: version {v} never written");
+                            if b < OWNED {
+                                assert!(v >= floor[b as usize], "block {b}: went back");
+                            }
+                        }
+                        None => assert!(b >= SHARED_END, "block {b} read as zeros"),
+                    }
+                }
+                i += 1;
+            }
+        }));
+    }
+    {
+        // Truncate the tail away and write it back, over and over.
+        let (fs, model, stop) = (fs.clone(), model.clone(), stop.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut buf = AlignedBuf::zeroed((END - SHARED_END) as usize * BS);
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let cut = SHARED_END + round % (END - SHARED_END);
+                let size = |s: u64| SetAttr {
+                    size: Some(s),
+                    ..Default::default()
+                };
+                fs.setattr(f, &size(cut * BS as u64)).unwrap();
+                fs.setattr(f, &size(END * BS as u64)).unwrap();
+                let m = model.lock().unwrap();
+                for b in cut..END {
+                    let at = ((b - SHARED_END) as usize) * BS;
+                    fill_block(&mut buf[at..at + BS], b, m[b as usize]);
+                }
+                let at = ((cut - SHARED_END) as usize) * BS;
+                if round % 2 == 0 {
+                    fs.write_direct(f, cut * BS as u64, &buf[at..]).unwrap();
+                } else {
+                    fs.write(f, cut * BS as u64, &buf[at..]).unwrap();
+                }
+                drop(m);
+                round += 1;
+            }
+            assert!(round > 0);
+        }));
+    }
+    let writers: Vec<_> = handles.drain(..4).collect();
+    for h in writers {
+        h.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    // Final contents equal the model; contended blocks hold some version.
+    let mut buf = AlignedBuf::zeroed(END as usize * BS);
+    fs.read_direct(f, 0, &mut buf).unwrap();
+    let model = model.lock().unwrap();
+    for b in 0..END {
+        let v = check_block(&buf[b as usize * BS..(b as usize + 1) * BS], b);
+        if !(OWNED..SHARED_END).contains(&b) {
+            assert_eq!(v, Some(model[b as usize]), "block {b}");
+        } else {
+            assert!(v.is_some(), "contended block {b} lost");
+        }
+    }
+    let c = fs.counters();
+    assert_eq!(c.csum_failures, 0);
+    assert!(c.dio_overwrites_shared > 0 && c.lock_exclusive > 0);
+}
