@@ -109,7 +109,7 @@ pub(crate) fn raced(g: &mut Inner, ino: u64, gen: u64) -> Result<bool> {
 
 fn check_aligned(bs: u64, offset: u64, len: usize, ptr: *const u8) -> Result<()> {
     let mem = bs.min(4096);
-    if offset % bs != 0 || len as u64 % bs != 0 || ptr as u64 % mem != 0 {
+    if offset % bs != 0 || len as u64 % bs != 0 || (len > 0 && ptr as u64 % mem != 0) {
         return Err(Error::Invalid(format!(
             "direct I/O needs an offset and a length in whole {bs}-byte blocks and a \
              buffer aligned to {mem} bytes (offset {offset}, length {len})"
