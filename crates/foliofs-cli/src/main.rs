@@ -1,4 +1,6 @@
-//! The `foliofs` command: mkfs, fsck, stat.
+//! The `foliofs` command: mkfs, fsck, stat, bench.
+
+mod bench;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -58,6 +60,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run the seed workloads in A/B pairs on a fresh image (W2, W3 or all).
+    Bench(bench::BenchArgs),
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
         image: PathBuf,
@@ -349,6 +353,14 @@ fn main() -> ExitCode {
             json,
         } => fsck_cmd(&image, repair, data, json),
         Cmd::Stat { image, path, json } => stat_cmd(&image, path.as_deref(), json).map(|_| 0),
+        Cmd::Bench(args) => bench::run(&args).and_then(|out| {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                bench::print(&out);
+            }
+            Ok(0)
+        }),
     };
     match r {
         Ok(code) => ExitCode::from(code as u8),

@@ -24,4 +24,4 @@ pub mod geometry;
 pub mod meta;
 
 pub use error::{Error, Result};
-pub use fs::{mkfs, Fs, MkfsOptions, MountOptions};
+pub use fs::{mkfs, DioLock, Fs, MkfsOptions, MountOptions};

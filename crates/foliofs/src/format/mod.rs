@@ -79,7 +79,10 @@ pub fn crc_with_hole(buf: &[u8], crc_off: usize) -> u32 {
 /// block whose crc32c happens to be zero is stored as 1: one extra collision
 /// in 2^32, in exchange for a sentinel that needs no extra bits.
 pub fn data_crc(block: &[u8]) -> u32 {
-    match crc32c::crc32c(block) {
+    // The same CRC-32C as `crc32c`; crc-fast folds with carry-less
+    // multiplies (VPCLMULQDQ where the CPU has it), about twice as fast on
+    // data blocks here, which direct reads verify on the critical path.
+    match crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, block) as u32 {
         0 => 1,
         c => c,
     }

@@ -1,0 +1,549 @@
+//! `foliofs bench`: the seed workloads on the engine, in A/B pairs (the
+//! technique on, then its knob off) alternated round by round in one run,
+//! with the raw image file read and written with O_DIRECT beside them.
+//!
+//! W2 (large checksummed direct reads) and W3 (shared inode lock for
+//! direct overwrites) are here; each workload is a function that returns
+//! an `Outcome`, printed as a table or as JSON.
+
+use anyhow::{bail, Context, Result};
+use comfy_table::Table;
+use foliofs::device::{AlignedBuf, FileDevice};
+use foliofs::{DioLock, Fs, MkfsOptions, MountOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Workloads: W2, W3 or all.
+    #[arg(default_value = "all")]
+    pub workloads: Vec<String>,
+    /// Image file to build the test file system in (made anew, removed
+    /// afterwards unless --keep).
+    #[arg(long, default_value = "foliofs-bench.img")]
+    pub image: PathBuf,
+    /// Size of each workload's file in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub file_mib: u64,
+    /// A/B rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds per measured pass.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Thread counts for W3.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub threads: Vec<usize>,
+    /// Also run each access pattern on the raw image file with O_DIRECT.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub raw: bool,
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the image file.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// One measured series: a value per round.
+#[derive(Serialize, Clone, Debug)]
+pub struct Series {
+    pub name: String,
+    pub unit: String,
+    pub values: Vec<f64>,
+}
+
+/// A ratio between two series, per round.
+#[derive(Serialize, Clone, Debug)]
+pub struct Ratio {
+    pub what: String,
+    pub values: Vec<f64>,
+    pub seed: String,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Outcome {
+    pub id: String,
+    pub title: String,
+    pub series: Vec<Series>,
+    pub ratios: Vec<Ratio>,
+    pub notes: Vec<String>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return 0.0;
+    }
+    s[s.len() / 2]
+}
+
+fn spread(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+fn ratio(what: &str, a: &[f64], b: &[f64], seed: &str) -> Ratio {
+    Ratio {
+        what: what.into(),
+        values: a.iter().zip(b).map(|(x, y)| x / y.max(1e-9)).collect(),
+        seed: seed.into(),
+    }
+}
+
+/// A fresh file system on the bench image, big enough for `file_mib`.
+fn fresh_fs(args: &BenchArgs) -> Result<(Arc<FileDevice>, Fs)> {
+    let size = ((args.file_mib + args.file_mib / 8 + 256) << 20).max(512 << 20);
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&args.image)
+        .with_context(|| format!("cannot create {}", args.image.display()))?;
+    f.set_len(size)?;
+    drop(f);
+    let dev = Arc::new(FileDevice::open(&args.image, true)?);
+    if !dev.is_direct() {
+        bail!(
+            "{} does not support O_DIRECT (tmpfs?): put --image on a disk",
+            args.image.display()
+        );
+    }
+    foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
+    let fs = Fs::mount(dev.clone(), MountOptions::default())?;
+    Ok((dev, fs))
+}
+
+/// Block `b`'s content in every bench file: the same bytes whoever writes
+/// them, so raw passes may write over the file without breaking its
+/// checksums.
+fn fill(buf: &mut [u8], first_block: u64, bs: usize) {
+    for (i, blk) in buf.chunks_mut(bs).enumerate() {
+        let b = first_block + i as u64;
+        for (k, w) in blk.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&(b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k as u64).to_le_bytes());
+        }
+    }
+}
+
+/// Create `name` holding `mib` MiB written with 1 MiB direct writes.
+fn make_file(fs: &Fs, name: &str, mib: u64, pb: &ProgressBar) -> Result<u64> {
+    let bs = fs.block_size() as usize;
+    let ino = fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)?.ino;
+    let mut buf = AlignedBuf::zeroed(1 << 20);
+    pb.set_message(format!("writing {name}"));
+    for m in 0..mib {
+        fill(&mut buf, (m << 20) / bs as u64, bs);
+        fs.write_direct(ino, m << 20, &buf)?;
+    }
+    fs.sync()?;
+    Ok(ino)
+}
+
+/// Device byte ranges (offset, len) holding the file, in file order.
+fn file_ranges(fs: &Fs, ino: u64) -> Result<Vec<(u64, u64)>> {
+    let bs = fs.block_size();
+    Ok(fs
+        .extents(ino)?
+        .into_iter()
+        .map(|e| (e.device_block * bs, e.blocks * bs))
+        .collect())
+}
+
+fn open_raw(args: &BenchArgs) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&args.image)
+        .with_context(|| format!("cannot open {} with O_DIRECT", args.image.display()))
+}
+
+fn progress(total: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} passes ({elapsed})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// W2: sequential 1 MiB direct reads at queue depth 1, checksums verified;
+/// the request cap at 256 blocks vs 1 block, and the raw file.
+pub fn w2(args: &BenchArgs) -> Result<Outcome> {
+    let variants: Vec<&str> = if args.raw {
+        vec!["cap 256 blocks", "cap 1 block", "raw O_DIRECT"]
+    } else {
+        vec!["cap 256 blocks", "cap 1 block"]
+    };
+    let pb = progress((args.rounds * 2) as u64);
+    let (_dev, fs) = fresh_fs(args)?;
+    let ino = make_file(&fs, "w2", args.file_mib, &pb)?;
+    let ranges = file_ranges(&fs, ino)?;
+    let raw = open_raw(args)?;
+    let size = args.file_mib << 20;
+    let mut buf = AlignedBuf::zeroed(1 << 20);
+    let mut values = vec![Vec::new(); variants.len()];
+    let c0 = fs.counters();
+    // Passes alternate: cap 256 (with the raw file interleaved request by
+    // request, so both see the same device moment), then cap 1.
+    for round in 0..args.rounds {
+        for k in 0..2 {
+            let cap1 = (k + round) % 2 == 1;
+            pb.set_message(format!("W2 {}", if cap1 { "cap 1" } else { "cap 256" }));
+            fs.set_dio_max_blocks(if cap1 { 1 } else { 256 });
+            let t = Instant::now();
+            let mut spent = [Duration::ZERO; 2];
+            let mut bytes = 0u64;
+            let mut pos = 0u64;
+            let mut i = 0u64;
+            while t.elapsed().as_secs_f64() < args.seconds && bytes < 4 * size {
+                // One sequential stream whose MiBs are read in turn by the
+                // engine and by the raw file, the engine first on even
+                // steps and second on odd ones.
+                let both = args.raw && !cap1;
+                let order: &[usize] = match (both, i % 2) {
+                    (false, _) => &[0],
+                    (true, 0) => &[0, 1],
+                    (true, _) => &[1, 0],
+                };
+                for (j, &who) in order.iter().enumerate() {
+                    let at = (pos + j as u64 * buf.len() as u64) % size;
+                    let r = Instant::now();
+                    if who == 0 {
+                        let n = fs.read_direct(ino, at, &mut buf)?;
+                        if n != buf.len() {
+                            bail!("short direct read at {at}: {n}");
+                        }
+                    } else {
+                        raw_read_at(&raw, &ranges, at, &mut buf)?;
+                    }
+                    spent[who] += r.elapsed();
+                }
+                bytes += buf.len() as u64;
+                pos = (pos + order.len() as u64 * buf.len() as u64) % size;
+                i += 1;
+            }
+            let mibs = |d: Duration| bytes as f64 / (1 << 20) as f64 / d.as_secs_f64();
+            if cap1 {
+                values[1].push(mibs(spent[0]));
+            } else {
+                values[0].push(mibs(spent[0]));
+                if args.raw {
+                    values[2].push(mibs(spent[1]));
+                }
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let c = fs.counters();
+    let verified = (c.dio_read_bytes - c0.dio_read_bytes) / fs.block_size();
+    if c.csum_failures != 0 {
+        bail!("{} checksum failures during W2", c.csum_failures);
+    }
+    fs.unmount()?;
+    let series: Vec<Series> = variants
+        .iter()
+        .zip(&values)
+        .map(|(n, v)| Series {
+            name: n.to_string(),
+            unit: "MiB/s".into(),
+            values: v.clone(),
+        })
+        .collect();
+    let mut ratios = vec![ratio(
+        "cap 256 / cap 1",
+        &values[0],
+        &values[1],
+        "65 -> 196 MiB/s (3x)",
+    )];
+    if args.raw {
+        ratios.push(ratio(
+            "cap 256 / raw device",
+            &values[0],
+            &values[2],
+            "target >= 0.9",
+        ));
+    }
+    Ok(Outcome {
+        id: "W2".into(),
+        title: format!(
+            "sequential 1 MiB direct reads, QD1, {} MiB file, checksums verified",
+            args.file_mib
+        ),
+        series,
+        ratios,
+        notes: vec![format!(
+            "{verified} blocks verified against their checksums, 0 failures"
+        )],
+    })
+}
+
+/// Read 1 MiB of the file's bytes at file offset `pos` straight from the
+/// image (the same device ranges the engine reads).
+fn raw_read_at(raw: &File, ranges: &[(u64, u64)], pos: u64, buf: &mut [u8]) -> Result<()> {
+    let mut file_off = 0u64;
+    let mut done = 0usize;
+    for &(dev_off, len) in ranges {
+        if done == buf.len() {
+            break;
+        }
+        let want = pos + done as u64;
+        if want >= file_off + len {
+            file_off += len;
+            continue;
+        }
+        let inside = want - file_off;
+        let n = ((len - inside) as usize).min(buf.len() - done);
+        raw.read_exact_at(&mut buf[done..done + n], dev_off + inside)?;
+        done += n;
+        file_off += len;
+    }
+    Ok(())
+}
+
+/// W3: threads of 4 KiB direct random reads and overwrites, 50/50,
+/// synchronous; shared-overwrite lock vs exclusive, and the raw file.
+pub fn w3(args: &BenchArgs) -> Result<Outcome> {
+    let mut variants = vec!["shared overwrite", "exclusive"];
+    if args.raw {
+        variants.push("raw O_DIRECT");
+    }
+    let pb = progress((args.rounds * variants.len() * args.threads.len()) as u64);
+    let (_dev, fs) = fresh_fs(args)?;
+    let ino = make_file(&fs, "w3", args.file_mib, &pb)?;
+    let fs = Arc::new(fs);
+    let bs = fs.block_size();
+    let blocks = (args.file_mib << 20) / bs;
+    // Device address of every file block, for the raw pattern.
+    let mut map = Vec::with_capacity(blocks as usize);
+    for (off, len) in file_ranges(&fs, ino)? {
+        map.extend((0..len / bs).map(|k| off + k * bs));
+    }
+    let map = Arc::new(map);
+    let raw = Arc::new(open_raw(args)?);
+    let mut series = Vec::new();
+    let mut ratios = Vec::new();
+    let c0 = fs.counters();
+    for &threads in &args.threads {
+        let mut values = vec![Vec::new(); variants.len()];
+        for round in 0..args.rounds {
+            for k in 0..variants.len() {
+                let v = (k + round) % variants.len();
+                pb.set_message(format!("W3 {threads}t {}", variants[v]));
+                fs.set_dio_lock(if v == 1 {
+                    DioLock::Exclusive
+                } else {
+                    DioLock::SharedOverwrite
+                });
+                let ops = run_threads(threads, args.seconds, |t, stop, count| {
+                    let (fs, raw, map) = (fs.clone(), raw.clone(), map.clone());
+                    move || -> Result<()> {
+                        let mut rng = 0x9E37_79B9u64 ^ ((t as u64 + 1) * 0x1000_0001);
+                        let mut buf = AlignedBuf::zeroed(bs as usize);
+                        while !stop.load(Ordering::Relaxed) {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            let b = (rng >> 1) % blocks;
+                            let write = rng & 1 == 1;
+                            if write {
+                                fill(&mut buf, b, bs as usize);
+                            }
+                            match (v, write) {
+                                (2, false) => raw.read_exact_at(&mut buf, map[b as usize])?,
+                                (2, true) => raw.write_all_at(&buf, map[b as usize])?,
+                                (_, false) => {
+                                    fs.read_direct(ino, b * bs, &mut buf)?;
+                                }
+                                (_, true) => {
+                                    fs.write_direct(ino, b * bs, &buf)?;
+                                }
+                            }
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(())
+                    }
+                })?;
+                values[v].push(ops);
+                pb.inc(1);
+            }
+        }
+        for (n, vals) in variants.iter().zip(&values) {
+            series.push(Series {
+                name: format!("{}, {n}", plural(threads, "thread")),
+                unit: "IOPS".into(),
+                values: vals.clone(),
+            });
+        }
+        ratios.push(ratio(
+            &format!("{}: shared / exclusive", plural(threads, "thread")),
+            &values[0],
+            &values[1],
+            if threads >= 8 {
+                "up to +140% at 24 threads; target >= 1.5 at 8"
+            } else {
+                "up to +140% at 24 threads"
+            },
+        ));
+        if args.raw {
+            ratios.push(ratio(
+                &format!("{}: shared / raw device", plural(threads, "thread")),
+                &values[0],
+                &values[2],
+                "",
+            ));
+        }
+    }
+    pb.finish_and_clear();
+    let c = fs.counters();
+    if c.csum_failures != 0 {
+        bail!("{} checksum failures during W3", c.csum_failures);
+    }
+    let notes = vec![
+        format!(
+            "lock waits: shared {} ({:.1} ms), exclusive {} ({:.1} ms)",
+            c.lock_shared_waits - c0.lock_shared_waits,
+            (c.lock_shared_wait_ns - c0.lock_shared_wait_ns) as f64 / 1e6,
+            c.lock_exclusive_waits - c0.lock_exclusive_waits,
+            (c.lock_exclusive_wait_ns - c0.lock_exclusive_wait_ns) as f64 / 1e6,
+        ),
+        format!(
+            "journal commits {} for {} direct overwrites (group commit)",
+            c.journal.commits - c0.journal.commits,
+            (c.dio_overwrites_shared + c.dio_writes_exclusive)
+                - (c0.dio_overwrites_shared + c0.dio_writes_exclusive),
+        ),
+    ];
+    match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.unmount()?,
+        Err(_) => bail!("file system still in use after W3"),
+    }
+    Ok(Outcome {
+        id: "W3".into(),
+        title: format!(
+            "4 KiB direct random read/overwrite 50/50, synchronous, {} MiB file",
+            args.file_mib
+        ),
+        series,
+        ratios,
+        notes,
+    })
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// Run `threads` workers for `secs` seconds; returns operations per second.
+fn run_threads<F, W>(threads: usize, secs: f64, make: F) -> Result<f64>
+where
+    F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> W,
+    W: FnOnce() -> Result<()> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|i| std::thread::spawn(make(i, stop.clone(), count.clone())))
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut r = Ok(());
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => r = Err(e),
+            Err(_) => bail!("a benchmark thread panicked"),
+        }
+    }
+    r?;
+    Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+}
+
+pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
+    if args.rounds == 0 || args.file_mib == 0 || args.seconds <= 0.0 {
+        bail!("--rounds, --file-mib and --seconds must be positive");
+    }
+    let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
+    if which.iter().any(|w| w == "ALL") {
+        which = vec!["W2".into(), "W3".into()];
+    }
+    let mut out = Vec::new();
+    for w in &which {
+        let r = match w.as_str() {
+            "W2" => w2(args),
+            "W3" => w3(args),
+            "W1" | "W4" | "W5" => bail!("{w} needs the folio cache (not built yet)"),
+            _ => bail!("unknown workload {w}: choose W2, W3 or all"),
+        };
+        let r = r.with_context(|| format!("workload {w}"));
+        if !args.keep {
+            let _ = std::fs::remove_file(&args.image);
+        }
+        out.push(r?);
+    }
+    Ok(out)
+}
+
+pub fn print(outcomes: &[Outcome]) {
+    for o in outcomes {
+        println!("{}: {}", o.id, o.title);
+        let mut t = Table::new();
+        t.set_header(vec!["variant", "median", "min", "max", "unit"]);
+        for s in &o.series {
+            let (lo, hi) = spread(&s.values);
+            t.add_row(vec![
+                s.name.clone(),
+                format!("{:.0}", median(&s.values)),
+                format!("{lo:.0}"),
+                format!("{hi:.0}"),
+                s.unit.clone(),
+            ]);
+        }
+        println!("{t}");
+        let mut t = Table::new();
+        t.set_header(vec!["ratio", "median", "min", "max", "seed"]);
+        for r in &o.ratios {
+            let (lo, hi) = spread(&r.values);
+            t.add_row(vec![
+                r.what.clone(),
+                format!("{:.2}", median(&r.values)),
+                format!("{lo:.2}"),
+                format!("{hi:.2}"),
+                r.seed.clone(),
+            ]);
+        }
+        println!("{t}");
+        for n in &o.notes {
+            println!("  {n}");
+        }
+        println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_ratios() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), (1.0, 3.0));
+        let r = ratio("a/b", &[4.0, 9.0], &[2.0, 3.0], "");
+        assert_eq!(r.values, vec![2.0, 3.0]);
+    }
+}
