@@ -1,6 +1,7 @@
-//! The `foliofs` command: mkfs, fsck, stat, bench.
+//! The `foliofs` command: mkfs, fsck, stat, mount, bench.
 
 mod bench;
+mod mount;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -60,19 +61,35 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Mount a file system with FUSE (in the background unless -f).
+    Mount {
+        image: PathBuf,
+        dir: PathBuf,
+        /// Options, comma-separated: ro, allow_other, cache_size=SIZE, dirty_limit=SIZE,
+        /// dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N, no_default_permissions.
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        /// Stay in the foreground.
+        #[arg(short, long)]
+        foreground: bool,
+    },
     /// Run the seed workloads in A/B pairs on a fresh image (W2, W3 or all).
     Bench(bench::BenchArgs),
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
-        image: PathBuf,
+        #[arg(required_unless_present = "mount")]
+        image: Option<PathBuf>,
         /// A path inside the file system.
         path: Option<String>,
         #[arg(long)]
         json: bool,
+        /// Print the counters of the foliofs mounted on DIR instead.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["image", "path"])]
+        mount: Option<PathBuf>,
     },
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
@@ -111,7 +128,7 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn open(image: &Path, writable: bool) -> Result<Arc<FileDevice>> {
+pub(crate) fn open(image: &Path, writable: bool) -> Result<Arc<FileDevice>> {
     Ok(Arc::new(FileDevice::open(image, writable).with_context(
         || format!("cannot open {}", image.display()),
     )?))
@@ -321,6 +338,14 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    let ready = mount::ready_fd();
+    let argv0 = std::env::args().next().unwrap_or_default();
+    if argv0.rsplit('/').next() == Some("mount.fuse.foliofs") {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let r = mount::helper_args(&args)
+            .and_then(|(img, dir, opts, fg)| mount_cmd(&img, &dir, &opts, fg, ready));
+        return finish(r.map(|()| 0));
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Mkfs {
@@ -352,7 +377,18 @@ fn main() -> ExitCode {
             data,
             json,
         } => fsck_cmd(&image, repair, data, json),
-        Cmd::Stat { image, path, json } => stat_cmd(&image, path.as_deref(), json).map(|_| 0),
+        Cmd::Stat {
+            mount: Some(dir), ..
+        } => mounted_counters(&dir).map(|_| 0),
+        Cmd::Stat {
+            image, path, json, ..
+        } => stat_cmd(&image.expect("clap requires it"), path.as_deref(), json).map(|_| 0),
+        Cmd::Mount {
+            image,
+            dir,
+            options,
+            foreground,
+        } => mount_cmd(&image, &dir, &options, foreground, ready).map(|_| 0),
         Cmd::Bench(args) => bench::run(&args).and_then(|out| {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&out)?);
@@ -362,6 +398,10 @@ fn main() -> ExitCode {
             Ok(0)
         }),
     };
+    finish(r)
+}
+
+fn finish(r: Result<i32>) -> ExitCode {
     match r {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
@@ -369,6 +409,47 @@ fn main() -> ExitCode {
             ExitCode::from(8)
         }
     }
+}
+
+fn mount_cmd(
+    image: &Path,
+    dir: &Path,
+    options: &[String],
+    foreground: bool,
+    ready: Option<std::os::fd::OwnedFd>,
+) -> Result<()> {
+    let o = mount::parse_options(options)?;
+    if foreground {
+        mount::serve(image, dir, &o, ready)
+    } else {
+        mount::spawn(image, dir, options)
+    }
+}
+
+/// The counters of a mounted foliofs, from the root's virtual xattr.
+fn mounted_counters(dir: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let name = std::ffi::CString::new(foliofs_fuse::COUNTERS_XATTR)?;
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: both strings are NUL-terminated; buf is writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        bail!(
+            "{} is not a foliofs mount root: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    print!("{}", String::from_utf8_lossy(&buf[..n as usize]));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,763 @@
+//! FUSE adapter: serves a mounted foliofs engine (`foliofs::Fs`) to the
+//! kernel through fuser. The engine knows nothing of FUSE; every request
+//! here is a translation, and errno mapping happens in one place
+//! (`errno`).
+//!
+//! Caching: the kernel's page cache holds clean data (readahead, mmap) and
+//! every write() reaches the engine at once (no `writeback_cache`), where
+//! dirty data is held up to the engine's dirty limit and written back. So
+//! clean data is cached once (by the kernel), dirty data once (by the
+//! engine), each bounded. Files opened with O_DIRECT bypass the kernel
+//! cache and go to the engine's direct I/O path (checksummed, shared inode
+//! lock for overwrites).
+//!
+//! The counters are readable as the xattr `foliofs.counters` (JSON) of the
+//! mount's root directory (`foliofs stat --mount DIR` prints them).
+
+use foliofs::device::AlignedBuf;
+use foliofs::fs::{Attr, Falloc, FileType, SetAttr, TimeSet, Whence};
+use foliofs::{Error, Fs};
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The virtual xattr on the root that returns the counters as JSON.
+pub const COUNTERS_XATTR: &str = "foliofs.counters";
+
+/// How long the kernel may trust attributes and names. Only this mount
+/// changes the file system, so the kernel's own updates keep them right.
+const TTL: Duration = Duration::from_secs(1);
+
+/// Largest request the kernel sends (1 MiB: 256 pages, the default
+/// `fs.fuse.max_pages_limit`).
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// One open file description.
+struct Handle {
+    /// Opened with O_DIRECT: reads and writes take the engine's direct path.
+    direct: bool,
+}
+
+pub struct FuseFs {
+    fs: Arc<Fs>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+}
+
+/// Engine errors to errnos, in one place. Checksum failures and shutdowns
+/// are logged here too.
+fn errno(e: Error) -> Errno {
+    match &e {
+        Error::DataChecksum { .. } | Error::Corrupted { .. } | Error::Shutdown(_) => {
+            log::error!("{e}");
+        }
+        Error::Io(_) => log::warn!("{e}"),
+        _ => {}
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn time(t: (i64, u32)) -> SystemTime {
+    if t.0 >= 0 {
+        UNIX_EPOCH + Duration::new(t.0 as u64, t.1)
+    } else {
+        UNIX_EPOCH - Duration::new(t.0.unsigned_abs(), 0) + Duration::new(0, t.1)
+    }
+}
+
+fn kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::File => fuser::FileType::RegularFile,
+        FileType::Dir => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::CharDev => fuser::FileType::CharDevice,
+        FileType::BlockDev => fuser::FileType::BlockDevice,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.allocated.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.crtime),
+        kind: kind(a.kind),
+        perm: (a.perm & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(st) => {
+            let (sec, nsec) = match st.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+                Err(e) => (-(e.duration().as_secs_f64().ceil() as i64), 0),
+            };
+            TimeSet::At(foliofs::format::inode::Timespec { sec, nsec })
+        }
+    }
+}
+
+impl FuseFs {
+    pub fn new(fs: Arc<Fs>) -> Self {
+        FuseFs {
+            fs,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    /// FUSE's root is inode 1; so is the engine's.
+    fn ino(&self, i: INodeNo) -> u64 {
+        i.0
+    }
+
+    fn entry(&self, r: foliofs::Result<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(a.generation as u64)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn new_handle(&self, flags: i32) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(
+            fh,
+            Handle {
+                direct: flags & libc::O_DIRECT != 0,
+            },
+        );
+        fh
+    }
+
+    fn is_direct(&self, fh: FileHandle) -> bool {
+        self.handles.lock().get(&fh.0).is_some_and(|h| h.direct)
+    }
+
+    fn read_at(
+        &self,
+        ino: u64,
+        direct: bool,
+        offset: u64,
+        size: usize,
+    ) -> foliofs::Result<Vec<u8>> {
+        if direct {
+            let mut buf = AlignedBuf::zeroed(size);
+            let n = self.fs.read_direct(ino, offset, &mut buf)?;
+            Ok(buf[..n].to_vec())
+        } else {
+            let mut buf = vec![0u8; size];
+            let n = self.fs.read(ino, offset, &mut buf)?;
+            buf.truncate(n);
+            Ok(buf)
+        }
+    }
+
+    fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
+        if direct {
+            // The request buffer is not aligned for the device: copy once.
+            let mut buf = AlignedBuf::zeroed(data.len());
+            buf.copy_from_slice(data);
+            self.fs.write_direct(ino, offset, &buf)
+        } else {
+            self.fs.write(ino, offset, data)
+        }
+    }
+
+    fn counters_json(&self) -> Vec<u8> {
+        let c = self.fs.counters();
+        let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+}
+
+/// Reply to getxattr/listxattr: the size when asked for it, ERANGE when
+/// the buffer is too small.
+fn xattr_reply(data: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.add_capabilities(
+            InitFlags::FUSE_PARALLEL_DIROPS
+                | InitFlags::FUSE_MAX_PAGES
+                | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+        );
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(self.ino(parent), name.as_bytes()), reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(self.ino(ino)) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        match self.fs.setattr(self.ino(ino), &set) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(self.ino(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(k) = FileType::from_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let perm = mode & 0o7777 & !umask;
+        let r = self.fs.mknod(
+            self.ino(parent),
+            name.as_bytes(),
+            k,
+            perm,
+            req.uid(),
+            req.gid(),
+            rdev,
+        );
+        self.entry(r, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let perm = mode & 0o7777 & !umask;
+        let r = self.fs.mkdir(
+            self.ino(parent),
+            name.as_bytes(),
+            perm,
+            req.uid(),
+            req.gid(),
+        );
+        self.entry(r, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.symlink(
+            self.ino(parent),
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            req.uid(),
+            req.gid(),
+        );
+        self.entry(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let mut f = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            f |= foliofs::fs::RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            f |= foliofs::fs::RENAME_EXCHANGE;
+        }
+        match self.fs.rename(
+            self.ino(parent),
+            name.as_bytes(),
+            self.ino(newparent),
+            newname.as_bytes(),
+            f,
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .link(self.ino(ino), self.ino(newparent), newname.as_bytes());
+        self.entry(r, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.ino(ino);
+        match self.fs.open(ino) {
+            Ok(a) if a.kind == FileType::Dir => {
+                let _ = self.fs.release(ino);
+                reply.error(Errno::EISDIR)
+            }
+            Ok(_) => {
+                let fh = self.new_handle(flags.0);
+                let mut fl = FopenFlags::empty();
+                if flags.0 & libc::O_DIRECT != 0 {
+                    fl |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+                }
+                reply.opened(FileHandle(fh), fl)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let perm = mode & 0o7777 & !umask;
+        let r = self
+            .fs
+            .create(
+                self.ino(parent),
+                name.as_bytes(),
+                perm,
+                req.uid(),
+                req.gid(),
+            )
+            .and_then(|a| self.fs.open(a.ino));
+        match r {
+            Ok(a) => {
+                let fh = self.new_handle(flags);
+                let mut fl = FopenFlags::empty();
+                if flags & libc::O_DIRECT != 0 {
+                    fl |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+                }
+                reply.created(
+                    &TTL,
+                    &file_attr(&a),
+                    Generation(a.generation as u64),
+                    FileHandle(fh),
+                    fl,
+                )
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.read_at(self.ino(ino), self.is_direct(fh), offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ino = self.ino(ino);
+        let r = self
+            .write_at(ino, self.is_direct(fh), offset, data)
+            .and_then(|n| {
+                // O_SYNC / O_DSYNC: durable before the reply.
+                if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+                    self.fs.fsync(ino, flags.0 & libc::O_SYNC == 0)?;
+                }
+                Ok(n)
+            });
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().remove(&fh.0);
+        match self.fs.release(self.ino(ino)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(self.ino(ino), datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(self.ino(ino)) {
+            Ok(a) if a.kind == FileType::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut cookie = offset;
+        loop {
+            let batch = match self.fs.readdir(self.ino(ino), cookie, 128) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(e)),
+            };
+            if batch.is_empty() {
+                return reply.ok();
+            }
+            for e in batch {
+                if reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
+                    return reply.ok();
+                }
+                cookie = e.cookie;
+            }
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(self.ino(ino), datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_avail,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if name == COUNTERS_XATTR {
+            return reply.error(Errno::EPERM);
+        }
+        match self
+            .fs
+            .setxattr(self.ino(ino), name.as_bytes(), value, flags as u32)
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let ino = self.ino(ino);
+        if name == COUNTERS_XATTR && ino == self.fs.root_ino() {
+            return xattr_reply(&self.counters_json(), size, reply);
+        }
+        match self.fs.getxattr(ino, name.as_bytes()) {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(self.ino(ino)) {
+            Ok(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend_from_slice(&n);
+                    out.push(0);
+                }
+                xattr_reply(&out, size, reply)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.removexattr(self.ino(ino), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks modes itself.
+        match self.fs.getattr(self.ino(ino)) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let m = if mode & !known != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        } else if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep_size || mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+                return reply.error(Errno::EINVAL);
+            }
+            Falloc::PunchHole
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            Falloc::ZeroRange { keep_size }
+        } else {
+            Falloc::Allocate { keep_size }
+        };
+        match self.fs.fallocate(self.ino(ino), m, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let w = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        if offset < 0 {
+            return reply.error(Errno::ENXIO);
+        }
+        match self.fs.seek(self.ino(ino), offset as u64, w) {
+            Ok(Some(o)) => reply.offset(o as i64),
+            Ok(None) => reply.error(Errno::ENXIO),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // A copy inside the engine: no trip through the kernel's buffers.
+        let len = len.min(u32::MAX as u64 & !0xFFFF);
+        let (din, dout) = (self.is_direct(fh_in), self.is_direct(fh_out));
+        let mut done = 0u64;
+        while done < len {
+            let chunk = (len - done).min(MAX_WRITE as u64) as usize;
+            let data = match self.read_at(self.ino(ino_in), din, offset_in + done, chunk) {
+                Ok(d) => d,
+                Err(e) => return reply.error(errno(e)),
+            };
+            if data.is_empty() {
+                break;
+            }
+            if let Err(e) = self.write_at(self.ino(ino_out), dout, offset_out + done, &data) {
+                return reply.error(errno(e));
+            }
+            done += data.len() as u64;
+            if data.len() < chunk {
+                break;
+            }
+        }
+        reply.written(done as u32)
+    }
+}
