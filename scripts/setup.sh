@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Install what foliofs needs on Debian, build it, and make a default image:
-# foliofs.img (1 GiB), then check it with fsck and show it with stat.
+# Install what foliofs needs on Debian, build it, make a default image
+# (foliofs.img, 1 GiB), check it, and mount it with FUSE on ./mnt.
+# FOLIOFS_IMAGE, FOLIOFS_SIZE and FOLIOFS_MOUNT change the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 if command -v apt-get >/dev/null; then
   $SUDO apt-get update -qq
-  # fuse3: for the FUSE mount; build-essential/pkg-config: for native crates.
+  # fuse3: fusermount3 and /etc/fuse.conf; build-essential/pkg-config: native crates.
   $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential pkg-config fuse3 >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
@@ -14,9 +15,20 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 cargo build --release --locked -p foliofs-cli
+# The command, and the helper that lets mount(8) and /etc/fstab use type fuse.foliofs.
+$SUDO install -m 0755 target/release/foliofs /usr/local/bin/foliofs
+$SUDO ln -sf /usr/local/bin/foliofs /usr/sbin/mount.fuse.foliofs
 IMG=${FOLIOFS_IMAGE:-foliofs.img}
+MNT=${FOLIOFS_MOUNT:-mnt}
 if [ ! -e "$IMG" ]; then
-  ./target/release/foliofs mkfs "$IMG" --size "${FOLIOFS_SIZE:-1G}"
+  foliofs mkfs "$IMG" --size "${FOLIOFS_SIZE:-1G}"
 fi
-./target/release/foliofs fsck "$IMG"
-./target/release/foliofs stat "$IMG"
+if mountpoint -q "$MNT" 2>/dev/null; then
+  echo "setup: $MNT is already mounted"
+else
+  foliofs fsck "$IMG"
+  mkdir -p "$MNT"
+  foliofs mount "$IMG" "$MNT"
+fi
+df -h "$MNT"
+echo "setup: foliofs is mounted on $MNT; unmount with: umount $MNT (or fusermount3 -u $MNT)"

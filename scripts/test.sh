@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit/model/crash tests, CLI smoke.
+# The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
+# FUSE tests with real programs (fio, tar, git, sqlite3, cp -a), CLI smoke.
+# FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-if command -v apt-get >/dev/null && ! dpkg -s build-essential >/dev/null 2>&1; then
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr diffutils tar"
+if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential pkg-config >/dev/null
+  $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
 fi
 command -v cargo >/dev/null || { echo "test: cargo not found (Rust 1.85+ needed)" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true

@@ -187,12 +187,63 @@ impl FuseFs {
         }
     }
 
+    /// Setting the access ACL sets the mode bits it implies (as chmod);
+    /// an ACL that says no more than the mode is not stored (Linux's
+    /// posix_acl_equiv_mode), others are kept as the xattr.
+    fn set_access_acl(&self, ino: u64, value: &[u8], flags: u32) -> foliofs::Result<()> {
+        let (mode, equiv) =
+            acl_mode(value).ok_or_else(|| Error::Invalid("malformed POSIX ACL".into()))?;
+        let old = self.fs.getattr(ino)?.perm;
+        self.fs.setattr(
+            ino,
+            &SetAttr {
+                mode: Some((old & !0o777) | mode),
+                ..Default::default()
+            },
+        )?;
+        if equiv {
+            match self.fs.removexattr(ino, ACL_ACCESS.as_bytes()) {
+                Ok(()) | Err(Error::NoAttr) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.fs.setxattr(ino, ACL_ACCESS.as_bytes(), value, flags)
+        }
+    }
+
     fn counters_json(&self) -> Vec<u8> {
         let c = self.fs.counters();
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
         v.push(b'\n');
         v
     }
+}
+
+const ACL_ACCESS: &str = "system.posix_acl_access";
+
+/// The mode bits a POSIX ACL xattr implies, and whether it is equivalent
+/// to them (only owner, group and other entries). None when malformed.
+fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
+    if v.len() < 4 || (v.len() - 4) % 8 != 0 || u32::from_le_bytes(v[..4].try_into().ok()?) != 2 {
+        return None;
+    }
+    let (mut mode, mut equiv) = (0u32, true);
+    for e in v[4..].chunks(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
+        match tag {
+            0x01 => mode |= perm << 6,
+            0x04 => mode |= perm << 3,
+            0x20 => mode |= perm,
+            0x10 => {
+                mode = (mode & !0o070) | (perm << 3);
+                equiv = false;
+            }
+            0x02 | 0x08 => equiv = false,
+            _ => return None,
+        }
+    }
+    Some((mode, equiv))
 }
 
 /// Reply to getxattr/listxattr: the size when asked for it, ERANGE when
@@ -620,10 +671,14 @@ impl Filesystem for FuseFs {
         if name == COUNTERS_XATTR {
             return reply.error(Errno::EPERM);
         }
-        match self
-            .fs
-            .setxattr(self.ino(ino), name.as_bytes(), value, flags as u32)
-        {
+        let ino = self.ino(ino);
+        if name == ACL_ACCESS {
+            match self.set_access_acl(ino, value, flags as u32) {
+                Ok(()) => return reply.ok(),
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        match self.fs.setxattr(ino, name.as_bytes(), value, flags as u32) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
@@ -759,5 +814,34 @@ impl Filesystem for FuseFs {
             }
         }
         reply.written(done as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::acl_mode;
+
+    fn acl(entries: &[(u16, u16)]) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&u32::MAX.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn acl_to_mode() {
+        assert_eq!(
+            acl_mode(&acl(&[(1, 7), (4, 5), (0x20, 1)])),
+            Some((0o751, true))
+        );
+        assert_eq!(
+            acl_mode(&acl(&[(1, 6), (2, 4), (4, 4), (0x10, 6), (0x20, 0)])),
+            Some((0o660, false))
+        );
+        assert_eq!(acl_mode(&[1, 0, 0, 0]), None);
+        assert_eq!(acl_mode(&acl(&[(0x99, 1)])), None);
     }
 }
