@@ -8,7 +8,7 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr diffutils tar"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
 fi
 command -v cargo >/dev/null || { echo "test: cargo not found (Rust 1.85+ needed)" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
