@@ -246,6 +246,29 @@ fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
     Some((mode, equiv))
 }
 
+fn done(r: foliofs::Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn attr_reply(r: foliofs::Result<Attr>, reply: ReplyAttr) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// O_DIRECT opens bypass the kernel's page cache.
+fn fopen_flags(open_flags: i32) -> FopenFlags {
+    if open_flags & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 /// Reply to getxattr/listxattr: the size when asked for it, ERANGE when
 /// the buffer is too small.
 fn xattr_reply(data: &[u8], size: u32, reply: ReplyXattr) {
@@ -274,10 +297,7 @@ impl Filesystem for FuseFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(self.ino(ino)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr_reply(self.fs.getattr(self.ino(ino)), reply)
     }
 
     fn setattr(
@@ -306,10 +326,7 @@ impl Filesystem for FuseFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        match self.fs.setattr(self.ino(ino), &set) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr_reply(self.fs.setattr(self.ino(ino), &set), reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -366,17 +383,11 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(self.ino(parent), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.unlink(self.ino(parent), name.as_bytes()), reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.rmdir(self.ino(parent), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.rmdir(self.ino(parent), name.as_bytes()), reply)
     }
 
     fn symlink(
@@ -417,16 +428,16 @@ impl Filesystem for FuseFs {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             f |= foliofs::fs::RENAME_EXCHANGE;
         }
-        match self.fs.rename(
-            self.ino(parent),
-            name.as_bytes(),
-            self.ino(newparent),
-            newname.as_bytes(),
-            f,
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(
+            self.fs.rename(
+                self.ino(parent),
+                name.as_bytes(),
+                self.ino(newparent),
+                newname.as_bytes(),
+                f,
+            ),
+            reply,
+        )
     }
 
     fn link(
@@ -452,11 +463,7 @@ impl Filesystem for FuseFs {
             }
             Ok(_) => {
                 let fh = self.new_handle(flags.0);
-                let mut fl = FopenFlags::empty();
-                if flags.0 & libc::O_DIRECT != 0 {
-                    fl |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
-                }
-                reply.opened(FileHandle(fh), fl)
+                reply.opened(FileHandle(fh), fopen_flags(flags.0))
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -486,16 +493,12 @@ impl Filesystem for FuseFs {
         match r {
             Ok(a) => {
                 let fh = self.new_handle(flags);
-                let mut fl = FopenFlags::empty();
-                if flags & libc::O_DIRECT != 0 {
-                    fl |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
-                }
                 reply.created(
                     &TTL,
                     &file_attr(&a),
                     Generation(a.generation as u64),
                     FileHandle(fh),
-                    fl,
+                    fopen_flags(flags),
                 )
             }
             Err(e) => reply.error(errno(e)),
@@ -569,10 +572,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.handles.lock().remove(&fh.0);
-        match self.fs.release(self.ino(ino)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.release(self.ino(ino)), reply)
     }
 
     fn fsync(
@@ -583,10 +583,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fsync(self.ino(ino), datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.fsync(self.ino(ino), datasync), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -636,10 +633,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fsync(self.ino(ino), datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.fsync(self.ino(ino), datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -673,15 +667,12 @@ impl Filesystem for FuseFs {
         }
         let ino = self.ino(ino);
         if name == ACL_ACCESS {
-            match self.set_access_acl(ino, value, flags as u32) {
-                Ok(()) => return reply.ok(),
-                Err(e) => return reply.error(errno(e)),
-            }
+            return done(self.set_access_acl(ino, value, flags as u32), reply);
         }
-        match self.fs.setxattr(ino, name.as_bytes(), value, flags as u32) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(
+            self.fs.setxattr(ino, name.as_bytes(), value, flags as u32),
+            reply,
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -710,10 +701,7 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(self.ino(ino), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.removexattr(self.ino(ino), name.as_bytes()), reply)
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -749,10 +737,7 @@ impl Filesystem for FuseFs {
         } else {
             Falloc::Allocate { keep_size }
         };
-        match self.fs.fallocate(self.ino(ino), m, offset, length) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(self.fs.fallocate(self.ino(ino), m, offset, length), reply)
     }
 
     fn lseek(
