@@ -42,6 +42,16 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The model side of a write: the file's bytes and its latest version.
+fn record_write(data: &mut Vec<u8>, off: u64, buf: &[u8], ver: u64, ids: &mut [(u64, u64)]) {
+    let end = off as usize + buf.len();
+    if data.len() < end {
+        data.resize(end, 0);
+    }
+    data[off as usize..end].copy_from_slice(buf);
+    ids.last_mut().unwrap().1 = ver;
+}
+
 fn workload(seed: u64, ops: usize) -> (Arc<CrashDevice>, History) {
     let mem = MemDevice::new(16 << 20);
     let o = MkfsOptions {
@@ -89,12 +99,7 @@ fn workload(seed: u64, ops: usize) -> (Arc<CrashDevice>, History) {
                 let buf: Vec<u8> = (off..off + len).map(|o| pattern(*id, o, *ver)).collect();
                 let ino = fs.lookup(root, name.as_bytes()).unwrap().ino;
                 fs.write(ino, off, &buf).unwrap();
-                if data.len() < (off + len) as usize {
-                    data.resize((off + len) as usize, 0);
-                }
-                data[off as usize..(off + len) as usize].copy_from_slice(&buf);
-                let e = hist.names.get_mut(&name).unwrap().last_mut().unwrap();
-                e.1 = *ver;
+                record_write(data, off, &buf, *ver, hist.names.get_mut(&name).unwrap());
             }
             55..=69 if live.contains_key(&name) => {
                 let ino = fs.lookup(root, name.as_bytes()).unwrap().ino;
@@ -167,12 +172,7 @@ fn workload(seed: u64, ops: usize) -> (Arc<CrashDevice>, History) {
                 }
                 let ino = fs.lookup(root, name.as_bytes()).unwrap().ino;
                 fs.write_direct(ino, off, &buf).unwrap();
-                if data.len() < (off + len) as usize {
-                    data.resize((off + len) as usize, 0);
-                }
-                data[off as usize..(off + len) as usize].copy_from_slice(&buf);
-                let e = hist.names.get_mut(&name).unwrap().last_mut().unwrap();
-                e.1 = *ver;
+                record_write(data, off, &buf, *ver, hist.names.get_mut(&name).unwrap());
             }
             89..=93 if live.contains_key(&name) => {
                 fs.unlink(root, name.as_bytes()).unwrap();
