@@ -38,6 +38,11 @@ fn run(seed: u64, ops: u64, block_size: u32) {
             dev.clone(),
             MountOptions {
                 dirty_limit_bytes: 4 << 20,
+                // A small cache, so clean folios are evicted; odd seeds
+                // turn the folio knobs on.
+                cache_bytes: 2 << 20,
+                whole_folio_dirty: seed % 2 == 1,
+                fixed_folio_bytes: (seed % 4 == 1).then_some(64 << 10),
                 ..Default::default()
             },
         )
@@ -272,6 +277,8 @@ fn run(seed: u64, ops: u64, block_size: u32) {
         assert_eq!(fs.read(ino, 0, &mut buf).unwrap(), data.len());
         assert!(buf == *data, "seed {seed}: final contents of {name}");
     }
+    let c = fs.cache_stats();
+    assert!(c.cached_bytes <= 2 << 20, "cache over its limit: {c:?}");
     fs.unmount().unwrap();
 }
 

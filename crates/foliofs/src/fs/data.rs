@@ -16,8 +16,9 @@
 //!   EIO; the new checksum is committed after the data is flushed;
 //! - the on-disk size only covers data already on the device.
 
+use super::folio::{Folio, MAX_FOLIO_BLOCKS};
 use super::fork::{Extent, MAX_EXTENT_LEN};
-use super::inode::{DirtyBlock, Inode};
+use super::inode::Inode;
 use super::types::{ExtentInfo, Falloc, Whence};
 use super::{bump, Ctx, Inner};
 use crate::alloc::{clear_csums, get_csums, set_csums};
@@ -59,11 +60,11 @@ impl Inode {
         Ok(())
     }
 
-    /// The current contents of file block `lblk` (dirty, on disk, or zeros).
+    /// The current contents of file block `lblk` (cached, on disk, or zeros).
     fn block_contents(&self, cx: &mut Ctx, lblk: u64) -> Result<Box<[u8]>> {
         let bs = cx.meta.geo.block_size as usize;
-        if let Some(d) = self.dirty.get(&lblk) {
-            return Ok(d.data.clone());
+        if let Some(b) = self.cache.block(lblk, bs) {
+            return Ok(b.into());
         }
         let mut buf = vec![0u8; bs].into_boxed_slice();
         if let Some(e) = self.ext_find(cx, lblk)? {
@@ -74,6 +75,54 @@ impl Inode {
             }
         }
         Ok(buf)
+    }
+
+    /// Bring the blocks of the folio at `first` that are not uptodate up
+    /// to date from the device (zeros for holes and unwritten blocks), one
+    /// device read per mapped run.
+    fn fill_folio(&mut self, cx: &mut Ctx, first: u64) -> Result<()> {
+        let bs = cx.meta.geo.block_size as usize;
+        let n = self.cache.folios[&first].nblocks as u64;
+        let exts = self.ext_range(cx, first, first + n)?;
+        bump(&cx.counters.mapping_lookups, 1);
+        let mut io = AlignedBuf::zeroed(0);
+        for e in exts.iter().filter(|e| !e.unwritten) {
+            let from = e.lblk.max(first);
+            let to = e.end().min(first + n);
+            let mut l = from;
+            while l < to {
+                let f = &self.cache.folios[&first];
+                if f.uptodate((l - first) as usize) {
+                    l += 1;
+                    continue;
+                }
+                let mut k = l + 1;
+                while k < to && !f.uptodate((k - first) as usize) && k - l < MAX_IO_BLOCKS {
+                    k += 1;
+                }
+                let len = ((k - l) as usize) * bs;
+                if io.len() < len {
+                    io = AlignedBuf::zeroed(len);
+                }
+                self.read_mapped(cx, l, e.pblk + (l - e.lblk), k - l, &mut io[..len])?;
+                let f = self.cache.folios.get_mut(&first).unwrap();
+                let at = (l - first) as usize * bs;
+                f.data[at..at + len].copy_from_slice(&io[..len]);
+                for i in l..k {
+                    f.set_uptodate((i - first) as usize, true);
+                }
+                l = k;
+            }
+        }
+        // Whatever is left is a hole or unwritten: zeros.
+        let f = self.cache.folios.get_mut(&first).unwrap();
+        for i in 0..n as usize {
+            if !f.uptodate(i) {
+                f.block_mut(i, bs).fill(0);
+                f.set_uptodate(i, true);
+            }
+        }
+        Ok(())
     }
 
     /// Allocate up to `want` blocks for file block `lblk` on, next to the
@@ -102,35 +151,135 @@ impl Inode {
         self.d.nblocks += n;
         Ok((p, n))
     }
-
-    /// Zero bytes [from, to) of block `lblk` if it holds data.
-    fn zero_in_block(&mut self, cx: &mut Ctx, lblk: u64, from: usize, to: usize) -> Result<u64> {
-        if let Some(d) = self.dirty.get_mut(&lblk) {
-            d.data[from..to].fill(0);
-            return Ok(0);
-        }
-        match self.ext_find(cx, lblk)? {
-            Some(e) if !e.unwritten => {
-                let mut data = self.block_contents(cx, lblk)?;
-                data[from..to].fill(0);
-                self.dirty.insert(
-                    lblk,
-                    DirtyBlock {
-                        data,
-                        reserved: false,
-                    },
-                );
-                Ok(cx.meta.geo.block_size)
-            }
-            _ => Ok(0),
-        }
-    }
 }
 
 impl Inner {
-    pub fn read(&mut self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    /// A folio for file block `lblk`: the one holding it, or a new one of
+    /// up to `want` blocks (capped by the folio size knobs) that does not
+    /// overlap its neighbours and does not start before `floor`. Returns
+    /// its first block.
+    fn folio_for(&mut self, ino: u64, lblk: u64, want: u64, floor: u64) -> Result<u64> {
+        let bs = self.meta.geo.block_size as usize;
+        let max = self.max_folio_blocks();
+        let fixed = self.opts.fixed_folio_bytes.is_some();
+        self.tick += 1;
+        let tick = self.tick;
+        let (ip, _) = self.with(ino)?;
+        if let Some((first, f)) = ip.cache.find_mut(lblk) {
+            f.tick = tick;
+            return Ok(first);
+        }
+        let (first, n) = if fixed {
+            ip.cache.fit(lblk, max, 0, u64::MAX)
+        } else {
+            // A folio grows to what the write or read covers: it starts at
+            // or after `floor` and ends at or before lblk + want.
+            let want = want.clamp(1, max as u64);
+            ip.cache.fit(lblk, max, floor, lblk + want)
+        };
+        ip.cache.folios.insert(first, Folio::new(n, bs, tick));
+        self.cache_bytes += (n * bs) as u64;
+        Ok(first)
+    }
+
+    fn max_folio_blocks(&self) -> usize {
+        let bytes = self
+            .opts
+            .fixed_folio_bytes
+            .unwrap_or(self.opts.max_folio_bytes);
+        ((bytes / self.meta.geo.block_size).max(1) as usize)
+            .next_power_of_two()
+            .min(MAX_FOLIO_BLOCKS)
+    }
+
+    /// Evict the least recently used clean folios while the cache is over
+    /// its limit. Dirty folios are never evicted.
+    pub(super) fn maybe_evict(&mut self) {
+        if self.cache_bytes <= self.opts.cache_bytes {
+            return;
+        }
+        let target = self.opts.cache_bytes / 4 * 3;
+        let mut clean: Vec<(u64, u64, u64)> = Vec::new();
+        for (&ino, ip) in &self.inodes {
+            for (&first, f) in &ip.cache.folios {
+                if !f.any_dirty() {
+                    clean.push((f.tick, ino, first));
+                }
+            }
+        }
+        clean.sort_unstable();
+        for (_, ino, first) in clean {
+            if self.cache_bytes <= target {
+                break;
+            }
+            if let Some(f) = self
+                .inodes
+                .get_mut(&ino)
+                .and_then(|ip| ip.cache.folios.remove(&first))
+            {
+                self.cache_bytes -= f.data.len() as u64;
+                bump(&self.counters.folios_evicted, 1);
+            }
+        }
+    }
+
+    /// Drop cached blocks [from, to) of `ino`, giving back the delalloc
+    /// reservations of dirty blocks that were never mapped.
+    pub(super) fn drop_cached(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
         let bs = self.meta.geo.block_size;
         let (ip, mut cx) = self.with(ino)?;
+        let (dirty, freed) = ip.cache.drop_range(from, to, bs as usize);
+        let mut unmapped = 0;
+        if !dirty.is_empty() {
+            let exts = ip.ext_range(&mut cx, dirty[0], dirty[dirty.len() - 1] + 1)?;
+            unmapped = dirty
+                .iter()
+                .filter(|&&l| !exts.iter().any(|e| e.lblk <= l && l < e.end()))
+                .count() as u64;
+        }
+        cx.alloc.unreserve(unmapped);
+        ip.delalloc -= unmapped;
+        self.cache_bytes -= freed;
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(dirty.len() as u64 * bs);
+        Ok(())
+    }
+
+    /// Zero bytes [from, to) of block `lblk` if it holds data; returns the
+    /// bytes newly dirtied.
+    fn zero_in_block(&mut self, ino: u64, lblk: u64, from: usize, to: usize) -> Result<u64> {
+        let bs = self.meta.geo.block_size as usize;
+        let (ip, mut cx) = self.with(ino)?;
+        let mapped_written = ip.ext_find(&mut cx, lblk)?.is_some_and(|e| !e.unwritten);
+        let cached = ip
+            .cache
+            .find(lblk)
+            .is_some_and(|(first, f)| f.uptodate((lblk - first) as usize));
+        if !cached && !mapped_written {
+            return Ok(0);
+        }
+        let first = self.folio_for(ino, lblk, 1, 0)?;
+        let (ip, mut cx) = self.with(ino)?;
+        let i = (lblk - first) as usize;
+        if !ip.cache.folios[&first].uptodate(i) {
+            let data = ip.block_contents(&mut cx, lblk)?;
+            let f = ip.cache.folios.get_mut(&first).unwrap();
+            f.block_mut(i, bs).copy_from_slice(&data);
+            f.set_uptodate(i, true);
+        }
+        let f = ip.cache.folios.get_mut(&first).unwrap();
+        f.block_mut(i, bs)[from..to].fill(0);
+        if f.dirty(i) || !mapped_written {
+            return Ok(0);
+        }
+        f.set_dirty(i, true);
+        self.dirty_bytes += bs as u64;
+        Ok(bs as u64)
+    }
+
+    pub fn read(&mut self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let bs = self.meta.geo.block_size;
+        let max = self.max_folio_blocks() as u64;
+        let (ip, _) = self.with(ino)?;
         if ip.is_dir() {
             return Err(Error::IsDir);
         }
@@ -138,43 +287,37 @@ impl Inner {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(ip.size - offset) as usize;
+        let (first_blk, end_blk) = (offset / bs, (offset + n as u64).div_ceil(bs));
+        // Readahead: a sequential reader's folios double in size.
+        let window = if first_blk == ip.ra_next && first_blk > 0 {
+            (ip.ra_blocks * 2).clamp(4, max)
+        } else {
+            (end_blk - first_blk).clamp(4, max)
+        };
+        ip.ra_blocks = window;
+        ip.ra_next = end_blk;
+        let eof_blk = ip.size.div_ceil(bs);
         let mut done = 0usize;
-        let mut io = AlignedBuf::zeroed(0);
         while done < n {
             let pos = offset + done as u64;
             let lblk = pos / bs;
-            let inb = (pos % bs) as usize;
-            if let Some(d) = ip.dirty.get(&lblk) {
-                let k = (bs as usize - inb).min(n - done);
-                buf[done..done + k].copy_from_slice(&d.data[inb..inb + k]);
-                done += k;
-                continue;
+            let want = window.max(end_blk - lblk).min(eof_blk - lblk).max(1);
+            let first = self.folio_for(ino, lblk, want, lblk / max * max)?;
+            let (ip, mut cx) = self.with(ino)?;
+            let i = (lblk - first) as usize;
+            let f = &ip.cache.folios[&first];
+            let at = i * bs as usize + (pos % bs) as usize;
+            let k = (f.data.len() - at).min(n - done);
+            let last = (at + k - 1) / bs as usize;
+            if (i..=last).any(|b| !f.uptodate(b)) {
+                ip.fill_folio(&mut cx, first)?;
             }
-            let last = (offset + n as u64 - 1) / bs;
-            match ip.ext_find(&mut cx, lblk)? {
-                Some(e) if !e.unwritten => {
-                    // One device read for the run of mapped, clean blocks.
-                    let mut count = (e.end().min(last + 1) - lblk).min(MAX_IO_BLOCKS);
-                    if let Some((&d, _)) = ip.dirty.range(lblk..lblk + count).next() {
-                        count = d - lblk;
-                    }
-                    if io.len() < (count * bs) as usize {
-                        io = AlignedBuf::zeroed((count.max(16) * bs) as usize);
-                    }
-                    let run = &mut io[..(count * bs) as usize];
-                    ip.read_mapped(&mut cx, lblk, e.pblk + (lblk - e.lblk), count, run)?;
-                    let k = ((count * bs) as usize - inb).min(n - done);
-                    buf[done..done + k].copy_from_slice(&run[inb..inb + k]);
-                    done += k;
-                }
-                _ => {
-                    let k = (bs as usize - inb).min(n - done);
-                    buf[done..done + k].fill(0);
-                    done += k;
-                }
-            }
+            let f = &ip.cache.folios[&first];
+            buf[done..done + k].copy_from_slice(&f.data[at..at + k]);
+            done += k;
         }
         bump(&self.counters.bytes_read_app, n as u64);
+        self.maybe_evict();
         Ok(n)
     }
 
@@ -199,52 +342,95 @@ impl Inner {
                 self.zero_eof_tail(ino, old)?;
             }
         }
-        let (ip, mut cx) = self.with(ino)?;
+        let whole_folio = self.opts.whole_folio_dirty;
+        let end_blk = end.div_ceil(bs);
         let mut done = 0usize;
         let mut new_dirty = 0u64;
         let mut result = Ok(());
+        // The mapping of the blocks from here on, looked up once and only
+        // when a block not already dirty in the cache needs it.
+        let mut mapping: Option<(u64, u64, Vec<Extent>)> = None;
         while done < data.len() {
             let pos = offset + done as u64;
             let lblk = pos / bs;
             let inb = (pos % bs) as usize;
             let k = (bs as usize - inb).min(data.len() - done);
-            if let Some(d) = ip.dirty.get_mut(&lblk) {
-                d.data[inb..inb + k].copy_from_slice(&data[done..done + k]);
-                done += k;
-                continue;
-            }
-            let mapped = ip.ext_find(&mut cx, lblk)?;
-            if mapped.is_none() {
-                if let Err(e) = cx.reserve(1) {
+            // A large write grows its folio to the whole blocks it covers.
+            let floor = if inb == 0 { lblk } else { lblk + 1 };
+            let first = match self.folio_for(ino, lblk, end_blk - lblk, floor.min(lblk)) {
+                Ok(f) => f,
+                Err(e) => {
                     result = Err(e);
                     break;
                 }
-            }
-            let mut block = if k == bs as usize {
-                vec![0u8; bs as usize].into_boxed_slice()
+            };
+            let (ip, mut cx) = self.with(ino)?;
+            let i = (lblk - first) as usize;
+            let f = &ip.cache.folios[&first];
+            let nblocks = f.nblocks;
+            let blocks: Vec<usize> = if whole_folio && !f.any_dirty() {
+                (0..nblocks).collect()
+            } else if f.dirty(i) {
+                Vec::new()
             } else {
-                match ip.block_contents(&mut cx, lblk) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        if mapped.is_none() {
-                            cx.alloc.unreserve(1);
-                        }
+                vec![i]
+            };
+            // Blocks about to turn dirty: holes among them reserve space.
+            if !blocks.is_empty() {
+                let (lo, hi) = (first + blocks[0] as u64, first + nblocks as u64);
+                if mapping
+                    .as_ref()
+                    .is_none_or(|(from, to, _)| lo < *from || hi > *to)
+                {
+                    bump(&cx.counters.mapping_lookups, 1);
+                    let to = end_blk.max(hi);
+                    mapping = Some((first, to, ip.ext_range(&mut cx, first, to)?));
+                }
+                let exts = &mapping.as_ref().unwrap().2;
+                let holes = blocks
+                    .iter()
+                    .filter(|&&b| {
+                        let l = first + b as u64;
+                        !ip.cache.folios[&first].dirty(b)
+                            && !exts.iter().any(|e| e.lblk <= l && l < e.end())
+                    })
+                    .count() as u64;
+                if let Err(e) = cx.reserve(holes) {
+                    result = Err(e);
+                    break;
+                }
+                ip.delalloc += holes;
+                // Partial blocks (and, whole-folio, the rest of the folio)
+                // are read or zeroed before they turn dirty.
+                let needs_fill = blocks
+                    .iter()
+                    .any(|&b| !ip.cache.folios[&first].uptodate(b) && (b != i || k < bs as usize));
+                if needs_fill {
+                    if let Err(e) = ip.fill_folio(&mut cx, first) {
+                        cx.alloc.unreserve(holes);
+                        ip.delalloc -= holes;
                         result = Err(e);
                         break;
                     }
                 }
-            };
-            block[inb..inb + k].copy_from_slice(&data[done..done + k]);
-            ip.dirty.insert(
-                lblk,
-                DirtyBlock {
-                    data: block,
-                    reserved: mapped.is_none(),
-                },
-            );
-            new_dirty += bs;
+                let f = ip.cache.folios.get_mut(&first).unwrap();
+                for &b in &blocks {
+                    if !f.dirty(b) {
+                        new_dirty += bs;
+                    }
+                }
+                if blocks.len() == nblocks {
+                    f.fill_dirty(0, nblocks);
+                } else {
+                    f.fill_dirty(i, i + 1);
+                }
+            }
+            let f = ip.cache.folios.get_mut(&first).unwrap();
+            let at = i * bs as usize + inb;
+            f.data[at..at + k].copy_from_slice(&data[done..done + k]);
             done += k;
         }
+        let (ip, cx) = self.with(ino)?;
         if done > 0 {
             ip.size = ip.size.max(offset + done as u64);
             ip.touch_mtime();
@@ -255,6 +441,7 @@ impl Inner {
         if self.dirty_bytes > self.opts.dirty_limit_bytes {
             self.sync_data_all()?;
         }
+        self.maybe_evict();
         match result {
             Err(e) if done == 0 => Err(e),
             _ => Ok(done),
@@ -268,14 +455,7 @@ impl Inner {
         if old_size % bs == 0 {
             return Ok(());
         }
-        let (ip, mut cx) = self.with(ino)?;
-        let added = ip.zero_in_block(
-            &mut cx,
-            old_size / bs,
-            (old_size % bs) as usize,
-            bs as usize,
-        )?;
-        self.dirty_bytes += added;
+        self.zero_in_block(ino, old_size / bs, (old_size % bs) as usize, bs as usize)?;
         Ok(())
     }
 
@@ -284,7 +464,7 @@ impl Inner {
         let dirty: Vec<u64> = self
             .inodes
             .iter()
-            .filter(|(_, i)| !i.dirty.is_empty() || i.size != i.d.size)
+            .filter(|(_, i)| i.cache.any_dirty() || i.size != i.d.size)
             .map(|(k, _)| *k)
             .collect();
         for ino in dirty {
@@ -305,7 +485,8 @@ impl Inner {
         let bs = self.meta.geo.block_size;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
-        if ip.dirty.is_empty() {
+        let lblks = ip.cache.dirty_in(0, u64::MAX);
+        if lblks.is_empty() {
             if ip.d.size != ip.size {
                 ip.d.size = ip.size;
                 ip.store(&mut cx)?;
@@ -315,7 +496,6 @@ impl Inner {
         bump(&cx.counters.writebacks, 1);
         ip.data_gen += 1;
         // 1. Classify: (lblk, pblk, fresh) where fresh = not yet written.
-        let lblks: Vec<u64> = ip.dirty.keys().copied().collect();
         let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
         let mut holes: Vec<u64> = Vec::new();
         let mut overwrites: Vec<u64> = Vec::new();
@@ -358,15 +538,11 @@ impl Inner {
             let end = holes[j - 1] + 1;
             while l < end {
                 let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, end - l)?;
+                // Delayed allocation: the reservation becomes the blocks.
+                cx.alloc.unreserve(n);
+                ip.delalloc -= n;
                 for k in 0..n {
                     targets.push((l + k, p + k, true));
-                    if ip
-                        .dirty
-                        .get_mut(&(l + k))
-                        .is_some_and(|d| std::mem::take(&mut d.reserved))
-                    {
-                        cx.alloc.unreserve(1);
-                    }
                 }
                 l += n;
             }
@@ -386,11 +562,16 @@ impl Inner {
             {
                 j += 1;
             }
+            // The blocks are copied out and their dirty bits cleared as the
+            // I/O is submitted: a later write dirties them again.
             let mut buf = AlignedBuf::zeroed((j - i) * bs as usize);
             for (k, t) in targets[i..j].iter().enumerate() {
-                let d = &ip.dirty[&t.0].data;
+                let (first, f) = ip.cache.find_mut(t.0).expect("dirty block cached");
+                let fi = (t.0 - first) as usize;
+                let d = f.block(fi, bs as usize);
                 buf[k * bs as usize..(k + 1) * bs as usize].copy_from_slice(d);
                 crcs.push((t.1, data_crc(d)));
+                f.set_dirty(fi, false);
             }
             if let Err(e) = cx.meta.dev.write_at(&buf, targets[i].1 * bs) {
                 io_err = Some(e);
@@ -405,8 +586,14 @@ impl Inner {
                 io_err = Some(e);
             }
         }
-        let n = ip.dirty.len() as u64;
-        ip.dirty.clear();
+        // Blocks not submitted (after an error) are dropped with the rest:
+        // the file system shuts down below.
+        for &l in &lblks {
+            if let Some((first, f)) = ip.cache.find_mut(l) {
+                f.set_dirty((l - first) as usize, false);
+            }
+        }
+        let n = lblks.len() as u64;
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
         let (ip, mut cx) = self.with(ino)?;
         if let Some(e) = io_err {
@@ -454,19 +641,17 @@ impl Inner {
             // The zeroed tail must be on the device before the new size is.
             return self.writeback(ino);
         }
-        let (ip, cx) = self.with(ino)?;
         let first_gone = size.div_ceil(bs);
-        let gone: Vec<u64> = ip.dirty.range(first_gone..).map(|(k, _)| *k).collect();
-        for l in &gone {
-            if ip.dirty.remove(l).unwrap().reserved {
-                cx.alloc.unreserve(1);
-            }
-        }
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(gone.len() as u64 * bs);
+        self.drop_cached(ino, first_gone, u64::MAX)?;
         let (ip, mut cx) = self.with(ino)?;
         if size % bs != 0 {
-            if let Some(d) = ip.dirty.get_mut(&(size / bs)) {
-                d.data[(size % bs) as usize..].fill(0);
+            // Bytes past the new end in the cached last block read as zeros
+            // if the file grows again.
+            if let Some((first, f)) = ip.cache.find_mut(size / bs) {
+                let i = (size / bs - first) as usize;
+                if f.uptodate(i) {
+                    f.block_mut(i, bs as usize)[(size % bs) as usize..].fill(0);
+                }
             }
         }
         ip.size = size;
@@ -520,7 +705,7 @@ impl Inner {
         {
             while l < e.lblk.min(to) {
                 // Dirty blocks in holes already hold a reservation.
-                if !ip.dirty.contains_key(&l) {
+                if !ip.cache.is_dirty(l) {
                     holes.push(l);
                 }
                 l += 1;
@@ -549,21 +734,13 @@ impl Inner {
 
     /// Punch [from, to) in blocks: drop cached data and unmap.
     fn punch_blocks(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
-        let bs = self.meta.geo.block_size;
+        self.drop_cached(ino, from, to)?;
         let (ip, mut cx) = self.with(ino)?;
-        let gone: Vec<u64> = ip.dirty.range(from..to).map(|(k, _)| *k).collect();
-        for l in &gone {
-            if ip.dirty.remove(l).unwrap().reserved {
-                cx.alloc.unreserve(1);
-            }
-        }
         for (p, n) in ip.ext_remove(&mut cx, from, to)? {
             cx.alloc.free(cx.meta, p, n)?;
             ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
         }
-        ip.store(&mut cx)?;
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(gone.len() as u64 * bs);
-        Ok(())
+        ip.store(&mut cx)
     }
 
     /// Zero the partial-block edges of [offset, end) and return the range
@@ -572,26 +749,18 @@ impl Inner {
         let bs = self.meta.geo.block_size;
         let first_full = offset.div_ceil(bs);
         let end_full = end / bs;
-        let (ip, mut cx) = self.with(ino)?;
-        let mut added = 0;
         if first_full > end_full {
             // Inside one block.
-            added += ip.zero_in_block(
-                &mut cx,
-                offset / bs,
-                (offset % bs) as usize,
-                (end % bs) as usize,
-            )?;
+            let (a, b) = ((offset % bs) as usize, (end % bs) as usize);
+            self.zero_in_block(ino, offset / bs, a, b)?;
         } else {
             if offset % bs != 0 {
-                added +=
-                    ip.zero_in_block(&mut cx, offset / bs, (offset % bs) as usize, bs as usize)?;
+                self.zero_in_block(ino, offset / bs, (offset % bs) as usize, bs as usize)?;
             }
             if end % bs != 0 {
-                added += ip.zero_in_block(&mut cx, end / bs, 0, (end % bs) as usize)?;
+                self.zero_in_block(ino, end / bs, 0, (end % bs) as usize)?;
             }
         }
-        self.dirty_bytes += added;
         Ok((first_full, end_full.max(first_full)))
     }
 
@@ -660,7 +829,7 @@ impl Inner {
         let last = size.div_ceil(bs);
         match whence {
             Whence::Data => {
-                let dirty = ip.dirty.range(l..).next().map(|(k, _)| *k);
+                let dirty = ip.cache.dirty_in(l, last).first().copied();
                 let ext = ip
                     .ext_range(&mut cx, l, last)?
                     .into_iter()
@@ -674,7 +843,7 @@ impl Inner {
             }
             Whence::Hole => {
                 while l < last {
-                    if ip.dirty.contains_key(&l) {
+                    if ip.cache.is_dirty(l) {
                         l += 1;
                         continue;
                     }

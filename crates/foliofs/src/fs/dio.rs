@@ -181,7 +181,7 @@ impl Fs {
             }
             let n = (buf.len() as u64).min(ip.size - offset) as usize;
             let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
-            if ip.dirty.range(from..to).next().is_some() {
+            if ip.cache.any_dirty_in(from, to) {
                 g.writeback(ino)?;
             }
             g.with(ino)?.0.open += 1;
@@ -299,7 +299,7 @@ impl Fs {
             }
             let segs = map_range(ip, &mut cx, from, to)?;
             let overwrite = end <= ip.size
-                && ip.dirty.range(from..to).next().is_none()
+                && !ip.cache.any_dirty_in(from, to)
                 && segs.iter().all(|s| matches!(s.state, State::Written(_)));
             if !overwrite && mode == Mode::Shared {
                 drop(g);
@@ -362,6 +362,8 @@ impl Fs {
             ip.touch_mtime();
             ip.store(&mut cx)
         });
+        // Cached copies of the range are stale now.
+        let r = r.and_then(|()| g.drop_cached(ino, from, to));
         g.release(ino)?;
         r?;
         g.maybe_commit()
@@ -387,7 +389,7 @@ impl Fs {
         if offset > size {
             g.zero_eof_tail(ino, size)?;
         }
-        if !g.with(ino)?.0.dirty.is_empty() {
+        if g.with(ino)?.0.cache.any_dirty() {
             g.writeback(ino)?;
         }
         let (ip, mut cx) = g.with(ino)?;
@@ -452,6 +454,7 @@ impl Fs {
             ip.touch_mtime();
             ip.store(&mut cx)
         });
+        let r = r.and_then(|()| g.drop_cached(ino, from, to));
         g.release(ino)?;
         r?;
         g.maybe_commit()

@@ -4,6 +4,7 @@
 //! which only ever covers data already on the device, while `size` is the
 //! size the application sees (it runs ahead while dirty data is cached).
 
+use super::folio::Cache;
 use super::types::FileType;
 use super::{Ctx, Inner};
 use crate::btree::Tree;
@@ -12,14 +13,6 @@ use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::inode::{DiskInode, ForkFormat, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE};
 use crate::format::{get_u16, get_u64, magic};
-use std::collections::BTreeMap;
-
-/// A cached block of file data not yet written to the device.
-pub(crate) struct DirtyBlock {
-    pub data: Box<[u8]>,
-    /// A delayed-allocation reservation is held for this block.
-    pub reserved: bool,
-}
 
 /// The data fork: inline entries, a B+tree (root in `d.fork_root`), or an
 /// inline symlink target.
@@ -33,7 +26,14 @@ pub(crate) struct Inode {
     pub d: DiskInode,
     pub size: u64,
     pub fork: Fork,
-    pub dirty: BTreeMap<u64, DirtyBlock>,
+    /// The page cache of this file.
+    pub cache: Cache,
+    /// Blocks reserved for delayed allocation: exactly the dirty cached
+    /// blocks that are not mapped yet.
+    pub delalloc: u64,
+    /// Readahead: where a sequential reader goes next, and its window.
+    pub ra_next: u64,
+    pub ra_blocks: u64,
     /// Open file descriptions and direct I/Os in flight: the inode is
     /// not freed while this is non-zero.
     pub open: u32,
@@ -102,7 +102,10 @@ impl Inode {
             size: d.size,
             d,
             fork,
-            dirty: BTreeMap::new(),
+            cache: Cache::default(),
+            delalloc: 0,
+            ra_next: 0,
+            ra_blocks: 0,
             open: 0,
             data_gen: 0,
             dio_inflight: Vec::new(),
@@ -227,7 +230,15 @@ impl Inner {
         }
         let ip = Inode::from_disk(d, blk)?;
         if self.inodes.len() >= 65536 {
-            self.inodes.retain(|_, i| i.open > 0 || !i.dirty.is_empty());
+            let mut freed = 0;
+            self.inodes.retain(|_, i| {
+                let keep = i.open > 0 || i.cache.any_dirty();
+                if !keep {
+                    freed += i.cache.bytes();
+                }
+                keep
+            });
+            self.cache_bytes -= freed;
         }
         self.inodes.insert(ino, ip);
         Ok(())
@@ -288,7 +299,10 @@ impl Inner {
             size: 0,
             d,
             fork: Fork::Inline(Vec::new()),
-            dirty: BTreeMap::new(),
+            cache: Cache::default(),
+            delalloc: 0,
+            ra_next: 0,
+            ra_blocks: 0,
             open: 0,
             data_gen: 0,
             dio_inflight: Vec::new(),
@@ -338,14 +352,10 @@ impl Inner {
     /// in steps) is finished by the next mount.
     pub fn destroy_inode(&mut self, ino: u64) -> Result<()> {
         self.load_inode(ino)?;
+        self.drop_cached(ino, 0, u64::MAX)?;
         self.truncate_blocks(ino, 0)?;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, cx) = self.with(ino)?;
-        for b in std::mem::take(&mut ip.dirty).into_values() {
-            if b.reserved {
-                cx.alloc.unreserve(1);
-            }
-        }
         let mut xroot = ip.d.xattr_root;
         ip.xattr_tree(ag).destroy(cx.meta, cx.alloc, &mut xroot)?;
         ip.d.xattr_root = xroot;

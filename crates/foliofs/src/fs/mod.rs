@@ -10,6 +10,7 @@
 mod data;
 mod dio;
 pub(crate) mod dir;
+mod folio;
 pub(crate) mod fork;
 pub(crate) mod inode;
 mod iolock;
@@ -42,10 +43,32 @@ pub struct MountOptions {
     pub meta_cache_bytes: u64,
     /// Dirty data held before a writer writes back its own file.
     pub dirty_limit_bytes: u64,
+    /// Page cache size: clean folios beyond it are evicted (dirty ones
+    /// never). Default: an eighth of RAM.
+    pub cache_bytes: u64,
+    /// Largest folio (default 2 MiB).
+    pub max_folio_bytes: u64,
+    /// Knob: every folio this size, whatever the I/O (benchmarks).
+    pub fixed_folio_bytes: Option<u64>,
+    /// Knob: a write dirties its whole folio, not just its blocks (the
+    /// behaviour before per-block dirty tracking; benchmarks).
+    pub whole_folio_dirty: bool,
     /// Largest device request a direct I/O issues, in blocks (>= 1).
     pub dio_max_blocks: u64,
     /// Lock mode for direct overwrites.
     pub dio_lock: DioLock,
+}
+
+/// An eighth of the machine's memory (256 MiB if it cannot be read).
+fn default_cache_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024 / 8)
+        })
+        .unwrap_or(256 << 20)
 }
 
 /// How direct writes that only overwrite take the inode I/O lock.
@@ -70,6 +93,10 @@ impl Default for MountOptions {
             read_only: false,
             meta_cache_bytes: 64 << 20,
             dirty_limit_bytes: 64 << 20,
+            cache_bytes: default_cache_bytes(),
+            max_folio_bytes: 2 << 20,
+            fixed_folio_bytes: None,
+            whole_folio_dirty: false,
             dio_max_blocks: 256,
             dio_lock: DioLock::SharedOverwrite,
         }
@@ -127,6 +154,8 @@ counters! {
     mapping_lookups,
     writebacks,
     overwrite_intents,
+    /// Clean folios evicted from the page cache.
+    folios_evicted,
     /// Direct reads and writes asked for by the application, and bytes.
     dio_reads,
     dio_writes,
@@ -158,6 +187,15 @@ impl Counters {
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheStats {
+    pub folios: u64,
+    pub folios_with_state: u64,
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
+    pub largest_folio_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -221,6 +259,10 @@ pub(crate) struct Inner {
     pub inodes: HashMap<u64, Inode>,
     pub opts: MountOptions,
     pub dirty_bytes: u64,
+    /// Bytes of all folios in the page cache.
+    pub cache_bytes: u64,
+    /// Clock for the cache's least-recently-used eviction.
+    pub tick: u64,
     pub counters: Arc<Counters>,
 }
 
@@ -293,6 +335,8 @@ impl Fs {
             inodes: HashMap::new(),
             opts,
             dirty_bytes: 0,
+            cache_bytes: 0,
+            tick: 0,
             counters: counters.clone(),
         };
         // The root must be a directory.
@@ -401,6 +445,27 @@ impl Fs {
                 }
             })
             .collect()
+    }
+
+    /// The page cache now: folios, how many carry per-block state, bytes
+    /// cached and dirty.
+    pub fn cache_stats(&self) -> CacheStats {
+        let g = self.inner.lock();
+        let mut st = CacheStats {
+            folios: 0,
+            folios_with_state: 0,
+            cached_bytes: g.cache_bytes,
+            dirty_bytes: g.dirty_bytes,
+            largest_folio_bytes: 0,
+        };
+        for ip in g.inodes.values() {
+            for f in ip.cache.folios.values() {
+                st.folios += 1;
+                st.folios_with_state += f.has_state() as u64;
+                st.largest_folio_bytes = st.largest_folio_bytes.max(f.data.len() as u64);
+            }
+        }
+        st
     }
 
     pub fn counters(&self) -> CounterSnapshot {

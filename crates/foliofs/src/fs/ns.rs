@@ -13,7 +13,7 @@ impl Inner {
     pub fn getattr(&mut self, ino: u64) -> Result<Attr> {
         let bs = self.meta.geo.block_size;
         let (ip, _) = self.with(ino)?;
-        let reserved = ip.dirty.values().filter(|b| b.reserved).count() as u64;
+        let reserved = ip.delalloc;
         let t = |t: crate::format::inode::Timespec| (t.sec, t.nsec);
         Ok(Attr {
             ino,

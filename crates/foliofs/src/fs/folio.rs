@@ -1,0 +1,322 @@
+//! The page cache of one inode: folios of 2^k blocks (one block up to the
+//! maximum folio size), each aligned to its own size in the file and never
+//! overlapping another.
+//!
+//! A folio with more than one block carries a state object with two
+//! per-block bitmaps, uptodate and dirty. A folio whose blocks are all
+//! uptodate and either all dirty or all clean needs no state object (a
+//! whole-folio write, or a folio read in full). Dirty bits are cleared when
+//! writeback copies the blocks out for the device (`take_dirty`), so a write
+//! racing writeback re-dirties the block and is written again.
+
+use std::collections::BTreeMap;
+
+/// Largest folio in blocks (2 MiB of 512-byte blocks).
+pub(crate) const MAX_FOLIO_BLOCKS: usize = 4096;
+
+/// Per-block state of a folio.
+#[derive(Clone, Debug)]
+struct BlockState {
+    uptodate: Vec<u64>,
+    dirty: Vec<u64>,
+}
+
+fn bit(b: &[u64], i: usize) -> bool {
+    b[i / 64] >> (i % 64) & 1 == 1
+}
+
+fn set(b: &mut [u64], i: usize, v: bool) {
+    if v {
+        b[i / 64] |= 1 << (i % 64);
+    } else {
+        b[i / 64] &= !(1 << (i % 64));
+    }
+}
+
+fn all(b: &[u64], n: usize) -> bool {
+    (0..n).all(|i| bit(b, i))
+}
+
+fn none(b: &[u64]) -> bool {
+    b.iter().all(|w| *w == 0)
+}
+
+pub(crate) struct Folio {
+    pub nblocks: usize,
+    pub data: Box<[u8]>,
+    /// None: every block is uptodate, and dirty exactly when `all_dirty`.
+    state: Option<Box<BlockState>>,
+    all_dirty: bool,
+    /// Last use, for eviction of clean folios.
+    pub tick: u64,
+}
+
+impl Folio {
+    /// A folio of `nblocks` blocks with nothing uptodate.
+    pub fn new(nblocks: usize, bs: usize, tick: u64) -> Folio {
+        let words = nblocks.div_ceil(64);
+        Folio {
+            nblocks,
+            data: vec![0u8; nblocks * bs].into_boxed_slice(),
+            state: Some(Box::new(BlockState {
+                uptodate: vec![0; words],
+                dirty: vec![0; words],
+            })),
+            all_dirty: false,
+            tick,
+        }
+    }
+
+    pub fn has_state(&self) -> bool {
+        self.state.is_some()
+    }
+
+    pub fn uptodate(&self, i: usize) -> bool {
+        self.state.as_ref().is_none_or(|s| bit(&s.uptodate, i))
+    }
+
+    pub fn dirty(&self, i: usize) -> bool {
+        match &self.state {
+            None => self.all_dirty,
+            Some(s) => bit(&s.dirty, i),
+        }
+    }
+
+    pub fn any_dirty(&self) -> bool {
+        match &self.state {
+            None => self.all_dirty,
+            Some(s) => !none(&s.dirty),
+        }
+    }
+
+    /// The state object, made if the folio has none.
+    fn state_mut(&mut self) -> &mut BlockState {
+        let (n, d) = (self.nblocks, self.all_dirty);
+        self.state.get_or_insert_with(|| {
+            let words = n.div_ceil(64);
+            let mut s = BlockState {
+                uptodate: vec![0; words],
+                dirty: vec![0; words],
+            };
+            for i in 0..n {
+                set(&mut s.uptodate, i, true);
+                set(&mut s.dirty, i, d);
+            }
+            Box::new(s)
+        })
+    }
+
+    /// Drop the state object when the bitmaps say nothing per block.
+    fn compact(&mut self) {
+        if let Some(s) = &self.state {
+            if all(&s.uptodate, self.nblocks) {
+                if none(&s.dirty) {
+                    self.all_dirty = false;
+                    self.state = None;
+                } else if all(&s.dirty, self.nblocks) {
+                    self.all_dirty = true;
+                    self.state = None;
+                }
+            }
+        }
+    }
+
+    pub fn set_uptodate(&mut self, i: usize, v: bool) {
+        if self.uptodate(i) != v {
+            set(&mut self.state_mut().uptodate, i, v);
+            self.compact();
+        }
+    }
+
+    pub fn set_dirty(&mut self, i: usize, v: bool) {
+        if self.dirty(i) != v {
+            set(&mut self.state_mut().dirty, i, v);
+            self.compact();
+        }
+    }
+
+    /// Mark blocks [from, to) uptodate and dirty at once; the whole folio
+    /// ends without a state object.
+    pub fn fill_dirty(&mut self, from: usize, to: usize) {
+        if from == 0 && to == self.nblocks {
+            self.state = None;
+            self.all_dirty = true;
+            return;
+        }
+        for i in from..to {
+            let s = self.state_mut();
+            set(&mut s.uptodate, i, true);
+            set(&mut s.dirty, i, true);
+        }
+        self.compact();
+    }
+
+    pub fn block(&self, i: usize, bs: usize) -> &[u8] {
+        &self.data[i * bs..(i + 1) * bs]
+    }
+
+    pub fn block_mut(&mut self, i: usize, bs: usize) -> &mut [u8] {
+        &mut self.data[i * bs..(i + 1) * bs]
+    }
+}
+
+/// One inode's folios, by first file block.
+#[derive(Default)]
+pub(crate) struct Cache {
+    pub folios: BTreeMap<u64, Folio>,
+}
+
+impl Cache {
+    /// The folio holding file block `lblk`: (its first block, the folio).
+    pub fn find(&self, lblk: u64) -> Option<(u64, &Folio)> {
+        let (&first, f) = self.folios.range(..=lblk).next_back()?;
+        (lblk < first + f.nblocks as u64).then_some((first, f))
+    }
+
+    pub fn find_mut(&mut self, lblk: u64) -> Option<(u64, &mut Folio)> {
+        let (&first, f) = self.folios.range_mut(..=lblk).next_back()?;
+        (lblk < first + f.nblocks as u64).then_some((first, f))
+    }
+
+    /// Contents of block `lblk` if the cache holds it uptodate.
+    pub fn block(&self, lblk: u64, bs: usize) -> Option<&[u8]> {
+        let (first, f) = self.find(lblk)?;
+        let i = (lblk - first) as usize;
+        f.uptodate(i).then(|| f.block(i, bs))
+    }
+
+    pub fn is_dirty(&self, lblk: u64) -> bool {
+        self.find(lblk)
+            .is_some_and(|(first, f)| f.dirty((lblk - first) as usize))
+    }
+
+    /// Dirty blocks in [from, to), in order.
+    pub fn dirty_in(&self, from: u64, to: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let start = self.find(from).map_or(from, |(first, _)| first);
+        for (&first, f) in self.folios.range(start..to) {
+            if !f.any_dirty() {
+                continue;
+            }
+            for i in 0..f.nblocks {
+                let l = first + i as u64;
+                if l >= from && l < to && f.dirty(i) {
+                    out.push(l);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn any_dirty_in(&self, from: u64, to: u64) -> bool {
+        let start = self.find(from).map_or(from, |(first, _)| first);
+        self.folios.range(start..to).any(|(&first, f)| {
+            f.any_dirty()
+                && (0..f.nblocks).any(|i| {
+                    let l = first + i as u64;
+                    l >= from && l < to && f.dirty(i)
+                })
+        })
+    }
+
+    pub fn any_dirty(&self) -> bool {
+        self.folios.values().any(|f| f.any_dirty())
+    }
+
+    /// The largest folio size (in blocks, a power of two up to `max`) that
+    /// can start at an aligned position holding `lblk` without overlapping
+    /// another folio, and without going below `floor` or past `ceil`.
+    pub fn fit(&self, lblk: u64, max: usize, floor: u64, ceil: u64) -> (u64, usize) {
+        let mut n = max.max(1);
+        loop {
+            let first = lblk / n as u64 * n as u64;
+            let end = first + n as u64;
+            let clear = first >= floor
+                && end <= ceil.max(lblk + 1)
+                && self.find(first).is_none()
+                && self.folios.range(first..end).next().is_none();
+            if clear || n == 1 {
+                return (first, n);
+            }
+            n /= 2;
+        }
+    }
+
+    /// Drop cached blocks in [from, to): folios inside it go, folios
+    /// straddling it lose those blocks' state. Returns the dirty blocks
+    /// dropped and the bytes of folios freed.
+    pub fn drop_range(&mut self, from: u64, to: u64, bs: usize) -> (Vec<u64>, u64) {
+        let mut dirty = Vec::new();
+        let mut freed = 0;
+        let start = self.find(from).map_or(from, |(first, _)| first);
+        let keys: Vec<u64> = self.folios.range(start..to).map(|(k, _)| *k).collect();
+        for first in keys {
+            let f = self.folios.get_mut(&first).unwrap();
+            let end = first + f.nblocks as u64;
+            for i in 0..f.nblocks {
+                let l = first + i as u64;
+                if l >= from && l < to && f.dirty(i) {
+                    dirty.push(l);
+                }
+            }
+            if first >= from && end <= to {
+                freed += f.data.len() as u64;
+                self.folios.remove(&first);
+                continue;
+            }
+            for i in 0..f.nblocks {
+                let l = first + i as u64;
+                if l >= from && l < to {
+                    f.set_dirty(i, false);
+                    f.set_uptodate(i, false);
+                    f.block_mut(i, bs).fill(0);
+                }
+            }
+        }
+        (dirty, freed)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.folios.values().map(|f| f.data.len() as u64).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_object_only_when_needed() {
+        let mut f = Folio::new(16, 512, 0);
+        assert!(f.has_state() && !f.uptodate(3) && !f.any_dirty());
+        f.fill_dirty(0, 16);
+        assert!(!f.has_state() && f.dirty(15) && f.uptodate(0));
+        f.set_dirty(4, false);
+        assert!(f.has_state() && !f.dirty(4) && f.dirty(5));
+        assert_eq!((0..16).filter(|&i| f.dirty(i)).count(), 15);
+        for i in 0..16 {
+            f.set_dirty(i, false);
+        }
+        assert!(!f.has_state() && !f.any_dirty() && f.uptodate(9));
+    }
+
+    #[test]
+    fn fit_and_drop() {
+        let mut c = Cache::default();
+        c.folios.insert(8, Folio::new(4, 512, 0));
+        // A 16-block folio at 0 would overlap [8, 12): shrink to 8.
+        assert_eq!(c.fit(3, 16, 0, 100), (0, 8));
+        assert_eq!(c.fit(13, 16, 0, 100), (12, 4));
+        assert_eq!(c.fit(20, 16, 0, 100), (16, 16));
+        assert_eq!(c.fit(20, 16, 18, 100), (20, 4));
+        c.folios.get_mut(&8).unwrap().fill_dirty(0, 4);
+        assert_eq!(c.dirty_in(0, 100), vec![8, 9, 10, 11]);
+        let (d, freed) = c.drop_range(10, 100, 512);
+        assert_eq!((d, freed), (vec![10, 11], 0));
+        assert_eq!(c.dirty_in(0, 100), vec![8, 9]);
+        assert!(c.block(10, 512).is_none() && c.block(9, 512).is_some());
+        let (d, freed) = c.drop_range(0, 100, 512);
+        assert_eq!((d.len(), freed), (2, 2048));
+        assert!(c.folios.is_empty());
+    }
+}
