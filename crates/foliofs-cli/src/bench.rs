@@ -2,8 +2,8 @@
 //! technique on, then its knob off) alternated round by round in one run,
 //! with the raw image file read and written with O_DIRECT beside them.
 //!
-//! W2 (large checksummed direct reads) and W3 (shared inode lock for
-//! direct overwrites) are here; each workload is a function that returns
+//! W1 (per-block dirty tracking in large folios), W2 (large checksummed
+//! direct reads) and W3 (shared inode lock for direct overwrites) are here; each workload is a function that returns
 //! an `Outcome`, printed as a table or as JSON.
 
 use anyhow::{bail, Context, Result};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads: W2, W3 or all.
+    /// Workloads: W1, W2, W3 or all.
     #[arg(default_value = "all")]
     pub workloads: Vec<String>,
     /// Image file to build the test file system in (made anew, removed
@@ -174,6 +174,115 @@ fn progress(total: u64) -> ProgressBar {
             .progress_chars("=> "),
     );
     pb
+}
+
+/// W1: two jobs, each a file written and read into the cache (large
+/// folios), then random 4 KiB buffered overwrites, each followed by
+/// fdatasync. Per-block dirty tracking vs whole-folio dirty tracking at
+/// 64 KiB folios (remounted with the knob for each pass).
+pub fn w1(args: &BenchArgs) -> Result<Outcome> {
+    let jobs = 2usize;
+    let mib = (args.file_mib / 4).max(1);
+    let variants = ["per-block dirty", "whole-folio dirty, 64 KiB folios"];
+    let pb = progress((args.rounds * variants.len()) as u64);
+    let (dev, fs) = fresh_fs(args)?;
+    let mut inos = Vec::new();
+    for j in 0..jobs {
+        inos.push(make_file(&fs, &format!("w1-{j}"), mib, &pb)?);
+    }
+    fs.unmount()?;
+    let bs = 4096u64;
+    let mut mibs = vec![Vec::new(); 2];
+    let mut amp = vec![Vec::new(); 2];
+    let mut largest = [0u64; 2];
+    for round in 0..args.rounds {
+        for k in 0..2 {
+            let v = (k + round) % 2;
+            pb.set_message(format!("W1 {}", variants[v]));
+            let mut o = MountOptions::default();
+            if v == 1 {
+                o.whole_folio_dirty = true;
+                o.fixed_folio_bytes = Some(64 << 10);
+            }
+            let fs = Arc::new(Fs::mount(dev.clone(), o)?);
+            // pre_read: every file into the cache.
+            let mut buf = vec![0u8; 1 << 20];
+            for &ino in &inos {
+                for m in 0..mib {
+                    fs.read(ino, m << 20, &mut buf)?;
+                }
+            }
+            largest[v] = largest[v].max(fs.cache_stats().largest_folio_bytes);
+            let c0 = fs.counters();
+            let ops = run_threads(jobs, args.seconds, |t, stop, count| {
+                let (fs, ino) = (fs.clone(), inos[t]);
+                move || -> Result<()> {
+                    let mut rng = 0x2545_F491u64 ^ ((t as u64 + 7) * 0x9E37);
+                    let mut buf = vec![0u8; bs as usize];
+                    while !stop.load(Ordering::Relaxed) {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let b = rng % ((mib << 20) / bs);
+                        fill(&mut buf, b, bs as usize);
+                        fs.write(ino, b * bs, &buf)?;
+                        fs.fsync(ino, true)?;
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
+                }
+            })?;
+            let c = fs.counters();
+            let app = (c.bytes_written_app - c0.bytes_written_app).max(1);
+            amp[v].push((c.bytes_written_back - c0.bytes_written_back) as f64 / app as f64);
+            mibs[v].push(ops * bs as f64 / (1 << 20) as f64);
+            match Arc::try_unwrap(fs) {
+                Ok(fs) => fs.unmount()?,
+                Err(_) => bail!("file system still in use after W1"),
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let mut series = Vec::new();
+    for v in 0..2 {
+        series.push(Series {
+            name: variants[v].into(),
+            unit: "MiB/s".into(),
+            values: mibs[v].clone(),
+        });
+        series.push(Series {
+            name: format!("{}: device bytes / app bytes", variants[v]),
+            unit: "ratio".into(),
+            values: amp[v].clone(),
+        });
+    }
+    Ok(Outcome {
+        id: "W1".into(),
+        title: format!(
+            "{jobs} jobs x {mib} MiB cached files, random 4 KiB buffered overwrites + fdatasync"
+        ),
+        series,
+        ratios: vec![
+            ratio(
+                "per-block / whole-folio (MiB/s)",
+                &mibs[0],
+                &mibs[1],
+                "28 -> 452 MB/s (16x)",
+            ),
+            ratio(
+                "whole-folio / per-block (device bytes written)",
+                &amp[1],
+                &amp[0],
+                "target >= 10",
+            ),
+        ],
+        notes: vec![format!(
+            "largest folio after the pre-read: {} KiB per-block run, {} KiB whole-folio run",
+            largest[0] >> 10,
+            largest[1] >> 10
+        )],
+    })
 }
 
 /// W2: sequential 1 MiB direct reads at queue depth 1, checksums verified;
@@ -480,16 +589,17 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     }
     let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
     if which.iter().any(|w| w == "ALL") {
-        which = vec!["W2".into(), "W3".into()];
+        which = vec!["W1".into(), "W2".into(), "W3".into()];
     }
     for w in &which {
-        if !["W2", "W3"].contains(&w.as_str()) {
-            bail!("unknown workload {w}: choose W2, W3 or all (W1, W4, W5 need the folio cache, not built yet)");
+        if !["W1", "W2", "W3"].contains(&w.as_str()) {
+            bail!("unknown workload {w}: choose W1, W2, W3 or all (W4 and W5 are not built yet)");
         }
     }
     let mut out = Vec::new();
     for w in &which {
         let r = match w.as_str() {
+            "W1" => w1(args),
             "W2" => w2(args),
             "W3" => w3(args),
             _ => unreachable!("checked above"),

@@ -18,7 +18,7 @@ fn bench_smoke_json() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let outcomes = v.as_array().unwrap();
     let ids: Vec<&str> = outcomes.iter().map(|o| o["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["W2", "W3"]);
+    assert_eq!(ids, ["W1", "W2", "W3"]);
     for o in outcomes {
         for s in o["series"].as_array().unwrap() {
             let vals = s["values"].as_array().unwrap();
