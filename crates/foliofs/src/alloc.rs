@@ -312,21 +312,13 @@ impl Alloc {
             }
             b += n;
         }
-        let ag = geo.ag_of(start);
-        let agh_blk = geo.agh_blk(ag);
-        let mut h = AgHeader::decode(
-            meta.read(agh_blk, magic::AG_HEADER, "AG header")?,
-            agh_blk,
-            ag,
-        )?;
-        if used {
-            h.free_blocks -= len;
-        } else {
-            h.free_blocks += len;
-        }
-        let uuid = meta.uuid;
-        h.encode(meta.write(agh_blk), agh_blk, uuid);
-        Ok(())
+        update_ag_header(meta, geo.ag_of(start), |h| {
+            if used {
+                h.free_blocks -= len;
+            } else {
+                h.free_blocks += len;
+            }
+        })
     }
 
     /// Allocate an inode in AG `ag` (or the next with room).
@@ -386,21 +378,13 @@ impl Alloc {
             ));
         }
         bitmap::set_bit(buf, bit, used);
-        let ag = geo.inode_ag(ino);
-        let agh_blk = geo.agh_blk(ag);
-        let mut h = AgHeader::decode(
-            meta.read(agh_blk, magic::AG_HEADER, "AG header")?,
-            agh_blk,
-            ag,
-        )?;
-        if used {
-            h.free_inodes -= 1;
-        } else {
-            h.free_inodes += 1;
-        }
-        let uuid = meta.uuid;
-        h.encode(meta.write(agh_blk), agh_blk, uuid);
-        Ok(())
+        update_ag_header(meta, geo.inode_ag(ino), |h| {
+            if used {
+                h.free_inodes -= 1;
+            } else {
+                h.free_inodes += 1;
+            }
+        })
     }
 
     /// The AG for a new directory: the next in rotation.
@@ -409,6 +393,16 @@ impl Alloc {
         self.dir_rotor = self.dir_rotor.wrapping_add(1);
         a
     }
+}
+
+/// Change AG `ag`'s header in the running transaction.
+fn update_ag_header(meta: &mut Meta, ag: u32, f: impl FnOnce(&mut AgHeader)) -> Result<()> {
+    let blk = meta.geo.agh_blk(ag);
+    let mut h = AgHeader::decode(meta.read(blk, magic::AG_HEADER, "AG header")?, blk, ag)?;
+    f(&mut h);
+    let uuid = meta.uuid;
+    h.encode(meta.write(blk), blk, uuid);
+    Ok(())
 }
 
 /// Set data checksums for `crcs.len()` blocks from `start`.

@@ -368,16 +368,16 @@ impl Inner {
             let i = (lblk - first) as usize;
             let f = &ip.cache.folios[&first];
             let nblocks = f.nblocks;
-            let blocks: Vec<usize> = if whole_folio && !f.any_dirty() {
-                (0..nblocks).collect()
+            let blocks = if whole_folio && !f.any_dirty() {
+                0..nblocks
             } else if f.dirty(i) {
-                Vec::new()
+                i..i
             } else {
-                vec![i]
+                i..i + 1
             };
             // Blocks about to turn dirty: holes among them reserve space.
             if !blocks.is_empty() {
-                let (lo, hi) = (first + blocks[0] as u64, first + nblocks as u64);
+                let (lo, hi) = (first + blocks.start as u64, first + nblocks as u64);
                 if mapping
                     .as_ref()
                     .is_none_or(|(from, to, _)| lo < *from || hi > *to)
@@ -388,8 +388,8 @@ impl Inner {
                 }
                 let exts = &mapping.as_ref().unwrap().2;
                 let holes = blocks
-                    .iter()
-                    .filter(|&&b| {
+                    .clone()
+                    .filter(|&b| {
                         let l = first + b as u64;
                         !ip.cache.folios[&first].dirty(b)
                             && !exts.iter().any(|e| e.lblk <= l && l < e.end())
@@ -403,8 +403,8 @@ impl Inner {
                 // Partial blocks (and, whole-folio, the rest of the folio)
                 // are read or zeroed before they turn dirty.
                 let needs_fill = blocks
-                    .iter()
-                    .any(|&b| !ip.cache.folios[&first].uptodate(b) && (b != i || k < bs as usize));
+                    .clone()
+                    .any(|b| !ip.cache.folios[&first].uptodate(b) && (b != i || k < bs as usize));
                 if needs_fill {
                     if let Err(e) = ip.fill_folio(&mut cx, first) {
                         cx.alloc.unreserve(holes);
@@ -414,16 +414,8 @@ impl Inner {
                     }
                 }
                 let f = ip.cache.folios.get_mut(&first).unwrap();
-                for &b in &blocks {
-                    if !f.dirty(b) {
-                        new_dirty += bs;
-                    }
-                }
-                if blocks.len() == nblocks {
-                    f.fill_dirty(0, nblocks);
-                } else {
-                    f.fill_dirty(i, i + 1);
-                }
+                new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+                f.fill_dirty(blocks.start, blocks.end);
             }
             let f = ip.cache.folios.get_mut(&first).unwrap();
             let at = i * bs as usize + inb;

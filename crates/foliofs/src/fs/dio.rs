@@ -34,7 +34,7 @@ use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
 
 /// Retries of a read whose checksum failed while a direct write raced it.
-pub(crate) const RACE_RETRIES: u32 = 10_000;
+const RACE_RETRIES: u32 = 10_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -100,11 +100,28 @@ fn map_range(ip: &Inode, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<Seg>> {
     Ok(out)
 }
 
-/// Did a write change data under a reader since it read `gen`, or is a
-/// direct write in flight?
-pub(crate) fn raced(g: &mut Inner, ino: u64, gen: u64) -> Result<bool> {
-    let ip = g.with(ino)?.0;
-    Ok(ip.data_gen != gen || !ip.dio_inflight.is_empty())
+impl Fs {
+    /// A reader that read data generation `gen` of `ino` saw a checksum
+    /// mismatch. True when a write racing it explains that (the data
+    /// generation moved, or a direct write is in flight): the retry is
+    /// counted and the caller drops its locks and reads again. False, and
+    /// the mismatch is corruption, once that has happened RACE_RETRIES
+    /// times.
+    pub(super) fn race_explains(
+        &self,
+        g: &mut Inner,
+        ino: u64,
+        gen: u64,
+        tries: &mut u32,
+    ) -> Result<bool> {
+        let ip = g.with(ino)?.0;
+        if *tries >= RACE_RETRIES || (ip.data_gen == gen && ip.dio_inflight.is_empty()) {
+            return Ok(false);
+        }
+        *tries += 1;
+        bump(&self.counters.dio_read_retries, 1);
+        Ok(true)
+    }
 }
 
 fn check_aligned(bs: u64, offset: u64, len: usize, ptr: *const u8) -> Result<()> {
@@ -247,9 +264,7 @@ impl Fs {
                 ci += s.len as usize;
             }
             if let Some((l, p)) = bad {
-                if tries < RACE_RETRIES && raced(&mut self.inner.lock(), ino, gen)? {
-                    tries += 1;
-                    bump(&self.counters.dio_read_retries, 1);
+                if self.race_explains(&mut self.inner.lock(), ino, gen, &mut tries)? {
                     std::thread::yield_now();
                     continue;
                 }
@@ -352,17 +367,35 @@ impl Fs {
         let r = r
             .and_then(|()| self.commit_wait(g))
             .and_then(|()| self.write_segs(&segs, from, data));
+        self.dio_finish(ino, id, (from, to), r, |_, cx, tainted| {
+            if tainted {
+                return Ok(());
+            }
+            record_csums(cx, &segs, from, crcs)
+        })
+    }
+
+    /// Complete direct write `id` over blocks [from, to) whose device
+    /// write gave `r`: `record` puts what the write established into the
+    /// running transaction (told whether it was tainted), then the mtime
+    /// is set, cached copies of the range are dropped (stale now) and the
+    /// inode unpinned.
+    fn dio_finish(
+        &self,
+        ino: u64,
+        id: u64,
+        (from, to): (u64, u64),
+        r: Result<()>,
+        record: impl FnOnce(&mut Inode, &mut Ctx, bool) -> Result<()>,
+    ) -> Result<()> {
         let mut g = self.inner.lock();
         let (ip, mut cx) = g.with(ino)?;
         let tainted = ip.dio_end(id);
         let r = r.and_then(|()| {
-            if !tainted {
-                record_csums(&mut cx, &segs, from, crcs)?;
-            }
+            record(ip, &mut cx, tainted)?;
             ip.touch_mtime();
             ip.store(&mut cx)
         });
-        // Cached copies of the range are stale now.
         let r = r.and_then(|()| g.drop_cached(ino, from, to));
         g.release(ino)?;
         r?;
@@ -441,23 +474,15 @@ impl Fs {
             Ok(())
         };
         let r = r.and_then(|()| self.write_segs(&segs, from, data));
-        let mut g = self.inner.lock();
-        let (ip, mut cx) = g.with(ino)?;
-        ip.dio_end(id);
-        let r = r.and_then(|()| {
-            record_csums(&mut cx, &segs, from, crcs)?;
-            ip.ext_mark_written(&mut cx, from, to)?;
+        self.dio_finish(ino, id, (from, to), r, |ip, cx, _| {
+            record_csums(cx, &segs, from, crcs)?;
+            ip.ext_mark_written(cx, from, to)?;
             // The data is written; the commit that makes this size durable
             // flushes it first (the "data unflushed" flag).
             ip.size = ip.size.max(end);
             ip.d.size = ip.size;
-            ip.touch_mtime();
-            ip.store(&mut cx)
-        });
-        let r = r.and_then(|()| g.drop_cached(ino, from, to));
-        g.release(ino)?;
-        r?;
-        g.maybe_commit()
+            Ok(())
+        })
     }
 
     /// Write `data` (file blocks from `from` on) to the mapped runs of

@@ -98,7 +98,12 @@ impl Inode {
         if FileType::from_mode(d.mode).is_none() {
             return Err(bad("bad file type in mode"));
         }
-        Ok(Inode {
+        Ok(Inode::new(d, fork))
+    }
+
+    /// An in-memory inode with nothing cached, open or in flight.
+    fn new(d: DiskInode, fork: Fork) -> Inode {
+        Inode {
             size: d.size,
             d,
             fork,
@@ -109,7 +114,7 @@ impl Inode {
             open: 0,
             data_gen: 0,
             dio_inflight: Vec::new(),
-        })
+        }
     }
 
     pub fn to_disk(&self) -> DiskInode {
@@ -295,18 +300,7 @@ impl Inner {
         } else {
             ForkFormat::Extents
         };
-        let ip = Inode {
-            size: 0,
-            d,
-            fork: Fork::Inline(Vec::new()),
-            cache: Cache::default(),
-            delalloc: 0,
-            ra_next: 0,
-            ra_blocks: 0,
-            open: 0,
-            data_gen: 0,
-            dio_inflight: Vec::new(),
-        };
+        let ip = Inode::new(d, Fork::Inline(Vec::new()));
         let mut cx = self.ctx();
         ip.store(&mut cx)?;
         self.inodes.insert(ino, ip);

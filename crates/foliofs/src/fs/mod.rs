@@ -625,10 +625,8 @@ impl Fs {
             match g.read(ino, offset, buf) {
                 Err(e @ Error::DataChecksum { .. }) => {
                     // A direct overwrite racing this read is not corruption.
-                    if tries < dio::RACE_RETRIES && dio::raced(&mut g, ino, gen)? {
+                    if self.race_explains(&mut g, ino, gen, &mut tries)? {
                         drop(g);
-                        tries += 1;
-                        bump(&self.counters.dio_read_retries, 1);
                         std::thread::yield_now();
                         continue;
                     }
