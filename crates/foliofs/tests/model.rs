@@ -58,6 +58,11 @@ fn run(seed: u64, ops: u64, block_size: u32) {
     };
     for i in 0..ops {
         let ctx = format!("seed {seed} op {i} (block size {block_size})");
+        // The delayed-allocation books balance (checked every 16 ops).
+        if i % 16 == 0 {
+            fs.check_invariants()
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        }
         let d = rng.random_range(0..DIRS.len());
         let name = format!("f{}", rng.random_range(0..12));
         let key = (d, name.clone());

@@ -18,7 +18,8 @@
 //! 88  ctime      i64 s + u32 ns
 //! 100 crtime     i64 s + u32 ns
 //! 112 generation u32
-//! 116 flags      u32  bit 0: on the orphan list
+//! 116 flags      u32  bit 0: on the orphan list; bit 1: space was
+//!                     preallocated by fallocate (kept past EOF)
 //! 120 fork       u8   0 inline extents, 1 extent B+tree, 2 inline directory,
 //!                     3 directory B+tree, 4 inline symlink target
 //! 121 (pad)      u8
@@ -44,6 +45,9 @@ const _: () = assert!(INODE_SIZE == 512);
 const _: () = assert!(LITERAL_SIZE == 352);
 
 pub const FLAG_ORPHAN: u32 = 1;
+/// fallocate allocated space for this file: blocks past EOF are the
+/// user's, not speculative, and are not trimmed on close.
+pub const FLAG_PREALLOC: u32 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Timespec {

@@ -17,14 +17,16 @@
 //! - the on-disk size only covers data already on the device.
 
 use super::folio::{Folio, MAX_FOLIO_BLOCKS};
-use super::fork::{Extent, MAX_EXTENT_LEN};
+use super::fork::Extent;
 use super::inode::Inode;
 use super::types::{ExtentInfo, Falloc, Whence};
+use super::writeback::runs;
 use super::{bump, Ctx, Inner};
-use crate::alloc::{clear_csums, get_csums, set_csums};
+use crate::alloc::get_csums;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::data_crc;
+use crate::format::inode::FLAG_PREALLOC;
 
 /// Largest file offset: keeps block arithmetic far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
@@ -153,6 +155,187 @@ impl Inode {
     }
 }
 
+/// Smallest and largest speculative preallocation, in blocks.
+const PREALLOC_MIN: u64 = 16;
+const PREALLOC_MAX: u64 = 8192;
+
+impl Inode {
+    pub(super) fn in_prealloc(&self, lblk: u64) -> bool {
+        self.prealloc.is_some_and(|(a, b)| a <= lblk && lblk < b)
+    }
+
+    /// True if the mapping hint says `lblk` is mapped.
+    pub(super) fn hint_mapped(&self, lblk: u64) -> bool {
+        self.map_hint.0 <= lblk && lblk < self.map_hint.1
+    }
+
+    /// Start (or extend) the speculative preallocation at hole `lblk`,
+    /// past EOF: reserve a range that grows with the file (the file's
+    /// size rounded up to a power of two, PREALLOC_MIN..PREALLOC_MAX
+    /// blocks), halved for each percent free space is below 5%, never
+    /// more than an eighth of what is free, and stopping at the next
+    /// mapped block. False if none was made.
+    pub(super) fn start_prealloc(&mut self, cx: &mut Ctx, lblk: u64) -> Result<bool> {
+        let bs = cx.meta.geo.block_size;
+        let size_blocks = self.size.div_ceil(bs);
+        let mut n = size_blocks
+            .next_power_of_two()
+            .clamp(PREALLOC_MIN, PREALLOC_MAX);
+        let avail = cx.alloc.available();
+        let total = cx.meta.geo.total_blocks;
+        for pct in 1..=5 {
+            if avail < total * pct / 100 {
+                n >>= 1;
+            }
+        }
+        n = n.min(avail / 8);
+        if n < 2 {
+            return Ok(false);
+        }
+        // Stop before anything already mapped past here.
+        bump(&cx.counters.mapping_lookups, 1);
+        if let Some(e) = self.ext_range(cx, lblk, lblk + n)?.first() {
+            n = e.lblk.saturating_sub(lblk);
+        }
+        if n < 2 || cx.alloc.reserve(n).is_err() {
+            return Ok(false);
+        }
+        bump(&cx.counters.prealloc_reserved, n);
+        self.prealloc = match self.prealloc {
+            Some((a, b)) if b == lblk => Some((a, lblk + n)),
+            Some((a, b)) => {
+                self.release_range(cx, a, b);
+                Some((lblk, lblk + n))
+            }
+            None => Some((lblk, lblk + n)),
+        };
+        Ok(true)
+    }
+
+    /// Give up the speculative reservation: its dirty blocks keep theirs
+    /// as ordinary delayed allocation, the rest goes back.
+    pub(super) fn release_prealloc(&mut self, cx: &mut Ctx) {
+        if let Some((a, b)) = self.prealloc.take() {
+            self.release_range(cx, a, b);
+        }
+    }
+
+    pub(super) fn release_range(&mut self, cx: &mut Ctx, a: u64, b: u64) {
+        let dirty = self.cache.dirty_in(a, b).len() as u64;
+        self.delalloc += dirty;
+        cx.alloc.unreserve(b - a - dirty);
+        bump(&cx.counters.prealloc_trimmed, b - a - dirty);
+    }
+}
+
+impl Inner {
+    /// Check the delayed-allocation books: each inode's `delalloc` is its
+    /// dirty unmapped blocks outside its speculative range, and the
+    /// allocator's reservations are those plus the speculative ranges.
+    pub(super) fn check_reservations(&mut self) -> Result<()> {
+        let mut total = 0;
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        for ino in inos {
+            let (ip, mut cx) = self.with(ino)?;
+            let mut unmapped = 0;
+            for l in ip.cache.dirty_in(0, u64::MAX) {
+                if !ip.in_prealloc(l) && ip.ext_find(&mut cx, l)?.is_none() {
+                    unmapped += 1;
+                }
+            }
+            if unmapped != ip.delalloc {
+                return Err(Error::Invalid(format!(
+                    "inode {ino}: {unmapped} dirty unmapped blocks, {} reserved (prealloc {:?})",
+                    ip.delalloc, ip.prealloc
+                )));
+            }
+            total += ip.delalloc + ip.prealloc.map_or(0, |(a, b)| b - a);
+        }
+        if total != self.alloc.reserved {
+            return Err(Error::Invalid(format!(
+                "{total} blocks owed reservations, {} reserved",
+                self.alloc.reserved
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Release the speculative preallocation past EOF: the reservation,
+    /// and blocks allocated past EOF unless fallocate put them there.
+    pub(super) fn trim_eof(&mut self, ino: u64) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.is_dir() {
+            return Ok(());
+        }
+        ip.release_prealloc(&mut cx);
+        if ip.d.flags & FLAG_PREALLOC != 0 || !ip.spec_eof {
+            return Ok(());
+        }
+        let eof_blk = ip.size.div_ceil(bs);
+        // Cached blocks past EOF (dirtied whole-folio) go first: they
+        // would otherwise be written into blocks no longer mapped.
+        self.drop_cached(ino, eof_blk, u64::MAX)?;
+        let (ip, mut cx) = self.with(ino)?;
+        let mut freed = 0;
+        for (p, n) in ip.ext_remove(&mut cx, eof_blk, u64::MAX)? {
+            cx.alloc.free(cx.meta, p, n)?;
+            ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
+            freed += n;
+        }
+        ip.spec_eof = false;
+        bump(&cx.counters.prealloc_trimmed, freed);
+        if freed > 0 {
+            ip.store(&mut cx)?;
+        }
+        Ok(())
+    }
+
+    /// Release every inode's speculative preallocation (unmount).
+    pub(super) fn trim_all_prealloc(&mut self) -> Result<()> {
+        let inos: Vec<u64> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.prealloc.is_some() || i.spec_eof)
+            .map(|(k, _)| *k)
+            .collect();
+        for ino in inos {
+            self.trim_eof(ino)?;
+            self.maybe_commit()?;
+        }
+        Ok(())
+    }
+
+    /// ENOSPC pressure: give back every speculative reservation.
+    fn release_all_prealloc(&mut self) {
+        let Inner {
+            inodes,
+            meta,
+            alloc,
+            counters,
+            ..
+        } = self;
+        let mut cx = Ctx {
+            meta,
+            alloc,
+            counters,
+        };
+        for ip in inodes.values_mut() {
+            ip.release_prealloc(&mut cx);
+        }
+    }
+
+    /// Truncate: the speculative reservation goes (blocks past the new
+    /// end are freed by the truncate itself).
+    pub(super) fn drop_prealloc(&mut self, ino: u64) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        ip.release_prealloc(&mut cx);
+        Ok(())
+    }
+}
+
 impl Inner {
     /// A folio for file block `lblk`: the one holding it, or a new one of
     /// up to `want` blocks (capped by the folio size knobs) that does not
@@ -202,7 +385,7 @@ impl Inner {
         let mut clean: Vec<(u64, u64, u64)> = Vec::new();
         for (&ino, ip) in &self.inodes {
             for (&first, f) in &ip.cache.folios {
-                if !f.any_dirty() {
+                if !f.any_dirty() && f.wb_pending == 0 {
                     clean.push((f.tick, ino, first));
                 }
             }
@@ -232,9 +415,12 @@ impl Inner {
         let mut unmapped = 0;
         if !dirty.is_empty() {
             let exts = ip.ext_range(&mut cx, dirty[0], dirty[dirty.len() - 1] + 1)?;
+            // Dirty blocks in the speculative range hold its reservation.
             unmapped = dirty
                 .iter()
-                .filter(|&&l| !exts.iter().any(|e| e.lblk <= l && l < e.end()))
+                .filter(|&&l| {
+                    !ip.in_prealloc(l) && !exts.iter().any(|e| e.lblk <= l && l < e.end())
+                })
                 .count() as u64;
         }
         cx.alloc.unreserve(unmapped);
@@ -342,14 +528,31 @@ impl Inner {
                 self.zero_eof_tail(ino, old)?;
             }
         }
+        // ENOSPC pressure: speculative reservations go before a write
+        // that might need the space fails.
+        if self.alloc.available() < end.div_ceil(bs) - offset / bs + PREALLOC_MIN {
+            self.release_all_prealloc();
+        }
         let whole_folio = self.opts.whole_folio_dirty;
+        let by_length = self.opts.map_by_write_length;
+        // Speculative preallocation past EOF, unless a knob turns it off;
+        // mapping by write length only sees it for writes of whole blocks
+        // (the seed's regression: 1-byte writes never preallocate).
+        let speculate = !self.opts.no_prealloc && (!by_length || data.len() as u64 >= bs);
         let end_blk = end.div_ceil(bs);
         let mut done = 0usize;
         let mut new_dirty = 0u64;
         let mut result = Ok(());
-        // The mapping of the blocks from here on, looked up once and only
-        // when a block not already dirty in the cache needs it.
+        // Extents of [from, to), looked up when a block about to turn dirty
+        // has no known mapping (dirty, preallocated, or in the inode's
+        // mapping hint), or once per write when mapping by write length.
         let mut mapping: Option<(u64, u64, Vec<Extent>)> = None;
+        if by_length {
+            let (ip, mut cx) = self.with(ino)?;
+            bump(&cx.counters.mapping_lookups, 1);
+            let from = offset / bs;
+            mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
+        }
         while done < data.len() {
             let pos = offset + done as u64;
             let lblk = pos / bs;
@@ -377,25 +580,54 @@ impl Inner {
             };
             // Blocks about to turn dirty: holes among them reserve space.
             if !blocks.is_empty() {
-                let (lo, hi) = (first + blocks.start as u64, first + nblocks as u64);
-                if mapping
-                    .as_ref()
-                    .is_none_or(|(from, to, _)| lo < *from || hi > *to)
-                {
-                    bump(&cx.counters.mapping_lookups, 1);
-                    let to = end_blk.max(hi);
-                    mapping = Some((first, to, ip.ext_range(&mut cx, first, to)?));
+                let eof_blk = ip.size.div_ceil(bs);
+                let mut holes = 0u64;
+                let mut r = Ok(());
+                for b in blocks.clone() {
+                    let l = first + b as u64;
+                    if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
+                        continue;
+                    }
+                    if mapping
+                        .as_ref()
+                        .is_none_or(|(from, to, _)| l < *from || l >= *to)
+                    {
+                        bump(&cx.counters.mapping_lookups, 1);
+                        let to = end_blk.max(first + nblocks as u64).max(l + 1);
+                        match ip.ext_range(&mut cx, l, to) {
+                            Ok(v) => mapping = Some((l, to, v)),
+                            Err(e) => {
+                                r = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    let exts = &mapping.as_ref().unwrap().2;
+                    if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
+                        if !by_length {
+                            ip.map_hint = (e.lblk, e.end());
+                        }
+                        continue;
+                    }
+                    // A new range replaces an old one only if none of the
+                    // blocks turning dirty in this pass are in the old one
+                    // (they are not marked dirty yet, so giving it up now
+                    // would lose their reservation).
+                    let lo = first + blocks.start as u64;
+                    let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
+                    if speculate && l >= eof_blk && may_start {
+                        match ip.start_prealloc(&mut cx, l) {
+                            Ok(true) => continue,
+                            Ok(false) => {}
+                            Err(e) => {
+                                r = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    holes += 1;
                 }
-                let exts = &mapping.as_ref().unwrap().2;
-                let holes = blocks
-                    .clone()
-                    .filter(|&b| {
-                        let l = first + b as u64;
-                        !ip.cache.folios[&first].dirty(b)
-                            && !exts.iter().any(|e| e.lblk <= l && l < e.end())
-                    })
-                    .count() as u64;
-                if let Err(e) = cx.reserve(holes) {
+                if let Err(e) = r.and_then(|()| cx.reserve(holes)) {
                     result = Err(e);
                     break;
                 }
@@ -430,8 +662,8 @@ impl Inner {
         bump(&cx.counters.bytes_written_app, done as u64);
         bump(&cx.counters.bytes_dirtied, new_dirty);
         self.dirty_bytes += new_dirty;
-        if self.dirty_bytes > self.opts.dirty_limit_bytes {
-            self.sync_data_all()?;
+        if done > 0 {
+            self.mark_inode_dirty(ino);
         }
         self.maybe_evict();
         match result {
@@ -451,173 +683,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Write back every inode's dirty data (no commit).
-    fn sync_data_all(&mut self) -> Result<()> {
-        let dirty: Vec<u64> = self
-            .inodes
-            .iter()
-            .filter(|(_, i)| i.cache.any_dirty() || i.size != i.d.size)
-            .map(|(k, _)| *k)
-            .collect();
-        for ino in dirty {
-            self.writeback(ino)?;
-            self.maybe_commit()?;
-        }
-        Ok(())
-    }
-
-    pub fn sync_all(&mut self) -> Result<()> {
-        self.meta.check_live()?;
-        self.sync_data_all()?;
-        self.meta.commit()
-    }
-
-    /// Write an inode's dirty blocks to the device and record them.
-    pub fn writeback(&mut self, ino: u64) -> Result<()> {
-        let bs = self.meta.geo.block_size;
-        let ag = self.meta.geo.inode_ag(ino);
-        let (ip, mut cx) = self.with(ino)?;
-        let lblks = ip.cache.dirty_in(0, u64::MAX);
-        if lblks.is_empty() {
-            if ip.d.size != ip.size {
-                ip.d.size = ip.size;
-                ip.store(&mut cx)?;
-            }
-            return Ok(());
-        }
-        bump(&cx.counters.writebacks, 1);
-        ip.data_gen += 1;
-        // 1. Classify: (lblk, pblk, fresh) where fresh = not yet written.
-        let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
-        let mut holes: Vec<u64> = Vec::new();
-        let mut overwrites: Vec<u64> = Vec::new();
-        let mut cur: Option<Extent> = None;
-        for &l in &lblks {
-            if cur.is_none_or(|e| l < e.lblk || l >= e.end()) {
-                cur = ip.ext_find(&mut cx, l)?;
-            }
-            match cur {
-                Some(e) if e.lblk <= l && l < e.end() => {
-                    let p = e.pblk + (l - e.lblk);
-                    if !e.unwritten {
-                        overwrites.push(p);
-                    }
-                    targets.push((l, p, e.unwritten));
-                }
-                _ => holes.push(l),
-            }
-        }
-        // 2. Overwrite intents: commit "no checksum" before touching data.
-        if !overwrites.is_empty() {
-            for run in runs(&overwrites) {
-                clear_csums(cx.meta, run.0, run.1)?;
-            }
-            cx.meta.commit()?;
-            bump(&cx.counters.overwrite_intents, overwrites.len() as u64);
-        }
-        // 3. Allocate holes, one extent per contiguous range where free
-        // space allows, mapped unwritten until the data is down.
-        let mut i = 0;
-        while i < holes.len() {
-            let mut j = i + 1;
-            while j < holes.len()
-                && holes[j] == holes[j - 1] + 1
-                && (j - i) as u64 <= MAX_EXTENT_LEN
-            {
-                j += 1;
-            }
-            let mut l = holes[i];
-            let end = holes[j - 1] + 1;
-            while l < end {
-                let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, end - l)?;
-                // Delayed allocation: the reservation becomes the blocks.
-                cx.alloc.unreserve(n);
-                ip.delalloc -= n;
-                for k in 0..n {
-                    targets.push((l + k, p + k, true));
-                }
-                l += n;
-            }
-            i = j;
-        }
-        // 4. Write merged device runs, then flush.
-        targets.sort_unstable_by_key(|t| t.1);
-        let mut crcs: Vec<(u64, u32)> = Vec::with_capacity(targets.len());
-        let mut io_err = None;
-        let mut i = 0;
-        while i < targets.len() {
-            let mut j = i + 1;
-            while j < targets.len()
-                && targets[j].1 == targets[j - 1].1 + 1
-                && targets[j].0 == targets[j - 1].0 + 1
-                && ((j - i) as u64) < MAX_IO_BLOCKS
-            {
-                j += 1;
-            }
-            // The blocks are copied out and their dirty bits cleared as the
-            // I/O is submitted: a later write dirties them again.
-            let mut buf = AlignedBuf::zeroed((j - i) * bs as usize);
-            for (k, t) in targets[i..j].iter().enumerate() {
-                let (first, f) = ip.cache.find_mut(t.0).expect("dirty block cached");
-                let fi = (t.0 - first) as usize;
-                let d = f.block(fi, bs as usize);
-                buf[k * bs as usize..(k + 1) * bs as usize].copy_from_slice(d);
-                crcs.push((t.1, data_crc(d)));
-                f.set_dirty(fi, false);
-            }
-            if let Err(e) = cx.meta.dev.write_at(&buf, targets[i].1 * bs) {
-                io_err = Some(e);
-                break;
-            }
-            bump(&cx.counters.data_device_writes, 1);
-            bump(&cx.counters.bytes_written_back, buf.len() as u64);
-            i = j;
-        }
-        if io_err.is_none() {
-            if let Err(e) = cx.meta.dev.flush() {
-                io_err = Some(e);
-            }
-        }
-        // Blocks not submitted (after an error) are dropped with the rest:
-        // the file system shuts down below.
-        for &l in &lblks {
-            if let Some((first, f)) = ip.cache.find_mut(l) {
-                f.set_dirty((l - first) as usize, false);
-            }
-        }
-        let n = lblks.len() as u64;
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
-        let (ip, mut cx) = self.with(ino)?;
-        if let Some(e) = io_err {
-            // The device's state is unknown: shut down rather than go on.
-            // Blocks of this writeback stay unwritten (zeros) or without a
-            // checksum on disk, so nothing stale or falsely failing shows.
-            return Err(cx
-                .meta
-                .poison(format!("data writeback of inode {ino} failed: {e}")));
-        }
-        // 5. Record checksums, convert unwritten extents, publish the size.
-        crcs.sort_unstable_by_key(|c| c.0);
-        let mut i = 0;
-        while i < crcs.len() {
-            let mut j = i + 1;
-            while j < crcs.len() && crcs[j].0 == crcs[j - 1].0 + 1 {
-                j += 1;
-            }
-            let v: Vec<u32> = crcs[i..j].iter().map(|c| c.1).collect();
-            set_csums(cx.meta, crcs[i].0, &v)?;
-            i = j;
-        }
-        let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
-        fresh.sort_unstable();
-        for (l, n) in runs(&fresh) {
-            ip.ext_mark_written(&mut cx, l, l + n)?;
-        }
-        ip.data_gen += 1;
-        ip.d.size = ip.size;
-        ip.store(&mut cx)
-    }
-
     /// Change the size (truncate up or down).
     pub fn set_size(&mut self, ino: u64, size: u64) -> Result<()> {
         if size > MAX_FILE_SIZE {
@@ -630,9 +695,12 @@ impl Inner {
             let (ip, _) = self.with(ino)?;
             ip.size = size;
             ip.touch_mtime();
-            // The zeroed tail must be on the device before the new size is.
-            return self.writeback(ino);
+            // The on-disk size follows at writeback, after the zeroed tail
+            // is on the device.
+            self.mark_inode_dirty(ino);
+            return Ok(());
         }
+        self.drop_prealloc(ino)?;
         let first_gone = size.div_ceil(bs);
         self.drop_cached(ino, first_gone, u64::MAX)?;
         let (ip, mut cx) = self.with(ino)?;
@@ -771,7 +839,13 @@ impl Inner {
                 return Err(Error::IsDir);
             }
         }
+        // The speculative reservation would overlap what fallocate maps.
+        self.drop_prealloc(ino)?;
         let size = self.with(ino)?.0.size;
+        if !matches!(mode, Falloc::PunchHole) {
+            let (ip, _) = self.with(ino)?;
+            ip.d.flags |= FLAG_PREALLOC;
+        }
         match mode {
             Falloc::Allocate { keep_size } => {
                 self.prealloc(ino, offset / bs, end.div_ceil(bs))?;
@@ -851,7 +925,6 @@ impl Inner {
 
     pub fn extent_info(&mut self, ino: u64) -> Result<Vec<ExtentInfo>> {
         let bs = self.meta.geo.block_size;
-        self.writeback(ino)?;
         let (ip, mut cx) = self.with(ino)?;
         if ip.is_dir() {
             return Ok(Vec::new());
@@ -867,16 +940,4 @@ impl Inner {
             })
             .collect())
     }
-}
-
-/// Sorted values -> runs of consecutive values (start, count).
-fn runs(v: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &x in v {
-        match out.last_mut() {
-            Some((s, n)) if *s + *n == x => *n += 1,
-            _ => out.push((x, 1)),
-        }
-    }
-    out
 }

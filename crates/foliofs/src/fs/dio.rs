@@ -119,7 +119,7 @@ impl Fs {
             return Ok(false);
         }
         *tries += 1;
-        bump(&self.counters.dio_read_retries, 1);
+        bump(&self.s.counters.dio_read_retries, 1);
         Ok(true)
     }
 }
@@ -184,11 +184,11 @@ impl Fs {
     /// and `buf` aligned (EINVAL otherwise). Returns the bytes read, short
     /// at end of file. Every block is verified against its checksum.
     pub fn read_direct(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let bs = self.block_size;
+        let bs = self.s.block_size;
         check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
-        let _io = self.iolocks.lock(ino, Mode::Shared, &self.counters);
+        let _io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
         let n = {
-            let mut g = self.inner.lock();
+            let mut g = self.s.inner.lock();
             let (ip, _) = g.with(ino)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
@@ -198,42 +198,42 @@ impl Fs {
             }
             let n = (buf.len() as u64).min(ip.size - offset) as usize;
             let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
-            if ip.cache.any_dirty_in(from, to) {
-                g.writeback(ino)?;
+            if ip.wb_busy || ip.cache.any_dirty_in(from, to) {
+                g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
             }
             g.with(ino)?.0.open += 1;
             n
         };
-        bump(&self.counters.dio_reads, 1);
+        bump(&self.s.counters.dio_reads, 1);
         let blocks = (n as u64).div_ceil(bs) as usize * bs as usize;
         let r = self.read_direct_pinned(ino, offset, &mut buf[..blocks]);
-        self.inner.lock().release(ino)?;
+        self.s.inner.lock().release(ino)?;
         r?;
         // Bytes past the end of file in the last block are not file data.
         buf[n..blocks].fill(0);
-        bump(&self.counters.dio_read_bytes, n as u64);
-        bump(&self.counters.bytes_read_app, n as u64);
+        bump(&self.s.counters.dio_read_bytes, n as u64);
+        bump(&self.s.counters.bytes_read_app, n as u64);
         Ok(n)
     }
 
     fn read_direct_pinned(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let bs = self.block_size;
+        let bs = self.s.block_size;
         let first = offset / bs;
         let nblk = buf.len() as u64 / bs;
-        let mut crcs = self.csum_pool.lock().pop().unwrap_or_default();
+        let mut crcs = self.s.csum_pool.lock().pop().unwrap_or_default();
         let mut done = 0u64;
         let mut tries = 0;
         let r = loop {
             if done == nblk {
                 break Ok(());
             }
-            let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
+            let cap = self.s.knobs.dio_max_blocks.load(Ordering::Relaxed);
             let lblk = first + done;
             let want = (nblk - done).min(cap);
             // One pass under the metadata lock: mapping and checksums.
             crcs.clear();
             let (segs, gen) = {
-                let mut g = self.inner.lock();
+                let mut g = self.s.inner.lock();
                 let (ip, mut cx) = g.with(ino)?;
                 let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
                 for s in &segs {
@@ -252,9 +252,9 @@ impl Fs {
                     out.fill(0);
                     continue;
                 };
-                self.dev.read_at(out, p * bs)?;
-                bump(&self.counters.dio_read_requests, 1);
-                self.counters.dio_request(s.len);
+                self.s.dev.read_at(out, p * bs)?;
+                bump(&self.s.counters.dio_read_requests, 1);
+                self.s.counters.dio_request(s.len);
                 for (k, blk) in out.chunks(bs as usize).enumerate() {
                     let stored = crcs[ci + k];
                     if stored != 0 && bad.is_none() && data_crc(blk) != stored {
@@ -264,7 +264,7 @@ impl Fs {
                 ci += s.len as usize;
             }
             if let Some((l, p)) = bad {
-                if self.race_explains(&mut self.inner.lock(), ino, gen, &mut tries)? {
+                if self.race_explains(&mut self.s.inner.lock(), ino, gen, &mut tries)? {
                     std::thread::yield_now();
                     continue;
                 }
@@ -276,7 +276,7 @@ impl Fs {
             }
             done += want;
         };
-        let mut pool = self.csum_pool.lock();
+        let mut pool = self.s.csum_pool.lock();
         if pool.len() < 64 {
             pool.push(crcs);
         }
@@ -288,7 +288,7 @@ impl Fs {
     /// `DioLock::Exclusive` knob is set); anything that allocates, converts
     /// unwritten blocks or extends the file takes it exclusive.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let bs = self.block_size;
+        let bs = self.s.block_size;
         check_aligned(bs, offset, data.len(), data.as_ptr())?;
         let end = offset
             .checked_add(data.len() as u64)
@@ -299,14 +299,14 @@ impl Fs {
         }
         let (from, to) = (offset / bs, end / bs);
         let crcs: Vec<u32> = data.chunks(bs as usize).map(data_crc).collect();
-        let mut mode = if self.knobs.dio_exclusive.load(Ordering::Relaxed) {
+        let mut mode = if self.s.knobs.dio_exclusive.load(Ordering::Relaxed) {
             Mode::Exclusive
         } else {
             Mode::Shared
         };
         loop {
-            let io = self.iolocks.lock(ino, mode, &self.counters);
-            let mut g = self.inner.lock();
+            let io = self.s.iolocks.lock(ino, mode, &self.s.counters);
+            let mut g = self.s.inner.lock();
             g.check_writable()?;
             let (ip, mut cx) = g.with(ino)?;
             if ip.is_dir() {
@@ -314,6 +314,7 @@ impl Fs {
             }
             let segs = map_range(ip, &mut cx, from, to)?;
             let overwrite = end <= ip.size
+                && !ip.wb_busy
                 && !ip.cache.any_dirty_in(from, to)
                 && segs.iter().all(|s| matches!(s.state, State::Written(_)));
             if !overwrite && mode == Mode::Shared {
@@ -322,10 +323,10 @@ impl Fs {
                 mode = Mode::Exclusive;
                 continue;
             }
-            bump(&self.counters.dio_writes, 1);
+            bump(&self.s.counters.dio_writes, 1);
             match mode {
-                Mode::Shared => bump(&self.counters.dio_overwrites_shared, 1),
-                Mode::Exclusive => bump(&self.counters.dio_writes_exclusive, 1),
+                Mode::Shared => bump(&self.s.counters.dio_overwrites_shared, 1),
+                Mode::Exclusive => bump(&self.s.counters.dio_writes_exclusive, 1),
             }
             let r = if overwrite {
                 self.dio_overwrite(g, ino, from, to, data, &crcs, segs)
@@ -334,8 +335,8 @@ impl Fs {
             };
             drop(io);
             r?;
-            bump(&self.counters.dio_write_bytes, data.len() as u64);
-            bump(&self.counters.bytes_written_app, data.len() as u64);
+            bump(&self.s.counters.dio_write_bytes, data.len() as u64);
+            bump(&self.s.counters.bytes_written_app, data.len() as u64);
             return Ok(data.len());
         }
     }
@@ -353,7 +354,7 @@ impl Fs {
         crcs: &[u32],
         segs: Vec<Seg>,
     ) -> Result<()> {
-        let id = self.next_dio_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.s.next_dio_id.fetch_add(1, Ordering::Relaxed);
         let (ip, cx) = g.with(ino)?;
         ip.dio_begin(id, from, to);
         let mut r = Ok(());
@@ -365,7 +366,7 @@ impl Fs {
         bump(&cx.counters.overwrite_intents, to - from);
         // The cleared checksums must be durable before the data changes.
         let r = r
-            .and_then(|()| self.commit_wait(g))
+            .and_then(|()| self.s.commit_wait(g))
             .and_then(|()| self.write_segs(&segs, from, data));
         self.dio_finish(ino, id, (from, to), r, |_, cx, tainted| {
             if tainted {
@@ -388,7 +389,7 @@ impl Fs {
         r: Result<()>,
         record: impl FnOnce(&mut Inode, &mut Ctx, bool) -> Result<()>,
     ) -> Result<()> {
-        let mut g = self.inner.lock();
+        let mut g = self.s.inner.lock();
         let (ip, mut cx) = g.with(ino)?;
         let tainted = ip.dio_end(id);
         let r = r.and_then(|()| {
@@ -404,15 +405,15 @@ impl Fs {
 
     /// A write that fills holes, converts unwritten blocks or extends the
     /// file. The caller holds the inode's I/O lock exclusive.
-    fn dio_allocating(
-        &self,
-        mut g: MutexGuard<'_, Inner>,
+    fn dio_allocating<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
         ino: u64,
         offset: u64,
         data: &[u8],
         crcs: &[u32],
     ) -> Result<()> {
-        let bs = self.block_size;
+        let bs = self.s.block_size;
         let end = offset + data.len() as u64;
         let (from, to) = (offset / bs, end / bs);
         let ag = g.meta.geo.inode_ag(ino);
@@ -422,8 +423,10 @@ impl Fs {
         if offset > size {
             g.zero_eof_tail(ino, size)?;
         }
-        if g.with(ino)?.0.cache.any_dirty() {
-            g.writeback(ino)?;
+        g.drop_prealloc(ino)?;
+        let ip = g.with(ino)?.0;
+        if ip.wb_busy || ip.cache.any_dirty() {
+            g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
         }
         let (ip, mut cx) = g.with(ino)?;
         let before = map_range(ip, &mut cx, from, to)?;
@@ -462,13 +465,13 @@ impl Fs {
         r?;
         let segs = map_range(ip, &mut cx, from, to)?;
         ip.store(&mut cx)?;
-        let id = self.next_dio_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.s.next_dio_id.fetch_add(1, Ordering::Relaxed);
         ip.dio_begin(id, from, to);
         if overwrites {
             bump(&cx.counters.overwrite_intents, 1);
         }
         let r = if overwrites {
-            self.commit_wait(g)
+            self.s.commit_wait(g)
         } else {
             drop(g);
             Ok(())
@@ -488,8 +491,8 @@ impl Fs {
     /// Write `data` (file blocks from `from` on) to the mapped runs of
     /// `segs`, at most `dio_max_blocks` per device request.
     fn write_segs(&self, segs: &[Seg], from: u64, data: &[u8]) -> Result<()> {
-        let bs = self.block_size;
-        let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
+        let bs = self.s.block_size;
+        let cap = self.s.knobs.dio_max_blocks.load(Ordering::Relaxed);
         let r = (|| {
             for s in segs {
                 let p = s
@@ -499,16 +502,17 @@ impl Fs {
                 while k < s.len {
                     let n = (s.len - k).min(cap);
                     let at = ((s.lblk - from + k) * bs) as usize;
-                    self.dev
+                    self.s
+                        .dev
                         .write_at(&data[at..at + (n * bs) as usize], (p + k) * bs)?;
-                    bump(&self.counters.dio_write_requests, 1);
-                    self.counters.dio_request(n);
+                    bump(&self.s.counters.dio_write_requests, 1);
+                    self.s.counters.dio_request(n);
                     k += n;
                 }
             }
             Ok(())
         })();
-        self.data_unflushed.store(true, Ordering::SeqCst);
+        self.s.data_unflushed.store(true, Ordering::SeqCst);
         r
     }
 }

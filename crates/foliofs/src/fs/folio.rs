@@ -49,6 +49,10 @@ pub(crate) struct Folio {
     all_dirty: bool,
     /// Last use, for eviction of clean folios.
     pub tick: u64,
+    /// Blocks of this folio under writeback (copied out, device write not
+    /// yet complete): the folio is not evicted while this is non-zero, so
+    /// a reader never goes to the device for data not there yet.
+    pub wb_pending: u32,
 }
 
 impl Folio {
@@ -64,6 +68,7 @@ impl Folio {
             })),
             all_dirty: false,
             tick,
+            wb_pending: 0,
         }
     }
 
@@ -151,6 +156,19 @@ impl Folio {
         self.compact();
     }
 
+    /// Clear the dirty bits of blocks [from, to).
+    pub fn clear_dirty(&mut self, from: usize, to: usize) {
+        if from == 0 && to == self.nblocks && self.state.is_none() {
+            self.all_dirty = false;
+            return;
+        }
+        let s = self.state_mut();
+        for i in from..to {
+            set(&mut s.dirty, i, false);
+        }
+        self.compact();
+    }
+
     pub fn block(&self, i: usize, bs: usize) -> &[u8] {
         &self.data[i * bs..(i + 1) * bs]
     }
@@ -221,6 +239,18 @@ impl Cache {
 
     pub fn any_dirty(&self) -> bool {
         self.folios.values().any(|f| f.any_dirty())
+    }
+
+    /// The first dirty block, if any.
+    pub fn first_dirty(&self) -> Option<u64> {
+        self.folios
+            .iter()
+            .find(|(_, f)| f.any_dirty())
+            .and_then(|(&first, f)| {
+                (0..f.nblocks)
+                    .find(|&i| f.dirty(i))
+                    .map(|i| first + i as u64)
+            })
     }
 
     /// The largest folio size (in blocks, a power of two up to `max`) that

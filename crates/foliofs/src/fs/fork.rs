@@ -201,6 +201,7 @@ impl Inode {
     /// Unmap [from, to); returns the device runs that were mapped there
     /// (the caller frees them).
     pub fn ext_remove(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
+        self.map_hint = (0, 0);
         let mut freed = Vec::new();
         for e in self.ext_range(cx, from, to)? {
             self.kv_del(cx, e.lblk)?;

@@ -43,6 +43,25 @@ pub(crate) struct Inode {
     pub data_gen: u64,
     /// Direct writes in flight (see `dio`).
     pub dio_inflight: Vec<DioWrite>,
+    /// Speculative preallocation: file blocks [a, b) past (or, as appends
+    /// catch up, just inside) EOF, reserved but not mapped. Dirty blocks
+    /// in it hold its reservation, not one of their own.
+    pub prealloc: Option<(u64, u64)>,
+    /// File blocks [a, b) known to be mapped (written or unwritten), so a
+    /// write into them needs no mapping lookup. Cleared when blocks are
+    /// unmapped.
+    pub map_hint: (u64, u64),
+    /// Writeback allocated blocks past EOF (trimmed on close).
+    pub spec_eof: bool,
+    /// A writeback of this inode is in flight (see `writeback`).
+    pub wb_busy: bool,
+    /// When the inode went from clean to dirty; Some while it is on its
+    /// AG's dirty list.
+    pub dirtied_at: Option<std::time::Instant>,
+    /// Writeback errors so far, and how many `fsync(ino)` has reported
+    /// (open file descriptions keep their own count).
+    pub wb_errors: u64,
+    pub wb_errors_seen: u64,
 }
 
 /// A direct write in flight over file blocks [from, to).
@@ -114,6 +133,13 @@ impl Inode {
             open: 0,
             data_gen: 0,
             dio_inflight: Vec::new(),
+            prealloc: None,
+            map_hint: (0, 0),
+            spec_eof: false,
+            wb_busy: false,
+            dirtied_at: None,
+            wb_errors: 0,
+            wb_errors_seen: 0,
         }
     }
 
@@ -347,6 +373,7 @@ impl Inner {
     pub fn destroy_inode(&mut self, ino: u64) -> Result<()> {
         self.load_inode(ino)?;
         self.drop_cached(ino, 0, u64::MAX)?;
+        self.drop_prealloc(ino)?;
         self.truncate_blocks(ino, 0)?;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, cx) = self.with(ino)?;

@@ -1,0 +1,728 @@
+//! Writeback: dirty folio blocks to the device, in three steps so that no
+//! lock is held across device I/O:
+//!
+//! prepare (metadata lock): pick the inode's dirty blocks, log overwrite
+//!     intents, allocate delayed ranges (a speculative preallocation past
+//!     EOF is allocated whole with the blocks that reach it), copy the
+//!     blocks out into merged device runs, clear their dirty bits and pin
+//!     their folios (`wb_pending`);
+//! submit (no lock): checksum and write the runs;
+//! complete (metadata lock): record checksums, convert unwritten extents,
+//!     publish the on-disk size up to the first block still dirty, unpin.
+//!
+//! One writeback per inode is in flight at a time (`Inode::wb_busy`), so
+//! the device never sees two writes of a block race. No flush is issued
+//! here: the commit that makes the completion's metadata durable flushes
+//! the device before writing its journal blocks (`data_unflushed`).
+//!
+//! Writeback contexts: threads, by default one per AG up to a cap; inode i
+//! belongs to context `ag(i) % n`. Each context has its own dirty lists
+//! (its AGs' queues, oldest first) and bandwidth estimate, and wakes on the
+//! background threshold, on a period (old dirty data, journal commit) and
+//! on sync. Writers above the dirty threshold are throttled in proportion
+//! to how far over they are (balance_dirty_pages-style) and wait for
+//! writeback at the hard limit.
+
+use super::fork::{Extent, MAX_EXTENT_LEN};
+use super::{bump, Error, Fs, Inner, Result, Shared};
+use crate::alloc::{clear_csums, set_csums};
+use crate::device::{AlignedBuf, Device};
+use crate::format::data_crc;
+use parking_lot::MutexGuard;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest device write writeback issues (1 MiB at 4 KiB blocks).
+const MAX_IO_BLOCKS: u64 = 256;
+/// Most bytes one pass of a writeback context takes from one inode before
+/// moving to the next (fairness between files).
+const PASS_BYTES: u64 = 16 << 20;
+/// Longest a throttled writer sleeps at once.
+const MAX_PAUSE: Duration = Duration::from_millis(200);
+
+/// What a writeback context has done, readable without locks.
+#[derive(Debug, Default)]
+pub(crate) struct ContextStats {
+    pub bytes: AtomicU64,
+    pub passes: AtomicU64,
+    /// Bytes per second, a moving average over passes.
+    pub bandwidth: AtomicU64,
+}
+
+/// One device write of a job: blocks [lblk, lblk + n) at `pblk`.
+struct Run {
+    lblk: u64,
+    pblk: u64,
+    buf: AlignedBuf,
+}
+
+/// A writeback between prepare and complete.
+pub(crate) struct Job {
+    ino: u64,
+    runs: Vec<Run>,
+    /// Runs of file blocks mapped unwritten to convert once written.
+    fresh: Vec<(u64, u64)>,
+    /// File blocks being written (their folios are pinned).
+    blocks: Vec<u64>,
+    /// Overwrite intents were logged: they must be durable first.
+    needs_intent_commit: bool,
+    /// (device block, checksum), filled by `submit`.
+    crcs: Vec<(u64, u32)>,
+    error: Option<Error>,
+    bytes: u64,
+}
+
+impl Job {
+    /// Checksum and write the runs (no lock held).
+    fn submit(&mut self, dev: &dyn Device, bs: u64, counters: &super::Counters) {
+        for r in &self.runs {
+            for (k, b) in r.buf.chunks(bs as usize).enumerate() {
+                self.crcs.push((r.pblk + k as u64, data_crc(b)));
+            }
+            if let Err(e) = dev.write_at(&r.buf, r.pblk * bs) {
+                self.error = Some(e.into());
+                return;
+            }
+            bump(&counters.data_device_writes, 1);
+            bump(&counters.bytes_written_back, r.buf.len() as u64);
+        }
+    }
+}
+
+impl Inner {
+    /// Step 1: up to `max_blocks` of the inode's dirty blocks, copied out.
+    /// None when nothing is dirty (the on-disk size is brought up to date).
+    /// The inode must not have a writeback in flight.
+    pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64) -> Result<Option<Job>> {
+        let bs = self.meta.geo.block_size;
+        let ag = self.meta.geo.inode_ag(ino);
+        let (ip, mut cx) = self.with(ino)?;
+        debug_assert!(!ip.wb_busy);
+        let mut lblks = ip.cache.dirty_in(0, u64::MAX);
+        if lblks.is_empty() {
+            if ip.d.size != ip.size {
+                ip.d.size = ip.size;
+                ip.store(&mut cx)?;
+            }
+            return Ok(None);
+        }
+        lblks.truncate(max_blocks.max(1) as usize);
+        bump(&cx.counters.writebacks, 1);
+        ip.data_gen += 1;
+        // Classify: (lblk, pblk, fresh) where fresh = mapped unwritten.
+        let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
+        let mut holes: Vec<u64> = Vec::new();
+        let mut overwrites: Vec<u64> = Vec::new();
+        let mut cur: Option<Extent> = None;
+        for &l in &lblks {
+            if cur.is_none_or(|e| l < e.lblk || l >= e.end()) {
+                cur = ip.ext_find(&mut cx, l)?;
+            }
+            match cur {
+                Some(e) if e.lblk <= l && l < e.end() => {
+                    let p = e.pblk + (l - e.lblk);
+                    if !e.unwritten {
+                        overwrites.push(p);
+                    }
+                    targets.push((l, p, e.unwritten));
+                }
+                _ => holes.push(l),
+            }
+        }
+        // Overwrite intents: "no checksum" must be durable before the data
+        // changes (the caller commits before submitting).
+        if !overwrites.is_empty() {
+            overwrites.sort_unstable();
+            for (p, n) in runs(&overwrites) {
+                clear_csums(cx.meta, p, n)?;
+            }
+            bump(&cx.counters.overwrite_intents, overwrites.len() as u64);
+        }
+        // Allocate holes, mapped unwritten until the data is down. A run
+        // that reaches into the speculative preallocation takes all of it
+        // that lies past it, so an appending file stays in one extent; the
+        // blocks past the run stay mapped unwritten beyond EOF.
+        let mut spec: Option<(u64, u64, u64)> = None; // (lblk, pblk, end)
+        for (start, len) in runs(&holes) {
+            let end = start + len;
+            let mut l = start;
+            while l < end {
+                if let Some((l0, p0, l1)) = spec.filter(|s| s.0 <= l && l < s.2) {
+                    // Mapped by the preallocation allocated just before.
+                    let to = l1.min(end);
+                    targets.extend((l..to).map(|k| (k, p0 + (k - l0), true)));
+                    l = to;
+                    continue;
+                }
+                match ip.prealloc {
+                    Some((a, b)) if a <= l && l < b => {
+                        let (p, n) =
+                            ip.alloc_unwritten(&mut cx, ag, l, (b - l).min(MAX_EXTENT_LEN))?;
+                        // The preallocation's reservation becomes blocks;
+                        // what is left of it stays reserved as one range.
+                        cx.alloc.unreserve(n);
+                        ip.prealloc = match (a < l, l + n < b) {
+                            (false, false) => None,
+                            (false, true) => Some((l + n, b)),
+                            (true, false) => Some((a, l)),
+                            (true, true) => {
+                                // Two pieces: the one past the allocation
+                                // is given up (its dirty blocks keep their
+                                // reservation as delayed allocation).
+                                ip.release_range(&mut cx, l + n, b);
+                                Some((a, l))
+                            }
+                        };
+                        bump(&cx.counters.prealloc_allocated, n);
+                        if l + n > ip.size.div_ceil(bs) {
+                            ip.spec_eof = true;
+                        }
+                        spec = Some((l, p, l + n));
+                    }
+                    pre => {
+                        let stop = match pre {
+                            Some((a, _)) if a > l => a.min(end),
+                            _ => end,
+                        };
+                        let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, stop - l)?;
+                        // Delayed allocation: the reservation becomes the blocks.
+                        cx.alloc.unreserve(n);
+                        ip.delalloc -= n;
+                        targets.extend((l..l + n).map(|k| (k, p + (k - l), true)));
+                        l += n;
+                    }
+                }
+            }
+        }
+        if !holes.is_empty() {
+            // The new mapping goes into the same transaction as the
+            // allocation (the intent commit may seal it).
+            ip.store(&mut cx)?;
+        }
+        targets.sort_unstable_by_key(|t| t.1);
+        // Copy out in merged device runs; clear dirty bits; pin folios.
+        let mut job = Job {
+            ino,
+            runs: Vec::new(),
+            fresh: Vec::new(),
+            blocks: lblks,
+            needs_intent_commit: !overwrites.is_empty(),
+            crcs: Vec::with_capacity(targets.len()),
+            error: None,
+            bytes: 0,
+        };
+        let mut i = 0;
+        while i < targets.len() {
+            let mut j = i + 1;
+            while j < targets.len()
+                && targets[j].1 == targets[j - 1].1 + 1
+                && targets[j].0 == targets[j - 1].0 + 1
+                && ((j - i) as u64) < MAX_IO_BLOCKS
+            {
+                j += 1;
+            }
+            let mut buf = AlignedBuf::zeroed((j - i) * bs as usize);
+            let mut k = 0;
+            while k < j - i {
+                let l = targets[i + k].0;
+                let (first, f) = ip.cache.find_mut(l).expect("dirty block cached");
+                // Copy whole stretches of one folio at a time.
+                let fi = (l - first) as usize;
+                let take = (f.nblocks - fi).min(j - i - k);
+                let src = &f.data[fi * bs as usize..(fi + take) * bs as usize];
+                buf[k * bs as usize..(k + take) * bs as usize].copy_from_slice(src);
+                f.clear_dirty(fi, fi + take);
+                f.wb_pending += take as u32;
+                k += take;
+            }
+            job.bytes += buf.len() as u64;
+            job.runs.push(Run {
+                lblk: targets[i].0,
+                pblk: targets[i].1,
+                buf,
+            });
+            i = j;
+        }
+        let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
+        fresh.sort_unstable();
+        job.fresh = runs(&fresh);
+        ip.wb_busy = true;
+        // Pinned like an open file: not freed until the job completes.
+        ip.open += 1;
+        let n = job.blocks.len() as u64;
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
+        Ok(Some(job))
+    }
+
+    /// Step 3: record what reached the device, unpin, publish the size.
+    fn wb_complete(&mut self, job: Job) -> Result<()> {
+        let bs = self.meta.geo.block_size;
+        let unflushed = self.meta.data_unflushed();
+        let ino = job.ino;
+        let (ip, mut cx) = self.with(ino)?;
+        for r in &job.runs {
+            let n = r.buf.len() as u64 / bs;
+            let mut l = r.lblk;
+            while l < r.lblk + n {
+                match ip.cache.find_mut(l) {
+                    Some((first, f)) => {
+                        let k = (first + f.nblocks as u64).min(r.lblk + n) - l;
+                        f.wb_pending -= k as u32;
+                        l += k;
+                    }
+                    None => l += 1,
+                }
+            }
+        }
+        ip.wb_busy = false;
+        ip.open -= 1;
+        ip.data_gen += 1;
+        let failed = job.error.is_some();
+        match job.error {
+            Some(e) => {
+                // Like Linux: the blocks stay clean, the error goes to the
+                // next fsync of every open file description. Fresh blocks
+                // stay unwritten (zeros), overwritten ones without a
+                // checksum, so nothing stale or falsely failing shows.
+                log::error!("writeback of inode {ino} failed: {e}");
+                ip.wb_errors += 1;
+            }
+            None => {
+                unflushed.store(true, Ordering::SeqCst);
+                let mut crcs = job.crcs;
+                crcs.sort_unstable_by_key(|c| c.0);
+                let mut i = 0;
+                let mut v = Vec::new();
+                while i < crcs.len() {
+                    let mut j = i + 1;
+                    while j < crcs.len() && crcs[j].0 == crcs[j - 1].0 + 1 {
+                        j += 1;
+                    }
+                    v.clear();
+                    v.extend(crcs[i..j].iter().map(|c| c.1));
+                    set_csums(cx.meta, crcs[i].0, &v)?;
+                    i = j;
+                }
+                for &(l, n) in &job.fresh {
+                    ip.ext_mark_written(&mut cx, l, l + n)?;
+                }
+                // The on-disk size covers data on the device only: up to
+                // the first block still dirty.
+                let low = ip.cache.first_dirty().map_or(u64::MAX, |l| l * bs);
+                ip.d.size = ip.d.size.max(ip.size.min(low));
+            }
+        }
+        ip.store(&mut cx)?;
+        let destroy = ip.open == 0 && ip.d.nlink == 0;
+        if failed {
+            self.wb_errors += 1;
+        }
+        if destroy {
+            self.destroy_inode(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Queue the inode on its AG's dirty list if it is not there.
+    pub(super) fn mark_inode_dirty(&mut self, ino: u64) {
+        let ag = self.meta.geo.inode_ag(ino) as usize;
+        if let Some(ip) = self.inodes.get_mut(&ino) {
+            if ip.dirtied_at.is_none() {
+                ip.dirtied_at = Some(Instant::now());
+                self.dirty_queues[ag].push_back(ino);
+            }
+        }
+    }
+
+    /// The next inode context `id` of `n` should write back: the oldest
+    /// on its AGs' lists that is older than `expired` (or any, when over
+    /// the background threshold). Clean inodes met on the way leave the
+    /// lists.
+    fn pick_dirty(
+        &mut self,
+        id: usize,
+        n: usize,
+        background: bool,
+        expired: Instant,
+    ) -> Option<u64> {
+        let mut best: Option<(Instant, usize)> = None;
+        for ag in (id..self.dirty_queues.len()).step_by(n) {
+            while let Some(&ino) = self.dirty_queues[ag].front() {
+                let Some(ip) = self.inodes.get_mut(&ino) else {
+                    self.dirty_queues[ag].pop_front();
+                    continue;
+                };
+                if !ip.cache.any_dirty() && ip.size == ip.d.size && !ip.wb_busy {
+                    ip.dirtied_at = None;
+                    self.dirty_queues[ag].pop_front();
+                    continue;
+                }
+                let at = ip.dirtied_at.unwrap_or_else(Instant::now);
+                if !ip.wb_busy && (background || at <= expired) && best.is_none_or(|b| at < b.0) {
+                    best = Some((at, ag));
+                }
+                break;
+            }
+        }
+        let (_, ag) = best?;
+        self.dirty_queues[ag].pop_front()
+    }
+
+    /// After a pass over `ino`: back on its list (at the end) if still dirty.
+    fn requeue(&mut self, ino: u64) {
+        let ag = self.meta.geo.inode_ag(ino) as usize;
+        if let Some(ip) = self.inodes.get_mut(&ino) {
+            if ip.cache.any_dirty() || ip.size != ip.d.size {
+                self.dirty_queues[ag].push_back(ino);
+            } else {
+                ip.dirtied_at = None;
+            }
+        }
+    }
+
+    /// Background writeback starts above this.
+    pub(super) fn background_bytes(&self) -> u64 {
+        self.opts.dirty_limit_bytes / 2
+    }
+}
+
+impl Shared {
+    /// Wait until `ino` has no writeback in flight.
+    pub(super) fn wait_wb_idle(&self, g: &mut MutexGuard<'_, Inner>, ino: u64) {
+        while g.inodes.get(&ino).is_some_and(|ip| ip.wb_busy) {
+            self.wb_done.wait(g);
+        }
+    }
+
+    /// Run one prepared job: intent commit, device writes without the
+    /// lock, completion.
+    fn run_job<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+        mut job: Job,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        if job.needs_intent_commit {
+            g = match self.commit_sync(g) {
+                Ok(g) => g,
+                Err(e) => {
+                    job.error = Some(e);
+                    self.inner.lock()
+                }
+            };
+        }
+        if job.error.is_none() {
+            drop(g);
+            job.submit(&*self.dev, self.block_size, &self.counters);
+            g = self.inner.lock();
+        }
+        let r = g.wb_complete(job);
+        self.wb_done.notify_all();
+        r.map(|()| g)
+    }
+
+    /// Write back up to `max_blocks` of the inode's dirty blocks (all of
+    /// them with u64::MAX: as many as were dirty when it started, so a
+    /// writer cannot keep it going forever). Returns the bytes written.
+    pub(super) fn writeback_inode<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+        ino: u64,
+        max_blocks: u64,
+    ) -> Result<(MutexGuard<'a, Inner>, u64)> {
+        self.wait_wb_idle(&mut g, ino);
+        let bs = self.block_size;
+        let mut left = match g.inodes.get(&ino) {
+            None => return Ok((g, 0)),
+            Some(ip) => max_blocks.min(ip.cache.dirty_in(0, u64::MAX).len() as u64),
+        };
+        let mut bytes = 0;
+        loop {
+            g.meta.check_live()?;
+            let chunk = left.min(PASS_BYTES / bs).max(1);
+            let Some(job) = g.wb_prepare(ino, chunk)? else {
+                return Ok((g, bytes));
+            };
+            let n = job.blocks.len() as u64;
+            bytes += job.bytes;
+            g = self.run_job(g, job)?;
+            left = left.saturating_sub(n);
+            if left == 0 {
+                return Ok((g, bytes));
+            }
+            self.wait_wb_idle(&mut g, ino);
+        }
+    }
+
+    /// Write back every file and commit.
+    pub(super) fn sync_all(&self) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.meta.check_live()?;
+        if g.opts.read_only {
+            return Ok(());
+        }
+        let dirty: Vec<u64> = g
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.cache.any_dirty() || i.size != i.d.size || i.wb_busy)
+            .map(|(k, _)| *k)
+            .collect();
+        for ino in dirty {
+            g = self.writeback_inode(g, ino, u64::MAX)?.0;
+            g.maybe_commit()?;
+        }
+        self.commit_sync(g).map(drop)
+    }
+
+    /// Make every change made so far durable, without holding the metadata
+    /// lock over the journal write: while one transaction is being written,
+    /// other threads add to the next one, and the first of them to get
+    /// the journal seals and writes them all (group commit).
+    pub(super) fn commit_sync<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        let target = g.meta.running_seq();
+        loop {
+            g.meta.reap()?;
+            g.meta.check_live()?;
+            if g.meta.done_seq() > target || (!g.meta.has_running() && !g.meta.io_busy()) {
+                return Ok(g);
+            }
+            if g.meta.io_busy() {
+                let io = g.meta.journal_io();
+                drop(g);
+                io.wait_idle();
+                g = self.inner.lock();
+                continue;
+            }
+            if let Some(tx) = g.meta.seal()? {
+                drop(g);
+                tx.write();
+                g = self.inner.lock();
+            }
+        }
+    }
+
+    pub(super) fn commit_wait(&self, g: MutexGuard<'_, Inner>) -> Result<()> {
+        self.commit_sync(g).map(drop)
+    }
+
+    /// The combined bandwidth of the contexts in use (bytes/s), or a
+    /// conservative guess before any has been measured.
+    fn bandwidth(&self) -> u64 {
+        let n = self.knobs.wb_contexts.load(Ordering::Relaxed);
+        let bw: u64 = self.wb_stats[..n]
+            .iter()
+            .map(|s| s.bandwidth.load(Ordering::Relaxed))
+            .sum();
+        if bw == 0 {
+            100 << 20
+        } else {
+            bw
+        }
+    }
+
+    /// balance_dirty_pages: called by a writer after dirtying `bytes` of
+    /// `ino`, with no lock held. Below the midpoint between the background
+    /// threshold and the limit it returns at once; above, it sleeps for
+    /// the time writeback needs for those bytes, scaled up the closer
+    /// dirty memory is to the limit; at the limit it waits for writeback
+    /// to make room (and writes back its own file if none comes).
+    pub(super) fn balance_dirty(&self, ino: u64, bytes: u64) -> Result<()> {
+        let mut g = self.inner.lock();
+        let limit = g.opts.dirty_limit_bytes.max(1);
+        let bg = g.background_bytes();
+        let freerun = (bg + limit) / 2;
+        if g.dirty_bytes > bg {
+            self.wb_kick.notify_all();
+        }
+        if g.dirty_bytes <= freerun {
+            return Ok(());
+        }
+        let start = Instant::now();
+        bump(&self.counters.throttle_waits, 1);
+        if g.dirty_bytes < limit {
+            let pos = (limit - g.dirty_bytes) as f64 / (limit - freerun).max(1) as f64;
+            let pause =
+                Duration::from_secs_f64(bytes as f64 / (self.bandwidth() as f64 * pos.max(0.01)))
+                    .min(MAX_PAUSE);
+            drop(g);
+            std::thread::sleep(pause);
+        } else {
+            while g.dirty_bytes >= limit {
+                g.meta.check_live()?;
+                let quiet = self
+                    .wb_done
+                    .wait_for(&mut g, Duration::from_millis(50))
+                    .timed_out();
+                if quiet && g.dirty_bytes >= limit {
+                    // No writeback finished meanwhile: do some ourselves.
+                    g = self
+                        .writeback_inode(g, ino, PASS_BYTES / self.block_size)?
+                        .0;
+                }
+            }
+        }
+        bump(
+            &self.counters.throttle_wait_ns,
+            start.elapsed().as_nanos() as u64,
+        );
+        Ok(())
+    }
+
+    /// The loop of writeback context `id`.
+    fn context_loop(self: Arc<Self>, id: usize) {
+        let (interval, expire) = {
+            let g = self.inner.lock();
+            (
+                Duration::from_millis(g.opts.writeback_interval_ms),
+                Duration::from_millis(g.opts.dirty_expire_ms),
+            )
+        };
+        let periodic = !interval.is_zero();
+        let mut last_pass = Instant::now();
+        let mut g = self.inner.lock();
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let n = self.knobs.wb_contexts.load(Ordering::Relaxed);
+            if id >= n || g.meta.is_shutdown() {
+                self.wb_kick.wait_for(&mut g, Duration::from_secs(1));
+                continue;
+            }
+            let background = g.dirty_bytes > g.background_bytes();
+            let now = Instant::now();
+            let expired = if periodic {
+                now.checked_sub(expire).unwrap_or(now)
+            } else {
+                // Without a period, nothing ever expires.
+                now.checked_sub(Duration::from_secs(1 << 30)).unwrap_or(now)
+            };
+            if let Some(ino) = g.pick_dirty(id, n, background, expired) {
+                let start = Instant::now();
+                match self.writeback_inode(g, ino, PASS_BYTES / self.block_size) {
+                    Ok((g2, bytes)) => {
+                        g = g2;
+                        g.requeue(ino);
+                        self.account(id, bytes, start.elapsed());
+                        if let Err(e) = g.maybe_commit() {
+                            log::error!("writeback context {id}: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        log::error!("writeback context {id}: {e}");
+                        g = self.inner.lock();
+                    }
+                }
+                continue;
+            }
+            if periodic && now.duration_since(last_pass) >= interval {
+                last_pass = now;
+                // Context 0 also commits the journal on the period, so
+                // metadata is never more than about one period old.
+                if id == 0 && g.meta.has_running() {
+                    g = match self.commit_sync(g) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            log::error!("periodic commit: {e}");
+                            self.inner.lock()
+                        }
+                    };
+                }
+                continue;
+            }
+            let wait = if periodic {
+                interval
+            } else {
+                Duration::from_secs(1)
+            };
+            self.wb_kick.wait_for(&mut g, wait);
+        }
+    }
+
+    fn account(&self, id: usize, bytes: u64, took: Duration) {
+        let st = &self.wb_stats[id];
+        bump(&st.bytes, bytes);
+        bump(&st.passes, 1);
+        if bytes >= 1 << 20 {
+            let now = (bytes as f64 / took.as_secs_f64().max(1e-6)) as u64;
+            let old = st.bandwidth.load(Ordering::Relaxed);
+            let new = if old == 0 { now } else { (old * 7 + now) / 8 };
+            st.bandwidth.store(new, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Fs {
+    /// Start writeback context threads up to `n`.
+    pub(super) fn start_workers(&self, n: usize) {
+        let mut w = self.workers.lock();
+        while w.len() < n.min(super::MAX_WB_CONTEXTS) {
+            let s = self.s.clone();
+            let id = w.len();
+            let h = std::thread::Builder::new()
+                .name(format!("foliofs-wb{id}"))
+                .spawn(move || s.context_loop(id))
+                .expect("spawn writeback thread");
+            w.push(h);
+        }
+    }
+
+    pub(super) fn stop_workers(&self) {
+        self.s.stopping.store(true, Ordering::SeqCst);
+        {
+            let _g = self.s.inner.lock();
+            self.s.wb_kick.notify_all();
+        }
+        for h in self.workers.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Set the number of writeback contexts (1 ..= MAX_WB_CONTEXTS). Each
+    /// inode moves to the context of its AG under the new count.
+    pub fn set_writeback_contexts(&self, n: usize) {
+        let n = n.clamp(1, super::MAX_WB_CONTEXTS);
+        self.s.knobs.wb_contexts.store(n, Ordering::Relaxed);
+        if !self.s.stopping.load(Ordering::SeqCst) && !self.s.inner.lock().opts.read_only {
+            self.start_workers(n);
+        }
+        let _g = self.s.inner.lock();
+        self.s.wb_kick.notify_all();
+    }
+
+    /// Per-context writeback statistics of the contexts in use.
+    pub fn writeback_stats(&self) -> Vec<super::WritebackContextStats> {
+        let n = self.s.knobs.wb_contexts.load(Ordering::Relaxed);
+        self.s.wb_stats[..n]
+            .iter()
+            .enumerate()
+            .map(|(id, s)| super::WritebackContextStats {
+                context: id,
+                bytes: s.bytes.load(Ordering::Relaxed),
+                passes: s.passes.load(Ordering::Relaxed),
+                bandwidth: s.bandwidth.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.stop_workers();
+    }
+}
+
+/// Sorted values -> runs of consecutive values (start, count).
+pub(super) fn runs(v: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &x in v {
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == x => *n += 1,
+            _ => out.push((x, 1)),
+        }
+    }
+    out
+}
