@@ -22,6 +22,9 @@ pub struct FaultPlan {
     pub fail_read_from: AtomicU64,
     pub fail_write_from: AtomicU64,
     pub fail_flush_from: AtomicU64,
+    /// Writes touching device bytes [start, end) fail (data-only faults).
+    pub fail_write_start: AtomicU64,
+    pub fail_write_end: AtomicU64,
 }
 
 impl Default for FaultPlan {
@@ -30,6 +33,8 @@ impl Default for FaultPlan {
             fail_read_from: AtomicU64::new(u64::MAX),
             fail_write_from: AtomicU64::new(u64::MAX),
             fail_flush_from: AtomicU64::new(u64::MAX),
+            fail_write_start: AtomicU64::new(0),
+            fail_write_end: AtomicU64::new(0),
         }
     }
 }
@@ -119,6 +124,13 @@ impl Device for CrashDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         Self::fault(&self.writes, &self.faults.fail_write_from, "write")?;
+        let (a, b) = (
+            self.faults.fail_write_start.load(Ordering::SeqCst),
+            self.faults.fail_write_end.load(Ordering::SeqCst),
+        );
+        if offset < b && offset + buf.len() as u64 > a {
+            return Err(io::Error::other("injected write error in a faulty range"));
+        }
         let mut s = self.state.lock();
         super::mem::check_range(s.current.len() as u64, offset, buf.len())?;
         s.current[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);

@@ -49,6 +49,11 @@ unsafe impl Send for AlignedBuf {}
 // SAFETY: shared references only allow reads, like &[u8].
 unsafe impl Sync for AlignedBuf {}
 
+/// Buffers this large come straight from mmap and go back to the kernel
+/// when dropped, so large folios and I/O buffers never leave freed memory
+/// resident in an allocator arena.
+const MMAP_MIN: usize = 64 << 10;
+
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
@@ -57,6 +62,24 @@ impl AlignedBuf {
                 ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
                 len: 0,
             };
+        }
+        if len >= MMAP_MIN {
+            // SAFETY: an anonymous private mapping has no preconditions;
+            // the kernel zero-fills it and aligns it to a page.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("layout"));
+            }
+            return AlignedBuf { ptr: p.cast(), len };
         }
         let layout = Layout::from_size_align(len, IO_ALIGN).expect("buffer layout");
         // SAFETY: layout has non-zero size.
@@ -70,7 +93,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len >= MMAP_MIN {
+            // SAFETY: mapped in `zeroed` with this length, unmapped once.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        } else if self.len > 0 {
             let layout = Layout::from_size_align(self.len, IO_ALIGN).expect("buffer layout");
             // SAFETY: allocated in `zeroed` with the same layout.
             unsafe { alloc::dealloc(self.ptr, layout) };

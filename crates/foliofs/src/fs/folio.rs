@@ -9,6 +9,7 @@
 //! writeback copies the blocks out for the device (`take_dirty`), so a write
 //! racing writeback re-dirties the block and is written again.
 
+use crate::device::AlignedBuf;
 use std::collections::BTreeMap;
 
 /// Largest folio in blocks (2 MiB of 512-byte blocks).
@@ -43,7 +44,7 @@ fn none(b: &[u64]) -> bool {
 
 pub(crate) struct Folio {
     pub nblocks: usize,
-    pub data: Box<[u8]>,
+    pub data: AlignedBuf,
     /// None: every block is uptodate, and dirty exactly when `all_dirty`.
     state: Option<Box<BlockState>>,
     all_dirty: bool,
@@ -61,7 +62,7 @@ impl Folio {
         let words = nblocks.div_ceil(64);
         Folio {
             nblocks,
-            data: vec![0u8; nblocks * bs].into_boxed_slice(),
+            data: AlignedBuf::zeroed(nblocks * bs),
             state: Some(Box::new(BlockState {
                 uptodate: vec![0; words],
                 dirty: vec![0; words],

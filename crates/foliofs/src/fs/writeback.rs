@@ -38,6 +38,9 @@ const MAX_IO_BLOCKS: u64 = 256;
 /// Most bytes one pass of a writeback context takes from one inode before
 /// moving to the next (fairness between files).
 const PASS_BYTES: u64 = 16 << 20;
+/// Most bytes one job copies out and writes: the copies are memory on
+/// top of the cache, so they stay small.
+const JOB_BYTES: u64 = 4 << 20;
 /// Longest a throttled writer sleeps at once.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 
@@ -439,7 +442,7 @@ impl Shared {
         let mut bytes = 0;
         loop {
             g.meta.check_live()?;
-            let chunk = left.min(PASS_BYTES / bs).max(1);
+            let chunk = left.min(JOB_BYTES / bs).max(1);
             let Some(job) = g.wb_prepare(ino, chunk)? else {
                 return Ok((g, bytes));
             };

@@ -1,0 +1,244 @@
+//! The buffered path's techniques, end to end through the API: speculative
+//! preallocation for tiny appends, writeback error reporting per open file
+//! description, writeback contexts with background and periodic writeback,
+//! (dirty throttling that bounds memory is tests/memory.rs, alone in its
+//! process so its RSS is its own).
+
+use foliofs::device::{CrashDevice, MemDevice};
+use foliofs::fs::*;
+use foliofs::Fs;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(size));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    (dev, fs)
+}
+
+/// 1-byte appends with an fsync every 64 KiB (so writeback allocates from
+/// the speculative range while the file grows); returns the counters'
+/// mapping lookups and the appends made.
+fn append_bytes(fs: &Fs, ino: u64, total: u64) -> (u64, u64) {
+    let before = fs.counters().mapping_lookups;
+    for i in 0..total {
+        fs.write(ino, i, &[(i % 251) as u8 + 1]).unwrap();
+        if i % (64 << 10) == (64 << 10) - 1 {
+            fs.fsync(ino, true).unwrap();
+        }
+    }
+    (fs.counters().mapping_lookups - before, total)
+}
+
+#[test]
+fn tiny_appends_map_once_per_range_and_close_trims_the_rest() {
+    let (dev, fs) = fresh(256 << 20, MountOptions::default());
+    let root = fs.root_ino();
+    let free_before = fs.statfs().unwrap().blocks_free;
+    let a = fs.create(root, b"log", 0o644, 0, 0).unwrap();
+    fs.open(a.ino).unwrap();
+    let total = 3 << 20;
+    let (lookups, appends) = append_bytes(&fs, a.ino, total);
+    let per_append = lookups as f64 / appends as f64;
+    assert!(
+        per_append <= 0.01,
+        "{lookups} lookups for {appends} appends"
+    );
+    let c = fs.counters();
+    assert!(c.prealloc_reserved > 0 && c.prealloc_allocated > 0, "{c:?}");
+    // While open, writeback has mapped blocks past EOF.
+    let blocks = total.div_ceil(4096);
+    let mapped: u64 = fs.extents(a.ino).unwrap().iter().map(|e| e.blocks).sum();
+    assert!(
+        mapped > blocks,
+        "{mapped} blocks mapped for {blocks} of data"
+    );
+    fs.check_invariants().unwrap();
+    // The last close trims them: one extent, exactly the data.
+    fs.release(a.ino).unwrap();
+    let ext = fs.extents(a.ino).unwrap();
+    assert_eq!(ext.len(), 1, "{ext:?}");
+    assert_eq!(ext[0].blocks, blocks);
+    assert!(!ext[0].unwritten);
+    assert!(fs.counters().prealloc_trimmed > 0);
+    let mut back = vec![0u8; total as usize];
+    fs.read(a.ino, 0, &mut back).unwrap();
+    assert!(back
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == (i as u64 % 251) as u8 + 1));
+    fs.sync().unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, free_before - blocks);
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn mapping_by_write_length_looks_up_every_write() {
+    let opts = MountOptions {
+        map_by_write_length: true,
+        ..Default::default()
+    };
+    let (_dev, fs) = fresh(64 << 20, opts);
+    let a = fs.create(fs.root_ino(), b"log", 0o644, 0, 0).unwrap();
+    let (lookups, appends) = append_bytes(&fs, a.ino, 256 << 10);
+    assert!(
+        lookups >= appends,
+        "{lookups} lookups for {appends} appends"
+    );
+    assert_eq!(fs.counters().prealloc_reserved, 0);
+    fs.check_invariants().unwrap();
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn enospc_pressure_gives_back_speculative_space() {
+    let (_dev, fs) = fresh(16 << 20, MountOptions::default());
+    let root = fs.root_ino();
+    // Many growing files each hold a speculative range...
+    let files: Vec<u64> = (0..8)
+        .map(|i| {
+            let a = fs
+                .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+            fs.write(a.ino, 0, &vec![1u8; 300 << 10]).unwrap();
+            a.ino
+        })
+        .collect();
+    // ...and one big write still gets the space they hold.
+    let free = fs.statfs().unwrap().blocks_avail * 4096;
+    let big = fs.create(root, b"big", 0o644, 0, 0).unwrap();
+    // More than is free outside the speculative ranges.
+    let want = free + (100 << 10);
+    let n = fs.write(big.ino, 0, &vec![2u8; want as usize]).unwrap();
+    assert_eq!(n as u64, want);
+    assert!(fs.counters().prealloc_trimmed > 0);
+    for ino in files {
+        fs.fsync(ino, false).unwrap();
+    }
+    fs.check_invariants().unwrap();
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn writeback_error_is_reported_once_per_open_file_description() {
+    let mem = MemDevice::new(64 << 20);
+    mkfs(&mem, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let dev = Arc::new(CrashDevice::new(mem.image()));
+    dev.stop_recording();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let a = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap();
+    // Allocate first, so the data's device blocks are known.
+    fs.fallocate(a.ino, Falloc::Allocate { keep_size: false }, 0, 1 << 20)
+        .unwrap();
+    let e = fs.extents(a.ino).unwrap();
+    let (start, end) = (
+        e[0].device_block * 4096,
+        (e[0].device_block + e[0].blocks) * 4096,
+    );
+    let (_, h1) = fs.open_file(a.ino).unwrap();
+    let (_, h2) = fs.open_file(a.ino).unwrap();
+    fs.write(a.ino, 0, &vec![7u8; 1 << 20]).unwrap();
+    dev.faults.fail_write_start.store(start, Ordering::SeqCst);
+    dev.faults.fail_write_end.store(end, Ordering::SeqCst);
+    let r = fs.fsync_file(&h1, false);
+    assert!(matches!(r, Err(foliofs::Error::Io(_))), "{r:?}");
+    // Once per description: h1 has seen it, h2 has not.
+    fs.fsync_file(&h1, false).unwrap();
+    assert!(fs.fsync_file(&h2, true).is_err());
+    fs.fsync_file(&h2, true).unwrap();
+    // A description opened afterwards has nothing to hear.
+    let (_, h3) = fs.open_file(a.ino).unwrap();
+    fs.fsync_file(&h3, false).unwrap();
+    // The file system stays up; the lost blocks read as zeros, not as
+    // stale data or checksum errors.
+    assert!(fs.shutdown_reason().is_none());
+    let mut back = foliofs::device::AlignedBuf::zeroed(1 << 20);
+    back.fill(1);
+    fs.read_direct(a.ino, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    // With the device healthy again, writes go through.
+    dev.faults.fail_write_end.store(0, Ordering::SeqCst);
+    fs.write(a.ino, 0, b"again").unwrap();
+    fs.fsync_file(&h1, false).unwrap();
+    for h in [h1, h2, h3] {
+        fs.release_file(h).unwrap();
+    }
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn writeback_contexts_write_back_in_the_background() {
+    let opts = MountOptions {
+        writeback_interval_ms: 20,
+        dirty_expire_ms: 50,
+        ..Default::default()
+    };
+    let dev = Arc::new(MemDevice::new(512 << 20));
+    let mk = MkfsOptions {
+        ag_count: Some(4),
+        ..Default::default()
+    };
+    mkfs(&*dev, &mk, |_, _| {}).unwrap();
+    let fs = Arc::new(Fs::mount(dev.clone(), opts.clone()).unwrap());
+    assert_eq!(fs.writeback_stats().len(), 4);
+    let root = fs.root_ino();
+    // New directories rotate across AGs; files go to their parent's AG.
+    let mut ags = Vec::new();
+    let handles: Vec<_> = (0..4u8)
+        .map(|t| {
+            let d = fs.mkdir(root, &[b'd', b'0' + t], 0o755, 0, 0).unwrap();
+            let f = fs.create(d.ino, b"f", 0o644, 0, 0).unwrap();
+            let per_ag = fs.superblock().inodes_per_ag as u64;
+            ags.push(d.ino / per_ag);
+            assert_eq!(f.ino / per_ag, d.ino / per_ag);
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                for i in 0..8u64 {
+                    fs.write(f.ino, i << 20, &vec![t + 1; 1 << 20]).unwrap();
+                }
+                f.ino
+            })
+        })
+        .collect();
+    ags.sort();
+    ags.dedup();
+    assert_eq!(ags.len(), 4, "directories in {ags:?}");
+    let inos: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // No fsync: the periodic pass writes old dirty data back by itself,
+    // each file through the context of its AG.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all_done = |fs: &Fs| fs.writeback_stats().iter().all(|c| c.bytes >= 8 << 20);
+    while !all_done(&fs) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs.cache_stats().dirty_bytes, 0);
+    let st = fs.writeback_stats();
+    assert!(st.iter().all(|c| c.bytes >= 8 << 20), "{st:?}");
+    // One context at run time: everything goes through context 0.
+    fs.set_writeback_contexts(1);
+    let before = fs.writeback_stats()[0].bytes;
+    fs.write(inos[3], 0, &vec![9u8; 1 << 20]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs.writeback_stats()[0].bytes == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(fs.writeback_stats()[0].bytes >= before + (1 << 20));
+    let fs = Arc::try_unwrap(fs).ok().unwrap();
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    for (t, &ino) in inos.iter().enumerate() {
+        let mut b = vec![0u8; 8 << 20];
+        fs.read(ino, 0, &mut b).unwrap();
+        let want = if t == 3 { 9 } else { t as u8 + 1 };
+        assert!(b[..1 << 20].iter().all(|&x| x == want));
+        assert!(b[1 << 20..].iter().all(|&x| x == t as u8 + 1));
+        assert_eq!(fs.extents(ino).unwrap().len(), 1);
+    }
+    fs.unmount().unwrap();
+}
