@@ -174,9 +174,16 @@ fn workload(seed: u64, ops: usize) -> (Arc<CrashDevice>, History) {
                 fs.write_direct(ino, off, &buf).unwrap();
                 record_write(data, off, &buf, *ver, hist.names.get_mut(&name).unwrap());
             }
-            89..=93 if live.contains_key(&name) => {
+            89..=91 if live.contains_key(&name) => {
                 fs.unlink(root, name.as_bytes()).unwrap();
                 live.remove(&name);
+            }
+            92..=93 if live.contains_key(&name) => {
+                // The last close trims speculative preallocation past EOF.
+                let ino = fs.lookup(root, name.as_bytes()).unwrap().ino;
+                fs.open(ino).unwrap();
+                fs.release(ino).unwrap();
+                mutated = false;
             }
             _ => mutated = false,
         }
