@@ -8,6 +8,7 @@
 //! unmounted from outside, writing everything back first.
 
 use anyhow::{bail, Context, Result};
+use foliofs::fs::MAX_WB_CONTEXTS;
 use foliofs::{DioLock, Fs, MountOptions};
 use foliofs_fuse::FuseFs;
 use fuser::{Config, MountOption, SessionACL};
@@ -91,6 +92,16 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("no_default_permissions", None) => o.default_permissions = false,
             ("cache_size", Some(v)) => o.engine.meta_cache_bytes = size_opt(k, v)?,
             ("dirty_limit", Some(v)) => o.engine.dirty_limit_bytes = size_opt(k, v)?,
+            ("page_cache", Some(v)) => o.engine.cache_bytes = size_opt(k, v)?,
+            ("wb_contexts", Some(v)) => {
+                o.engine.writeback_contexts = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_WB_CONTEXTS).contains(n))
+                    .with_context(|| format!("-o wb_contexts={v}: want 1 to {MAX_WB_CONTEXTS}"))?
+            }
+            ("prealloc", Some("on")) => o.engine.no_prealloc = false,
+            ("prealloc", Some("off")) => o.engine.no_prealloc = true,
             ("dio_cap", Some(v)) => {
                 o.engine.dio_max_blocks = v
                     .parse()
@@ -112,7 +123,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             _ => bail!(
                 "unknown mount option '{opt}' (known: ro, rw, allow_other, allow_root, \
                  default_permissions, no_default_permissions, cache_size=SIZE, \
-                 dirty_limit=SIZE, dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N)"
+                 dirty_limit=SIZE, page_cache=SIZE, wb_contexts=N, prealloc=on|off, \
+                 dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N)"
             ),
         }
     }
@@ -288,6 +300,11 @@ mod tests {
     #[test]
     fn options() {
         let o = parse_options(&["ro,allow_other,dio_cap=1,dirty_limit=8M,noauto".into()]).unwrap();
+        let w = parse_options(&["wb_contexts=2,page_cache=64M,prealloc=off".into()]).unwrap();
+        assert_eq!(w.engine.writeback_contexts, 2);
+        assert_eq!(w.engine.cache_bytes, 64 << 20);
+        assert!(w.engine.no_prealloc);
+        assert!(parse_options(&["wb_contexts=0".into()]).is_err());
         assert!(o.engine.read_only && o.allow_other && o.default_permissions);
         assert_eq!(o.engine.dio_max_blocks, 1);
         assert_eq!(o.engine.dirty_limit_bytes, 8 << 20);

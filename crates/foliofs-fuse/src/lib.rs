@@ -15,7 +15,7 @@
 //! mount's root directory (`foliofs stat --mount DIR` prints them).
 
 use foliofs::device::AlignedBuf;
-use foliofs::fs::{Attr, Falloc, FileType, SetAttr, TimeSet, Whence};
+use foliofs::fs::{Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence};
 use foliofs::{Error, Fs};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
@@ -47,11 +47,13 @@ pub const MAX_WRITE: u32 = 1 << 20;
 struct Handle {
     /// Opened with O_DIRECT: reads and writes take the engine's direct path.
     direct: bool,
+    /// The engine's description: its fsync hears of a writeback error once.
+    file: OpenFile,
 }
 
 pub struct FuseFs {
     fs: Arc<Fs>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
 }
 
@@ -142,19 +144,31 @@ impl FuseFs {
         }
     }
 
-    fn new_handle(&self, flags: i32) -> u64 {
+    fn new_handle(&self, flags: i32, file: OpenFile) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(
-            fh,
-            Handle {
-                direct: flags & libc::O_DIRECT != 0,
-            },
-        );
+        let h = Handle {
+            direct: flags & libc::O_DIRECT != 0,
+            file,
+        };
+        self.handles.lock().insert(fh, Arc::new(h));
         fh
     }
 
+    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned()
+    }
+
     fn is_direct(&self, fh: FileHandle) -> bool {
-        self.handles.lock().get(&fh.0).is_some_and(|h| h.direct)
+        self.handle(fh).is_some_and(|h| h.direct)
+    }
+
+    /// fsync through the description when there is one, so a writeback
+    /// error reaches each description's fsync once.
+    fn fsync_fh(&self, ino: u64, fh: FileHandle, datasync: bool) -> Result<(), Error> {
+        match self.handle(fh) {
+            Some(h) => self.fs.fsync_file(&h.file, datasync),
+            None => self.fs.fsync(ino, datasync),
+        }
     }
 
     fn read_at(
@@ -456,13 +470,13 @@ impl Filesystem for FuseFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let ino = self.ino(ino);
-        match self.fs.open(ino) {
-            Ok(a) if a.kind == FileType::Dir => {
-                let _ = self.fs.release(ino);
+        match self.fs.open_file(ino) {
+            Ok((a, f)) if a.kind == FileType::Dir => {
+                let _ = self.fs.release_file(f);
                 reply.error(Errno::EISDIR)
             }
-            Ok(_) => {
-                let fh = self.new_handle(flags.0);
+            Ok((_, f)) => {
+                let fh = self.new_handle(flags.0, f);
                 reply.opened(FileHandle(fh), fopen_flags(flags.0))
             }
             Err(e) => reply.error(errno(e)),
@@ -489,10 +503,10 @@ impl Filesystem for FuseFs {
                 req.uid(),
                 req.gid(),
             )
-            .and_then(|a| self.fs.open(a.ino));
+            .and_then(|a| self.fs.open_file(a.ino));
         match r {
-            Ok(a) => {
-                let fh = self.new_handle(flags);
+            Ok((a, f)) => {
+                let fh = self.new_handle(flags, f);
                 reply.created(
                     &TTL,
                     &file_attr(&a),
@@ -540,7 +554,7 @@ impl Filesystem for FuseFs {
             .and_then(|n| {
                 // O_SYNC / O_DSYNC: durable before the reply.
                 if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
-                    self.fs.fsync(ino, flags.0 & libc::O_SYNC == 0)?;
+                    self.fsync_fh(ino, fh, flags.0 & libc::O_SYNC == 0)?;
                 }
                 Ok(n)
             });
@@ -571,19 +585,23 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().remove(&fh.0);
-        done(self.fs.release(self.ino(ino)), reply)
+        let h = self.handles.lock().remove(&fh.0);
+        let r = match h.and_then(|h| Arc::try_unwrap(h).ok()) {
+            Some(h) => self.fs.release_file(h.file),
+            None => self.fs.release(self.ino(ino)),
+        };
+        done(r, reply)
     }
 
     fn fsync(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        done(self.fs.fsync(self.ino(ino), datasync), reply)
+        done(self.fsync_fh(self.ino(ino), fh, datasync), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -629,11 +647,11 @@ impl Filesystem for FuseFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        done(self.fs.fsync(self.ino(ino), datasync), reply)
+        done(self.fsync_fh(self.ino(ino), fh, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
