@@ -3,8 +3,10 @@
 //! with the raw image file read and written with O_DIRECT beside them.
 //!
 //! W1 (per-block dirty tracking in large folios), W2 (large checksummed
-//! direct reads) and W3 (shared inode lock for direct overwrites) are here; each workload is a function that returns
-//! an `Outcome`, printed as a table or as JSON.
+//! direct reads), W3 (shared inode lock for direct overwrites), W4
+//! (parallel writeback by AG) and W5 (speculative preallocation for tiny
+//! appends); each workload is a function that returns an `Outcome`,
+//! printed as a table or as JSON.
 
 use anyhow::{bail, Context, Result};
 use comfy_table::Table;
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads: W1, W2, W3 or all.
+    /// Workloads: W1, W2, W3, W4, W5 or all.
     #[arg(default_value = "all")]
     pub workloads: Vec<String>,
     /// Image file to build the test file system in (made anew, removed
@@ -549,6 +551,253 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
     })
 }
 
+/// W4: N files in N directories (one per AG), N writers of 1 MiB
+/// buffered sequential writes, `file_mib` MiB in all, fsync at the end;
+/// one writeback context per AG vs one context, and the raw file written
+/// sequentially with 1 MiB O_DIRECT writes over the same device ranges.
+pub fn w4(args: &BenchArgs) -> Result<Outcome> {
+    let mut variants = vec!["one context per AG", "one context"];
+    if args.raw {
+        variants.push("raw O_DIRECT");
+    }
+    let pb = progress((args.rounds * 2) as u64);
+    let (_dev, fs) = fresh_fs(args)?;
+    let fs = Arc::new(fs);
+    let ags = fs.ag_usage().len();
+    let n = ags.min(foliofs::fs::MAX_WB_CONTEXTS);
+    let per_file = (args.file_mib / n as u64).max(1);
+    let root = fs.root_ino();
+    let per_ag = fs.superblock().inodes_per_ag as u64;
+    let mut dirs = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..n {
+        let d = fs.mkdir(root, format!("w4-{i}").as_bytes(), 0o755, 0, 0)?;
+        seen.insert(d.ino / per_ag);
+        dirs.push(d.ino);
+    }
+    let raw = Arc::new(open_raw(args)?);
+    let mut values = vec![Vec::new(); variants.len()];
+    let mut extents = vec![Vec::new(); 2];
+    for round in 0..args.rounds {
+        for k in 0..2 {
+            let v = (k + round) % 2;
+            pb.set_message(format!("W4 {}", variants[v]));
+            fs.set_writeback_contexts(if v == 0 { n } else { 1 });
+            let t = Instant::now();
+            let handles: Vec<_> = dirs
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| {
+                    let fs = fs.clone();
+                    std::thread::spawn(move || -> Result<u64> {
+                        let name = format!("f{i}");
+                        let ino = fs.create(d, name.as_bytes(), 0o644, 0, 0)?.ino;
+                        let mut buf = vec![0u8; 1 << 20];
+                        for m in 0..per_file {
+                            fill(&mut buf, (m << 20) / 4096, 4096);
+                            fs.write(ino, m << 20, &buf)?;
+                        }
+                        fs.fsync(ino, false)?;
+                        Ok(ino)
+                    })
+                })
+                .collect();
+            let mut inos = Vec::new();
+            for h in handles {
+                inos.push(
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("W4 writer panicked"))??,
+                );
+            }
+            let took = t.elapsed().as_secs_f64();
+            values[v].push((per_file * n as u64) as f64 / took);
+            let mut ranges = Vec::new();
+            let mut ext = 0usize;
+            for &ino in &inos {
+                let r = file_ranges(&fs, ino)?;
+                ext += r.len();
+                ranges.extend(r);
+            }
+            extents[v].push(ext as f64 / n as f64);
+            if args.raw && v == 0 {
+                // The same bytes over the same device ranges, one stream.
+                let mut buf = AlignedBuf::zeroed(1 << 20);
+                fill(&mut buf, 0, 4096);
+                let t = Instant::now();
+                let mut bytes = 0u64;
+                for &(off, len) in &ranges {
+                    let mut at = 0;
+                    while at < len {
+                        let k = (len - at).min(buf.len() as u64) as usize;
+                        raw.write_all_at(&buf[..k], off + at)?;
+                        at += k as u64;
+                        bytes += k as u64;
+                    }
+                }
+                raw.sync_data()?;
+                values[2].push(bytes as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64());
+            }
+            for (i, &d) in dirs.iter().enumerate() {
+                fs.unlink(d, format!("f{i}").as_bytes())?;
+            }
+            fs.sync()?;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let st = fs.writeback_stats();
+    match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.unmount()?,
+        Err(_) => bail!("file system still in use after W4"),
+    }
+    let mut series: Vec<Series> = variants
+        .iter()
+        .zip(&values)
+        .map(|(name, v)| Series {
+            name: name.to_string(),
+            unit: "MiB/s".into(),
+            values: v.clone(),
+        })
+        .collect();
+    for v in 0..2 {
+        series.push(Series {
+            name: format!("{}: extents per file", variants[v]),
+            unit: "extents".into(),
+            values: extents[v].clone(),
+        });
+    }
+    let mut ratios = vec![
+        ratio(
+            "per AG / one context (MiB/s)",
+            &values[0],
+            &values[1],
+            "243 -> 759 MiB/s (+212%)",
+        ),
+        ratio(
+            "per AG / one context (extents per file)",
+            &extents[0],
+            &extents[1],
+            "extents unchanged (target <= 1)",
+        ),
+    ];
+    if args.raw {
+        ratios.push(ratio(
+            "per AG / raw 1 MiB writes",
+            &values[0],
+            &values[2],
+            "target >= 0.8",
+        ));
+    }
+    Ok(Outcome {
+        id: "W4".into(),
+        title: format!(
+            "{n} writers x {per_file} MiB in {n} directories ({} AGs), 1 MiB buffered writes, fsync at end",
+            seen.len()
+        ),
+        series,
+        ratios,
+        notes: vec![format!(
+            "bytes written back per context over the run: {}",
+            st.iter()
+                .map(|c| format!("{} MiB", c.bytes >> 20))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )],
+    })
+}
+
+/// W5: 1-byte appends to a new file until 64 MiB or the time limit, then
+/// close; whole-block mapping with speculative preallocation vs mapping by
+/// write length (remounted with the knob for each pass).
+pub fn w5(args: &BenchArgs) -> Result<Outcome> {
+    let variants = ["whole-block mapping + prealloc", "mapping by write length"];
+    let limit = 64u64 << 20;
+    let secs = (args.seconds * 5.0).min(10.0);
+    let pb = progress((args.rounds * 2) as u64);
+    let (dev, fs) = fresh_fs(args)?;
+    fs.unmount()?;
+    let mut rate = vec![Vec::new(); 2];
+    let mut lookups = vec![Vec::new(); 2];
+    let mut extents = vec![Vec::new(); 2];
+    let mut post_eof = vec![Vec::new(); 2];
+    for round in 0..args.rounds {
+        for k in 0..2 {
+            let v = (k + round) % 2;
+            pb.set_message(format!("W5 {}", variants[v]));
+            let o = MountOptions {
+                map_by_write_length: v == 1,
+                ..Default::default()
+            };
+            let fs = Fs::mount(dev.clone(), o)?;
+            let name = format!("w5-{round}-{v}");
+            let ino = fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)?.ino;
+            fs.open(ino)?;
+            let c0 = fs.counters();
+            let t = Instant::now();
+            let mut n = 0u64;
+            while n < limit {
+                fs.write(ino, n, &[(n % 251) as u8])?;
+                n += 1;
+                if n % 65536 == 0 && t.elapsed().as_secs_f64() > secs {
+                    break;
+                }
+            }
+            let took = t.elapsed().as_secs_f64();
+            let c = fs.counters();
+            fs.release(ino)?;
+            let ext = fs.extents(ino)?;
+            let mapped: u64 = ext.iter().map(|e| e.blocks).sum();
+            rate[v].push(n as f64 / took);
+            lookups[v].push((c.mapping_lookups - c0.mapping_lookups) as f64 / n as f64);
+            extents[v].push(ext.len() as f64);
+            post_eof[v].push(mapped.saturating_sub(n.div_ceil(fs.block_size())) as f64);
+            fs.unlink(fs.root_ino(), name.as_bytes())?;
+            fs.unmount()?;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let mut series = Vec::new();
+    for v in 0..2 {
+        series.push(Series {
+            name: variants[v].into(),
+            unit: "appends/s".into(),
+            values: rate[v].clone(),
+        });
+        series.push(Series {
+            name: format!("{}: mapping lookups per append", variants[v]),
+            unit: "lookups".into(),
+            values: lookups[v].clone(),
+        });
+        series.push(Series {
+            name: format!("{}: extents after close", variants[v]),
+            unit: "extents".into(),
+            values: extents[v].clone(),
+        });
+        series.push(Series {
+            name: format!("{}: blocks past EOF after close", variants[v]),
+            unit: "blocks".into(),
+            values: post_eof[v].clone(),
+        });
+    }
+    Ok(Outcome {
+        id: "W5".into(),
+        title: format!("1-byte appends to a new file, 64 MiB or {secs:.0} s, then close"),
+        series,
+        ratios: vec![ratio(
+            "whole-block / write-length (appends/s)",
+            &rate[0],
+            &rate[1],
+            "aim7 -13.6% from the regression",
+        )],
+        notes: vec![format!(
+            "mapping lookups per append: {:.5} whole-block vs {:.3} by write length (target <= 0.01)",
+            median(&lookups[0]),
+            median(&lookups[1])
+        )],
+    })
+}
+
 fn plural(n: usize, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
@@ -589,11 +838,11 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     }
     let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
     if which.iter().any(|w| w == "ALL") {
-        which = vec!["W1".into(), "W2".into(), "W3".into()];
+        which = ["W1", "W2", "W3", "W4", "W5"].map(String::from).to_vec();
     }
     for w in &which {
-        if !["W1", "W2", "W3"].contains(&w.as_str()) {
-            bail!("unknown workload {w}: choose W1, W2, W3 or all (W4 and W5 are not built yet)");
+        if !["W1", "W2", "W3", "W4", "W5"].contains(&w.as_str()) {
+            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5 or all");
         }
     }
     let mut out = Vec::new();
@@ -602,6 +851,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
             "W1" => w1(args),
             "W2" => w2(args),
             "W3" => w3(args),
+            "W4" => w4(args),
+            "W5" => w5(args),
             _ => unreachable!("checked above"),
         };
         let r = r.with_context(|| format!("workload {w}"));

@@ -634,6 +634,16 @@ impl Inner {
                 ip.delalloc += holes;
                 // Partial blocks (and, whole-folio, the rest of the folio)
                 // are read or zeroed before they turn dirty.
+                // Blocks wholly past EOF read as zeros (a truncate frees
+                // or zeroes what was there): zeroed here, no mapping
+                // lookup, no device read.
+                let f = ip.cache.folios.get_mut(&first).unwrap();
+                for b in blocks.clone() {
+                    if first + b as u64 >= eof_blk && !f.uptodate(b) {
+                        f.block_mut(b, bs as usize).fill(0);
+                        f.set_uptodate(b, true);
+                    }
+                }
                 let needs_fill = blocks
                     .clone()
                     .any(|b| !ip.cache.folios[&first].uptodate(b) && (b != i || k < bs as usize));

@@ -242,18 +242,6 @@ impl Cache {
         self.folios.values().any(|f| f.any_dirty())
     }
 
-    /// The first dirty block, if any.
-    pub fn first_dirty(&self) -> Option<u64> {
-        self.folios
-            .iter()
-            .find(|(_, f)| f.any_dirty())
-            .and_then(|(&first, f)| {
-                (0..f.nblocks)
-                    .find(|&i| f.dirty(i))
-                    .map(|i| first + i as u64)
-            })
-    }
-
     /// The largest folio size (in blocks, a power of two up to `max`) that
     /// can start at an aligned position holding `lblk` without overlapping
     /// another folio, and without going below `floor` or past `ceil`.

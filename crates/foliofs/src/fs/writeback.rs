@@ -310,10 +310,21 @@ impl Inner {
                 for &(l, n) in &job.fresh {
                     ip.ext_mark_written(&mut cx, l, l + n)?;
                 }
-                // The on-disk size covers data on the device only: up to
-                // the first block still dirty.
-                let low = ip.cache.first_dirty().map_or(u64::MAX, |l| l * bs);
-                ip.d.size = ip.d.size.max(ip.size.min(low));
+                // The on-disk size grows to the end of what this job put
+                // on the device (as XFS does at I/O completion), or to the
+                // size when nothing is left dirty. Jobs take
+                // dirty blocks lowest first, so every block below that is
+                // on the device, a hole, or unwritten (zeros), and no
+                // written block is ever left past the on-disk size.
+                let hi = job
+                    .runs
+                    .iter()
+                    .map(|r| r.lblk * bs + r.buf.len() as u64)
+                    .max()
+                    .unwrap_or(0);
+                // Nothing dirty left: all of the size is on the device.
+                let hi = if ip.cache.any_dirty() { hi } else { u64::MAX };
+                ip.d.size = ip.d.size.max(ip.size.min(hi));
             }
         }
         ip.store(&mut cx)?;
