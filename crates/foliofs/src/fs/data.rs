@@ -360,7 +360,11 @@ impl Inner {
             let want = want.clamp(1, max as u64);
             ip.cache.fit(lblk, max, floor, lblk + want)
         };
-        ip.cache.folios.insert(first, Folio::new(n, bs, tick));
+        let data = self.pool.get(n * bs);
+        let (ip, _) = self.with(ino)?;
+        ip.cache
+            .folios
+            .insert(first, Folio::with_data(n, data, tick));
         self.cache_bytes += (n * bs) as u64;
         Ok(first)
     }
@@ -401,6 +405,7 @@ impl Inner {
                 .and_then(|ip| ip.cache.folios.remove(&first))
             {
                 self.cache_bytes -= f.data.len() as u64;
+                self.pool.put(f.data);
                 bump(&self.counters.folios_evicted, 1);
             }
         }
@@ -410,8 +415,22 @@ impl Inner {
     /// reservations of dirty blocks that were never mapped.
     pub(super) fn drop_cached(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
         let bs = self.meta.geo.block_size;
-        let (ip, mut cx) = self.with(ino)?;
-        let (dirty, freed) = ip.cache.drop_range(from, to, bs as usize);
+        self.load_inode(ino)?;
+        let Inner {
+            inodes,
+            meta,
+            alloc,
+            counters,
+            pool,
+            ..
+        } = self;
+        let ip = inodes.get_mut(&ino).ok_or(Error::NotFound)?;
+        let mut cx = Ctx {
+            meta,
+            alloc,
+            counters,
+        };
+        let (dirty, freed) = ip.cache.drop_range(from, to, bs as usize, pool);
         let mut unmapped = 0;
         if !dirty.is_empty() {
             let exts = ip.ext_range(&mut cx, dirty[0], dirty[dirty.len() - 1] + 1)?;

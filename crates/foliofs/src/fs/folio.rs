@@ -58,11 +58,17 @@ pub(crate) struct Folio {
 
 impl Folio {
     /// A folio of `nblocks` blocks with nothing uptodate.
+    #[cfg(test)]
     pub fn new(nblocks: usize, bs: usize, tick: u64) -> Folio {
+        Folio::with_data(nblocks, AlignedBuf::zeroed(nblocks * bs), tick)
+    }
+
+    /// A folio over `data` (any contents: nothing is uptodate yet).
+    pub fn with_data(nblocks: usize, data: AlignedBuf, tick: u64) -> Folio {
         let words = nblocks.div_ceil(64);
         Folio {
             nblocks,
-            data: AlignedBuf::zeroed(nblocks * bs),
+            data,
             state: Some(Box::new(BlockState {
                 uptodate: vec![0; words],
                 dirty: vec![0; words],
@@ -179,6 +185,44 @@ impl Folio {
     }
 }
 
+/// Freed folio and I/O buffers kept for reuse, up to a bound, so a steady
+/// stream of writes does not map, fault in and unmap fresh memory for every
+/// folio and writeback run. Buffers come back with stale contents: folios
+/// start with nothing uptodate, and I/O runs are filled whole.
+pub(crate) struct BufPool {
+    bufs: std::collections::HashMap<usize, Vec<AlignedBuf>>,
+    pub bytes: u64,
+    max: u64,
+}
+
+impl BufPool {
+    pub fn new(max: u64) -> BufPool {
+        BufPool {
+            bufs: Default::default(),
+            bytes: 0,
+            max,
+        }
+    }
+
+    pub fn get(&mut self, len: usize) -> AlignedBuf {
+        match self.bufs.get_mut(&len).and_then(|v| v.pop()) {
+            Some(b) => {
+                self.bytes -= len as u64;
+                b
+            }
+            None => AlignedBuf::zeroed(len),
+        }
+    }
+
+    pub fn put(&mut self, b: AlignedBuf) {
+        let len = b.len() as u64;
+        if len > 0 && self.bytes + len <= self.max {
+            self.bytes += len;
+            self.bufs.entry(b.len()).or_default().push(b);
+        }
+    }
+}
+
 /// One inode's folios, by first file block.
 #[derive(Default)]
 pub(crate) struct Cache {
@@ -261,10 +305,16 @@ impl Cache {
         }
     }
 
-    /// Drop cached blocks in [from, to): folios inside it go, folios
-    /// straddling it lose those blocks' state. Returns the dirty blocks
-    /// dropped and the bytes of folios freed.
-    pub fn drop_range(&mut self, from: u64, to: u64, bs: usize) -> (Vec<u64>, u64) {
+    /// Drop cached blocks in [from, to): folios inside it go (their
+    /// buffers into `pool`), folios straddling it lose those blocks'
+    /// state. Returns the dirty blocks dropped and the bytes freed.
+    pub fn drop_range(
+        &mut self,
+        from: u64,
+        to: u64,
+        bs: usize,
+        pool: &mut BufPool,
+    ) -> (Vec<u64>, u64) {
         let mut dirty = Vec::new();
         let mut freed = 0;
         let start = self.find(from).map_or(from, |(first, _)| first);
@@ -280,7 +330,9 @@ impl Cache {
             }
             if first >= from && end <= to {
                 freed += f.data.len() as u64;
-                self.folios.remove(&first);
+                if let Some(f) = self.folios.remove(&first) {
+                    pool.put(f.data);
+                }
                 continue;
             }
             for i in 0..f.nblocks {
@@ -330,12 +382,20 @@ mod tests {
         assert_eq!(c.fit(20, 16, 18, 100), (20, 4));
         c.folios.get_mut(&8).unwrap().fill_dirty(0, 4);
         assert_eq!(c.dirty_in(0, 100), vec![8, 9, 10, 11]);
-        let (d, freed) = c.drop_range(10, 100, 512);
+        let mut pool = BufPool::new(1 << 20);
+        let (d, freed) = c.drop_range(10, 100, 512, &mut pool);
         assert_eq!((d, freed), (vec![10, 11], 0));
         assert_eq!(c.dirty_in(0, 100), vec![8, 9]);
         assert!(c.block(10, 512).is_none() && c.block(9, 512).is_some());
-        let (d, freed) = c.drop_range(0, 100, 512);
+        let (d, freed) = c.drop_range(0, 100, 512, &mut pool);
         assert_eq!((d.len(), freed), (2, 2048));
         assert!(c.folios.is_empty());
+        // The freed buffers are reused, up to the pool's bound.
+        assert_eq!(pool.get(2048).len(), 2048);
+        assert_eq!(pool.bytes, 0);
+        let mut small = BufPool::new(4096);
+        small.put(AlignedBuf::zeroed(4096));
+        small.put(AlignedBuf::zeroed(4096));
+        assert_eq!(small.bytes, 4096);
     }
 }

@@ -263,7 +263,14 @@ impl Inner {
         if self.inodes.len() >= 65536 {
             let mut freed = 0;
             self.inodes.retain(|_, i| {
-                let keep = i.open > 0 || i.cache.any_dirty();
+                // Pinned, dirty, holding reservations or an unpublished
+                // size: stays.
+                let keep = i.open > 0
+                    || i.cache.any_dirty()
+                    || i.prealloc.is_some()
+                    || i.delalloc > 0
+                    || i.size != i.d.size
+                    || i.dirtied_at.is_some();
                 if !keep {
                     freed += i.cache.bytes();
                 }

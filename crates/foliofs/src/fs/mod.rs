@@ -309,6 +309,8 @@ pub(crate) struct Inner {
     /// Clock for the cache's least-recently-used eviction.
     pub tick: u64,
     pub counters: Arc<Counters>,
+    /// Freed folio and writeback buffers for reuse.
+    pub pool: folio::BufPool,
     /// Per AG: dirty inodes, oldest first (see `writeback`).
     pub dirty_queues: Vec<std::collections::VecDeque<u64>>,
     /// Writeback errors on any inode so far, and how many `sync` has
@@ -405,11 +407,14 @@ impl Fs {
             cache_bytes: 0,
             tick: 0,
             counters: counters.clone(),
+            pool: folio::BufPool::new(0),
             dirty_queues: Vec::new(),
             wb_errors: 0,
             wb_errors_synced: 0,
         };
         inner.dirty_queues = vec![Default::default(); inner.meta.geo.ag_count as usize];
+        // Up to an eighth of the cache, at most 64 MiB, waits for reuse.
+        inner.pool = folio::BufPool::new((inner.opts.cache_bytes / 8).min(64 << 20));
         // The root must be a directory.
         let root = inner.meta.sb.root_ino;
         inner.load_inode(root)?;

@@ -215,6 +215,9 @@ impl Inner {
             error: None,
             bytes: 0,
         };
+        // Runs: contiguous on the device and in the file, at most
+        // MAX_IO_BLOCKS; their buffers come from the pool.
+        let mut bounds = Vec::new();
         let mut i = 0;
         while i < targets.len() {
             let mut j = i + 1;
@@ -225,7 +228,15 @@ impl Inner {
             {
                 j += 1;
             }
-            let mut buf = AlignedBuf::zeroed((j - i) * bs as usize);
+            bounds.push((i, j));
+            i = j;
+        }
+        let bufs: Vec<AlignedBuf> = bounds
+            .iter()
+            .map(|&(i, j)| self.pool.get((j - i) * bs as usize))
+            .collect();
+        let (ip, _) = self.with(ino)?;
+        for (&(i, j), mut buf) in bounds.iter().zip(bufs) {
             let mut k = 0;
             while k < j - i {
                 let l = targets[i + k].0;
@@ -245,7 +256,6 @@ impl Inner {
                 pblk: targets[i].1,
                 buf,
             });
-            i = j;
         }
         let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
         fresh.sort_unstable();
@@ -259,7 +269,7 @@ impl Inner {
     }
 
     /// Step 3: record what reached the device, unpin, publish the size.
-    fn wb_complete(&mut self, job: Job) -> Result<()> {
+    fn wb_complete(&mut self, mut job: Job) -> Result<()> {
         let bs = self.meta.geo.block_size;
         let unflushed = self.meta.data_unflushed();
         let ino = job.ino;
@@ -329,6 +339,9 @@ impl Inner {
         }
         ip.store(&mut cx)?;
         let destroy = ip.open == 0 && ip.d.nlink == 0;
+        for r in job.runs.drain(..) {
+            self.pool.put(r.buf);
+        }
         if failed {
             self.wb_errors += 1;
         }
