@@ -864,6 +864,15 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     Ok(out)
 }
 
+/// A figure with as many decimals as its size needs.
+fn num(x: f64) -> String {
+    match x.abs() {
+        a if a >= 100.0 || a == 0.0 => format!("{x:.0}"),
+        a if a >= 1.0 => format!("{x:.2}"),
+        _ => format!("{x:.5}"),
+    }
+}
+
 pub fn print(outcomes: &[Outcome]) {
     for o in outcomes {
         println!("{}: {}", o.id, o.title);
@@ -873,9 +882,9 @@ pub fn print(outcomes: &[Outcome]) {
             let (lo, hi) = spread(&s.values);
             t.add_row(vec![
                 s.name.clone(),
-                format!("{:.0}", median(&s.values)),
-                format!("{lo:.0}"),
-                format!("{hi:.0}"),
+                num(median(&s.values)),
+                num(lo),
+                num(hi),
                 s.unit.clone(),
             ]);
         }
