@@ -246,19 +246,13 @@ pub fn w1(args: &BenchArgs) -> Result<Outcome> {
         }
     }
     pb.finish_and_clear();
-    let mut series = Vec::new();
-    for v in 0..2 {
-        series.push(Series {
-            name: variants[v].into(),
-            unit: "MiB/s".into(),
-            values: mibs[v].clone(),
-        });
-        series.push(Series {
-            name: format!("{}: device bytes / app bytes", variants[v]),
-            unit: "ratio".into(),
-            values: amp[v].clone(),
-        });
-    }
+    let series = variant_series(
+        &variants,
+        &[
+            ("", "MiB/s", &mibs),
+            ("device bytes / app bytes", "ratio", &amp),
+        ],
+    );
     Ok(Outcome {
         id: "W1".into(),
         title: format!(
@@ -659,13 +653,10 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
             values: v.clone(),
         })
         .collect();
-    for v in 0..2 {
-        series.push(Series {
-            name: format!("{}: extents per file", variants[v]),
-            unit: "extents".into(),
-            values: extents[v].clone(),
-        });
-    }
+    series.extend(variant_series(
+        &variants[..2],
+        &[("extents per file", "extents", &extents)],
+    ));
     let mut ratios = vec![
         ratio(
             "per AG / one context (MiB/s)",
@@ -757,29 +748,15 @@ pub fn w5(args: &BenchArgs) -> Result<Outcome> {
         }
     }
     pb.finish_and_clear();
-    let mut series = Vec::new();
-    for v in 0..2 {
-        series.push(Series {
-            name: variants[v].into(),
-            unit: "appends/s".into(),
-            values: rate[v].clone(),
-        });
-        series.push(Series {
-            name: format!("{}: mapping lookups per append", variants[v]),
-            unit: "lookups".into(),
-            values: lookups[v].clone(),
-        });
-        series.push(Series {
-            name: format!("{}: extents after close", variants[v]),
-            unit: "extents".into(),
-            values: extents[v].clone(),
-        });
-        series.push(Series {
-            name: format!("{}: blocks past EOF after close", variants[v]),
-            unit: "blocks".into(),
-            values: post_eof[v].clone(),
-        });
-    }
+    let series = variant_series(
+        &variants,
+        &[
+            ("", "appends/s", &rate),
+            ("mapping lookups per append", "lookups", &lookups),
+            ("extents after close", "extents", &extents),
+            ("blocks past EOF after close", "blocks", &post_eof),
+        ],
+    );
     Ok(Outcome {
         id: "W5".into(),
         title: format!("1-byte appends to a new file, 64 MiB or {secs:.0} s, then close"),
@@ -796,6 +773,26 @@ pub fn w5(args: &BenchArgs) -> Result<Outcome> {
             median(&lookups[1])
         )],
     })
+}
+
+/// Per variant, one series per metric (label, unit, values per variant),
+/// named "variant" for an empty label, else "variant: label".
+fn variant_series(variants: &[&str], metrics: &[(&str, &str, &[Vec<f64>])]) -> Vec<Series> {
+    let mut out = Vec::new();
+    for (v, name) in variants.iter().enumerate() {
+        for (label, unit, values) in metrics {
+            out.push(Series {
+                name: if label.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{name}: {label}")
+                },
+                unit: unit.to_string(),
+                values: values[v].clone(),
+            });
+        }
+    }
+    out
 }
 
 fn plural(n: usize, what: &str) -> String {

@@ -4,7 +4,7 @@
 //! (dirty throttling that bounds memory is tests/memory.rs, alone in its
 //! process so its RSS is its own).
 
-use foliofs::device::{CrashDevice, MemDevice};
+use foliofs::device::{CrashDevice, Device, MemDevice};
 use foliofs::fs::*;
 use foliofs::Fs;
 use std::sync::atomic::Ordering;
@@ -16,6 +16,13 @@ fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
     mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
     let fs = Fs::mount(dev.clone(), opts).unwrap();
     (dev, fs)
+}
+
+/// Unmount, then fsck the device: clean.
+fn unmount_and_check(fs: Fs, dev: Arc<dyn Device>) {
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
 }
 
 /// 1-byte appends with an fsync every 64 KiB (so writeback allocates from
@@ -71,9 +78,7 @@ fn tiny_appends_map_once_per_range_and_close_trims_the_rest() {
         .all(|(i, &b)| b == (i as u64 % 251) as u8 + 1));
     fs.sync().unwrap();
     assert_eq!(fs.statfs().unwrap().blocks_free, free_before - blocks);
-    fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    unmount_and_check(fs, dev);
 }
 
 #[test]
@@ -167,9 +172,7 @@ fn writeback_error_is_reported_once_per_open_file_description() {
     for h in [h1, h2, h3] {
         fs.release_file(h).unwrap();
     }
-    fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    unmount_and_check(fs, dev);
 }
 
 #[test]
