@@ -274,6 +274,13 @@ fn attr_reply(r: foliofs::Result<Attr>, reply: ReplyAttr) {
     }
 }
 
+fn data_reply(r: foliofs::Result<Vec<u8>>, reply: ReplyData) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 /// O_DIRECT opens bypass the kernel's page cache.
 fn fopen_flags(open_flags: i32) -> FopenFlags {
     if open_flags & libc::O_DIRECT != 0 {
@@ -344,10 +351,7 @@ impl Filesystem for FuseFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(self.ino(ino)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
-        }
+        data_reply(self.fs.readlink(self.ino(ino)), reply)
     }
 
     fn mknod(
@@ -530,10 +534,8 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.read_at(self.ino(ino), self.is_direct(fh), offset, size as usize) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = self.read_at(self.ino(ino), self.is_direct(fh), offset, size as usize);
+        data_reply(r, reply)
     }
 
     fn write(

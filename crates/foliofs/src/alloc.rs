@@ -35,6 +35,9 @@ pub struct Alloc {
     pub ags: Vec<Mutex<AgState>>,
     /// Delayed-allocation reservations: blocks promised to dirty data.
     pub reserved: u64,
+    /// The part of `reserved` held by speculative preallocation ranges
+    /// (given back first under ENOSPC pressure).
+    pub speculative: u64,
     /// Blocks kept back for metadata (tree splits, journal-driven needs) so
     /// that data reservations can never starve the writeback that honours them.
     pub meta_reserve: u64,
@@ -181,6 +184,7 @@ impl Alloc {
         Ok(Alloc {
             ags,
             reserved: 0,
+            speculative: 0,
             meta_reserve,
             dir_rotor: 0,
         })
@@ -405,29 +409,44 @@ fn update_ag_header(meta: &mut Meta, ag: u32, f: impl FnOnce(&mut AgHeader)) -> 
     Ok(())
 }
 
+/// The checksum blocks covering data blocks [start, start + len): for each,
+/// (checksum block, first index in it, how many, offset from `start`).
+fn csum_spans(
+    geo: &Geometry,
+    start: u64,
+    len: u64,
+) -> impl Iterator<Item = (u64, u32, u64, u64)> + '_ {
+    let per = geo.csums_per_block;
+    let loc = move |b: u64| geo.csum_loc(b);
+    let mut done = 0u64;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let (blk, idx) = loc(start + done);
+        let n = (per - idx as u64).min(len - done);
+        let at = done;
+        done += n;
+        Some((blk, idx, n, at))
+    })
+}
+
 /// Set data checksums for `crcs.len()` blocks from `start`.
 pub fn set_csums(meta: &mut Meta, start: u64, crcs: &[u32]) -> Result<()> {
     let geo = meta.geo.clone();
-    let mut i = 0usize;
-    while i < crcs.len() {
-        let (blk, idx) = geo.csum_loc(start + i as u64);
-        let n = ((geo.csums_per_block - idx as u64) as usize).min(crcs.len() - i);
+    for (blk, idx, n, at) in csum_spans(&geo, start, crcs.len() as u64) {
         meta.read(blk, magic::CSUM, "checksum block")?;
         let buf = meta.write(blk);
-        for k in 0..n {
-            csum::set(buf, idx + k as u32, crcs[i + k]);
+        for k in 0..n as usize {
+            csum::set(buf, idx + k as u32, crcs[at as usize + k]);
         }
-        i += n;
     }
     Ok(())
 }
 
 pub fn clear_csums(meta: &mut Meta, start: u64, len: u64) -> Result<()> {
     let geo = meta.geo.clone();
-    let mut b = start;
-    while b < start + len {
-        let (blk, idx) = geo.csum_loc(b);
-        let n = (geo.csums_per_block - idx as u64).min(start + len - b);
+    for (blk, idx, n, _) in csum_spans(&geo, start, len) {
         let buf = meta.read(blk, magic::CSUM, "checksum block")?;
         if (0..n as u32).any(|k| csum::get(buf, idx + k) != 0) {
             let buf = meta.write(blk);
@@ -435,7 +454,6 @@ pub fn clear_csums(meta: &mut Meta, start: u64, len: u64) -> Result<()> {
                 csum::set(buf, idx + k, 0);
             }
         }
-        b += n;
     }
     Ok(())
 }
@@ -444,13 +462,9 @@ pub fn clear_csums(meta: &mut Meta, start: u64, len: u64) -> Result<()> {
 /// the checksum blocks that cover them).
 pub fn get_csums(meta: &mut Meta, start: u64, len: u64, out: &mut Vec<u32>) -> Result<()> {
     let geo = meta.geo.clone();
-    let mut b = start;
-    while b < start + len {
-        let (blk, idx) = geo.csum_loc(b);
-        let n = (geo.csums_per_block - idx as u64).min(start + len - b);
+    for (blk, idx, n, _) in csum_spans(&geo, start, len) {
         let buf = meta.read(blk, magic::CSUM, "checksum block")?;
         out.extend((0..n as u32).map(|k| csum::get(buf, idx + k)));
-        b += n;
     }
     Ok(())
 }

@@ -200,6 +200,7 @@ impl Inode {
         if n < 2 || cx.alloc.reserve(n).is_err() {
             return Ok(false);
         }
+        cx.alloc.speculative += n;
         bump(&cx.counters.prealloc_reserved, n);
         self.prealloc = match self.prealloc {
             Some((a, b)) if b == lblk => Some((a, lblk + n)),
@@ -224,6 +225,7 @@ impl Inode {
         let dirty = self.cache.dirty_in(a, b).len() as u64;
         self.delalloc += dirty;
         cx.alloc.unreserve(b - a - dirty);
+        cx.alloc.speculative -= b - a;
         bump(&cx.counters.prealloc_trimmed, b - a - dirty);
     }
 }
@@ -233,7 +235,7 @@ impl Inner {
     /// dirty unmapped blocks outside its speculative range, and the
     /// allocator's reservations are those plus the speculative ranges.
     pub(super) fn check_reservations(&mut self) -> Result<()> {
-        let mut total = 0;
+        let (mut total, mut speculative) = (0, 0);
         let inos: Vec<u64> = self.inodes.keys().copied().collect();
         for ino in inos {
             let (ip, mut cx) = self.with(ino)?;
@@ -250,6 +252,13 @@ impl Inner {
                 )));
             }
             total += ip.delalloc + ip.prealloc.map_or(0, |(a, b)| b - a);
+            speculative += ip.prealloc.map_or(0, |(a, b)| b - a);
+        }
+        if speculative != self.alloc.speculative {
+            return Err(Error::Invalid(format!(
+                "{speculative} blocks in speculative ranges, {} counted",
+                self.alloc.speculative
+            )));
         }
         if total != self.alloc.reserved {
             return Err(Error::Invalid(format!(
@@ -310,18 +319,7 @@ impl Inner {
 
     /// ENOSPC pressure: give back every speculative reservation.
     fn release_all_prealloc(&mut self) {
-        let Inner {
-            inodes,
-            meta,
-            alloc,
-            counters,
-            ..
-        } = self;
-        let mut cx = Ctx {
-            meta,
-            alloc,
-            counters,
-        };
+        let (inodes, mut cx, _) = self.split();
         for ip in inodes.values_mut() {
             ip.release_prealloc(&mut cx);
         }
@@ -416,20 +414,8 @@ impl Inner {
     pub(super) fn drop_cached(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
         let bs = self.meta.geo.block_size;
         self.load_inode(ino)?;
-        let Inner {
-            inodes,
-            meta,
-            alloc,
-            counters,
-            pool,
-            ..
-        } = self;
-        let ip = inodes.get_mut(&ino).ok_or(Error::NotFound)?;
-        let mut cx = Ctx {
-            meta,
-            alloc,
-            counters,
-        };
+        let (inodes, mut cx, pool) = self.split();
+        let ip = inodes.get_mut(&ino).unwrap();
         let (dirty, freed) = ip.cache.drop_range(from, to, bs as usize, pool);
         let mut unmapped = 0;
         if !dirty.is_empty() {
@@ -549,7 +535,9 @@ impl Inner {
         }
         // ENOSPC pressure: speculative reservations go before a write
         // that might need the space fails.
-        if self.alloc.available() < end.div_ceil(bs) - offset / bs + PREALLOC_MIN {
+        if self.alloc.speculative > 0
+            && self.alloc.available() < end.div_ceil(bs) - offset / bs + PREALLOC_MIN
+        {
             self.release_all_prealloc();
         }
         let whole_folio = self.opts.whole_folio_dirty;

@@ -255,31 +255,25 @@ impl Cache {
 
     /// Dirty blocks in [from, to), in order.
     pub fn dirty_in(&self, from: u64, to: u64) -> Vec<u64> {
-        let mut out = Vec::new();
+        self.dirty_blocks(from, to).collect()
+    }
+
+    /// Dirty blocks in [from, to), in order, as they are found.
+    pub fn dirty_blocks(&self, from: u64, to: u64) -> impl Iterator<Item = u64> + '_ {
         let start = self.find(from).map_or(from, |(first, _)| first);
-        for (&first, f) in self.folios.range(start..to) {
-            if !f.any_dirty() {
-                continue;
-            }
-            for i in 0..f.nblocks {
-                let l = first + i as u64;
-                if l >= from && l < to && f.dirty(i) {
-                    out.push(l);
-                }
-            }
-        }
-        out
+        self.folios
+            .range(start..to)
+            .filter(|(_, f)| f.any_dirty())
+            .flat_map(move |(&first, f)| {
+                (0..f.nblocks)
+                    .filter(move |&i| f.dirty(i))
+                    .map(move |i| first + i as u64)
+                    .filter(move |&l| l >= from && l < to)
+            })
     }
 
     pub fn any_dirty_in(&self, from: u64, to: u64) -> bool {
-        let start = self.find(from).map_or(from, |(first, _)| first);
-        self.folios.range(start..to).any(|(&first, f)| {
-            f.any_dirty()
-                && (0..f.nblocks).any(|i| {
-                    let l = first + i as u64;
-                    l >= from && l < to && f.dirty(i)
-                })
-        })
+        self.dirty_blocks(from, to).next().is_some()
     }
 
     pub fn any_dirty(&self) -> bool {

@@ -285,21 +285,8 @@ impl Inner {
     /// The cached inode and the context to change it with.
     pub fn with(&mut self, ino: u64) -> Result<(&mut Inode, Ctx<'_>)> {
         self.load_inode(ino)?;
-        let Inner {
-            meta,
-            alloc,
-            inodes,
-            counters,
-            ..
-        } = self;
-        Ok((
-            inodes.get_mut(&ino).unwrap(),
-            Ctx {
-                meta,
-                alloc,
-                counters,
-            },
-        ))
+        let (inodes, cx, _) = self.split();
+        Ok((inodes.get_mut(&ino).unwrap(), cx))
     }
 
     /// Allocate and initialise a new inode in AG `ag`.

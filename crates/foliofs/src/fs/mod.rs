@@ -351,11 +351,28 @@ pub(crate) struct Shared {
 
 impl Inner {
     pub fn ctx(&mut self) -> Ctx<'_> {
-        Ctx {
-            meta: &mut self.meta,
-            alloc: &mut self.alloc,
-            counters: &self.counters,
-        }
+        self.split().1
+    }
+
+    /// The inode table, a context and the buffer pool, borrowed apart.
+    pub fn split(&mut self) -> (&mut HashMap<u64, Inode>, Ctx<'_>, &mut folio::BufPool) {
+        let Inner {
+            meta,
+            alloc,
+            inodes,
+            counters,
+            pool,
+            ..
+        } = self;
+        (
+            inodes,
+            Ctx {
+                meta,
+                alloc,
+                counters,
+            },
+            pool,
+        )
     }
 
     fn check_writable(&self) -> Result<()> {

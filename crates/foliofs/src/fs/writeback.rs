@@ -102,7 +102,11 @@ impl Inner {
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
         debug_assert!(!ip.wb_busy);
-        let mut lblks = ip.cache.dirty_in(0, u64::MAX);
+        let lblks: Vec<u64> = ip
+            .cache
+            .dirty_blocks(0, u64::MAX)
+            .take(max_blocks.max(1) as usize)
+            .collect();
         if lblks.is_empty() {
             if ip.d.size != ip.size {
                 ip.d.size = ip.size;
@@ -110,7 +114,6 @@ impl Inner {
             }
             return Ok(None);
         }
-        lblks.truncate(max_blocks.max(1) as usize);
         bump(&cx.counters.writebacks, 1);
         ip.data_gen += 1;
         // Classify: (lblk, pblk, fresh) where fresh = mapped unwritten.
@@ -165,6 +168,7 @@ impl Inner {
                         // The preallocation's reservation becomes blocks;
                         // what is left of it stays reserved as one range.
                         cx.alloc.unreserve(n);
+                        cx.alloc.speculative -= n;
                         ip.prealloc = match (a < l, l + n < b) {
                             (false, false) => None,
                             (false, true) => Some((l + n, b)),
@@ -217,7 +221,8 @@ impl Inner {
         };
         // Runs: contiguous on the device and in the file, at most
         // MAX_IO_BLOCKS; their buffers come from the pool.
-        let mut bounds = Vec::new();
+        let (inodes, _, pool) = self.split();
+        let ip = inodes.get_mut(&ino).unwrap();
         let mut i = 0;
         while i < targets.len() {
             let mut j = i + 1;
@@ -228,15 +233,7 @@ impl Inner {
             {
                 j += 1;
             }
-            bounds.push((i, j));
-            i = j;
-        }
-        let bufs: Vec<AlignedBuf> = bounds
-            .iter()
-            .map(|&(i, j)| self.pool.get((j - i) * bs as usize))
-            .collect();
-        let (ip, _) = self.with(ino)?;
-        for (&(i, j), mut buf) in bounds.iter().zip(bufs) {
+            let mut buf = pool.get((j - i) * bs as usize);
             let mut k = 0;
             while k < j - i {
                 let l = targets[i + k].0;
@@ -256,6 +253,7 @@ impl Inner {
                 pblk: targets[i].1,
                 buf,
             });
+            i = j;
         }
         let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
         fresh.sort_unstable();
@@ -363,7 +361,7 @@ impl Inner {
     }
 
     /// The next inode context `id` of `n` should write back: the oldest
-    /// on its AGs' lists that is older than `expired` (or any, when over
+    /// on its AGs' lists dirtied before `expired` (or any, when over
     /// the background threshold). Clean inodes met on the way leave the
     /// lists.
     fn pick_dirty(
@@ -371,7 +369,7 @@ impl Inner {
         id: usize,
         n: usize,
         background: bool,
-        expired: Instant,
+        expired: Option<Instant>,
     ) -> Option<u64> {
         let mut best: Option<(Instant, usize)> = None;
         for ag in (id..self.dirty_queues.len()).step_by(n) {
@@ -386,7 +384,8 @@ impl Inner {
                     continue;
                 }
                 let at = ip.dirtied_at.unwrap_or_else(Instant::now);
-                if !ip.wb_busy && (background || at <= expired) && best.is_none_or(|b| at < b.0) {
+                let due = background || expired.is_some_and(|e| at <= e);
+                if !ip.wb_busy && due && best.is_none_or(|b| at < b.0) {
                     best = Some((at, ag));
                 }
                 break;
@@ -461,7 +460,7 @@ impl Shared {
         let bs = self.block_size;
         let mut left = match g.inodes.get(&ino) {
             None => return Ok((g, 0)),
-            Some(ip) => max_blocks.min(ip.cache.dirty_in(0, u64::MAX).len() as u64),
+            Some(ip) => max_blocks.min(ip.cache.dirty_blocks(0, u64::MAX).count() as u64),
         };
         let mut bytes = 0;
         loop {
@@ -621,12 +620,8 @@ impl Shared {
             }
             let background = g.dirty_bytes > g.background_bytes();
             let now = Instant::now();
-            let expired = if periodic {
-                now.checked_sub(expire).unwrap_or(now)
-            } else {
-                // Without a period, nothing ever expires.
-                now.checked_sub(Duration::from_secs(1 << 30)).unwrap_or(now)
-            };
+            // Without a period, nothing ever expires.
+            let expired = periodic.then(|| now.checked_sub(expire)).flatten();
             if let Some(ino) = g.pick_dirty(id, n, background, expired) {
                 let start = Instant::now();
                 match self.writeback_inode(g, ino, PASS_BYTES / self.block_size) {
