@@ -89,33 +89,7 @@ enum Cmd {
     },
 }
 
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m = match s[i..]
-                .to_ascii_uppercase()
-                .trim_end_matches("IB")
-                .trim_end_matches('B')
-            {
-                "" => 1u64,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                u => return Err(format!("unknown size unit {u:?} (use K, M, G or T)")),
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s} is too large"))
-}
+use foliofs::fs::parse_size;
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
@@ -450,18 +424,4 @@ fn mounted_counters(dir: &Path) -> Result<()> {
     }
     print!("{}", String::from_utf8_lossy(&buf[..n as usize]));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("x").is_err());
-    }
 }

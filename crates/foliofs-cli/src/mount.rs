@@ -8,8 +8,8 @@
 //! unmounted from outside, writing everything back first.
 
 use anyhow::{bail, Context, Result};
-use foliofs::fs::MAX_WB_CONTEXTS;
-use foliofs::{DioLock, Fs, MountOptions};
+use foliofs::fs::ENGINE_OPTIONS;
+use foliofs::{Fs, MountOptions};
 use foliofs_fuse::FuseFs;
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{BufRead, BufReader, Write};
@@ -58,10 +58,6 @@ const IGNORED: &[&str] = &[
     "loud",
 ];
 
-fn size_opt(k: &str, v: &str) -> Result<u64> {
-    crate::parse_size(v).map_err(|e| anyhow::anyhow!("-o {k}={v}: {e}"))
-}
-
 pub fn parse_options(list: &[String]) -> Result<Options> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get() * 2)
@@ -83,34 +79,16 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
+        match o.engine.set(k, v) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => bail!("-o {e}"),
+        }
         match (k, v) {
-            ("ro", None) => o.engine.read_only = true,
-            ("rw", None) => o.engine.read_only = false,
             ("allow_other", None) => o.allow_other = true,
             ("allow_root", None) => o.allow_root = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
-            ("cache_size", Some(v)) => o.engine.meta_cache_bytes = size_opt(k, v)?,
-            ("dirty_limit", Some(v)) => o.engine.dirty_limit_bytes = size_opt(k, v)?,
-            ("page_cache", Some(v)) => o.engine.cache_bytes = size_opt(k, v)?,
-            ("wb_contexts", Some(v)) => {
-                o.engine.writeback_contexts = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_WB_CONTEXTS).contains(n))
-                    .with_context(|| format!("-o wb_contexts={v}: want 1 to {MAX_WB_CONTEXTS}"))?
-            }
-            ("prealloc", Some("on")) => o.engine.no_prealloc = false,
-            ("prealloc", Some("off")) => o.engine.no_prealloc = true,
-            ("dio_cap", Some(v)) => {
-                o.engine.dio_max_blocks = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .with_context(|| format!("-o dio_cap={v}: want a block count >= 1"))?
-            }
-            ("dio_lock", Some("shared")) => o.engine.dio_lock = DioLock::SharedOverwrite,
-            ("dio_lock", Some("exclusive")) => o.engine.dio_lock = DioLock::Exclusive,
             ("threads", Some(v)) => {
                 o.threads = v
                     .parse()
@@ -121,10 +99,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             (k, None) if IGNORED.contains(&k) => {}
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
             _ => bail!(
-                "unknown mount option '{opt}' (known: ro, rw, allow_other, allow_root, \
-                 default_permissions, no_default_permissions, cache_size=SIZE, \
-                 dirty_limit=SIZE, page_cache=SIZE, wb_contexts=N, prealloc=on|off, \
-                 dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N)"
+                "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
+                 allow_root, default_permissions, no_default_permissions, threads=N)"
             ),
         }
     }
@@ -313,7 +289,7 @@ mod tests {
         assert!(parse_options(&["allow_other,allow_root".into()]).is_err());
         let o = parse_options(&["no_default_permissions,dio_lock=exclusive".into()]).unwrap();
         assert!(!o.default_permissions);
-        assert_eq!(o.engine.dio_lock, DioLock::Exclusive);
+        assert_eq!(o.engine.dio_lock, foliofs::DioLock::Exclusive);
     }
 
     #[test]

@@ -16,11 +16,13 @@ pub(crate) mod inode;
 mod iolock;
 mod mkfs;
 mod ns;
+mod options;
 pub mod types;
 mod writeback;
 mod xattr;
 
 pub use mkfs::{mkfs, MkfsOptions};
+pub use options::{parse_size, ENGINE_OPTIONS};
 pub use types::*;
 
 use crate::alloc::Alloc;
