@@ -25,6 +25,8 @@ cargo build --locked --release -p foliofs-cli -q
 $bin mkfs "$tmp/t.img" --size 64M --json >/dev/null
 $bin fsck "$tmp/t.img" --data
 $bin stat "$tmp/t.img" --json >/dev/null
-if $bin mkfs "$tmp/t.img" --size 64M 2>/dev/null; then echo "mkfs over an existing file system must refuse" >&2; exit 1; fi
+if $bin mkfs "$tmp/t.img" --size 32M 2>/dev/null; then echo "mkfs over an existing file system must refuse" >&2; exit 1; fi
+[ "$(stat -c %s "$tmp/t.img")" -eq $((64 << 20)) ] || { echo "a refused mkfs must leave the image as it was" >&2; exit 1; }
+$bin fsck "$tmp/t.img" >/dev/null
 if $bin fsck "$tmp/missing.img" 2>/dev/null; then echo "fsck of a missing image must fail" >&2; exit 1; fi
-echo "CLI smoke: 5 passed, 0 failed"
+echo "CLI smoke: 7 passed, 0 failed"

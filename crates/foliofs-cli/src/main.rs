@@ -115,6 +115,14 @@ fn mkfs_cmd(
     force: bool,
     json: bool,
 ) -> Result<()> {
+    // Refuse before touching the image: sizing it could cut the file
+    // system it holds.
+    if !force && image.exists() && foliofs::meta::read_superblock(&*open(image, false)?).is_ok() {
+        bail!(
+            "{} already holds a foliofs file system: use --force to overwrite it",
+            image.display()
+        );
+    }
     if let Some(size) = size {
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -133,12 +141,6 @@ fn mkfs_cmd(
         );
     }
     let dev = open(image, true)?;
-    if !force && foliofs::meta::read_superblock(&*dev).is_ok() {
-        bail!(
-            "{} already holds a foliofs file system: use --force to overwrite it",
-            image.display()
-        );
-    }
     let pb = bar(0, "mkfs");
     let sb = foliofs::mkfs(&*dev, &o, |done, total| {
         pb.set_length(total as u64);

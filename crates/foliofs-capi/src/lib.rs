@@ -1,0 +1,647 @@
+//! The C ABI of the foliofs engine (`include/foliofs.h`): mount an image,
+//! open files by path, pread/pwrite (buffered or O_DIRECT), fsync, and the
+//! namespace calls a C program or the fio engine needs.
+//!
+//! Every function returns 0 or a count on success and a negative errno on
+//! failure, with the message kept per thread for `foliofs_last_error`.
+//! No Rust panic crosses the boundary: one becomes -EIO.
+
+use foliofs::device::FileDevice;
+use foliofs::fs::{Attr, FileType, OpenFile, SetAttr};
+use foliofs::{Error, Fs, MkfsOptions, MountOptions};
+use parking_lot::RwLock;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: String) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// A failure: its errno and message.
+struct Fail(i32, String);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        Fail(e.errno(), e.to_string())
+    }
+}
+
+fn fail(errno: i32, msg: impl Into<String>) -> Fail {
+    Fail(errno, msg.into())
+}
+
+/// Run `f`, turning an error or a panic into a negative errno.
+fn call(f: impl FnOnce() -> Result<i64, Fail>) -> i64 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(n)) => n,
+        Ok(Err(Fail(errno, msg))) => {
+            set_error(msg);
+            -(errno as i64)
+        }
+        Err(_) => {
+            set_error("foliofs panicked; the file system may need fsck".into());
+            -(libc::EIO as i64)
+        }
+    }
+}
+
+fn call_int(f: impl FnOnce() -> Result<i64, Fail>) -> c_int {
+    call(f) as c_int
+}
+
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn cstr<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    if p.is_null() {
+        return Err(fail(libc::EINVAL, format!("{what} is NULL")));
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| fail(libc::EINVAL, format!("{what} is not UTF-8")))
+}
+
+struct Handle {
+    file: OpenFile,
+    direct: bool,
+    writable: bool,
+}
+
+/// A mounted file system and its open files.
+pub struct Foliofs {
+    fs: Fs,
+    handles: RwLock<HashMap<i64, Arc<Handle>>>,
+    next: AtomicI64,
+}
+
+impl Foliofs {
+    fn handle(&self, fh: i64) -> Result<Arc<Handle>, Fail> {
+        self.handles
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| fail(libc::EBADF, format!("no open file handle {fh}")))
+    }
+
+    /// The parent directory's inode and the last name of `path`.
+    fn parent<'p>(&self, path: &'p str) -> Result<(u64, &'p str), Fail> {
+        let path = path.trim_end_matches('/');
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(fail(libc::EINVAL, format!("{path:?} names no file")));
+        }
+        Ok((self.fs.resolve(dir)?, name))
+    }
+}
+
+/// # Safety
+/// `fs` is NULL or a pointer from `foliofs_mount` not yet unmounted.
+unsafe fn get<'a>(fs: *mut Foliofs) -> Result<&'a Foliofs, Fail> {
+    // SAFETY: the caller passes a live handle or NULL.
+    unsafe { fs.as_ref() }.ok_or_else(|| fail(libc::EINVAL, "file system handle is NULL"))
+}
+
+fn stat_of(a: &Attr) -> FoliofsStat {
+    FoliofsStat {
+        ino: a.ino,
+        size: a.size,
+        allocated: a.allocated,
+        mode: a.kind.mode_bits() | a.perm,
+        nlink: a.nlink,
+    }
+}
+
+/// `struct foliofs_stat`.
+#[repr(C)]
+pub struct FoliofsStat {
+    pub ino: u64,
+    pub size: u64,
+    pub allocated: u64,
+    pub mode: u32,
+    pub nlink: u32,
+}
+
+/// # Safety
+/// `image` is a NUL-terminated path.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_mkfs(image: *const c_char, size: u64, force: c_int) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let path = Path::new(unsafe { cstr(image, "image") }?);
+        let io = |e: std::io::Error| fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string());
+        if path.exists() {
+            let dev = FileDevice::open(path, false).map_err(io)?;
+            if force == 0 && foliofs::meta::read_superblock(&dev).is_ok() {
+                return Err(fail(
+                    libc::EEXIST,
+                    format!("{} already holds a foliofs file system", path.display()),
+                ));
+            }
+        }
+        if size > 0 {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .map_err(io)?;
+            if f.metadata().map_err(io)?.is_file() {
+                f.set_len(size).map_err(io)?;
+            }
+        }
+        let dev = FileDevice::open(path, true).map_err(io)?;
+        foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {})?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `image` is a NUL-terminated path; `options` is NULL or a NUL-terminated
+/// string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_mount(
+    image: *const c_char,
+    options: *const c_char,
+) -> *mut Foliofs {
+    let mut out = std::ptr::null_mut();
+    call(|| {
+        // SAFETY: per the contract above.
+        let path = Path::new(unsafe { cstr(image, "image") }?);
+        let opts = if options.is_null() {
+            MountOptions::default()
+        } else {
+            // SAFETY: per the contract above.
+            MountOptions::parse(unsafe { cstr(options, "options") }?)
+                .map_err(|e| fail(libc::EINVAL, e))?
+        };
+        let dev = FileDevice::open(path, !opts.read_only)
+            .map_err(|e| fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
+        let fs = Fs::mount(Arc::new(dev), opts)?;
+        out = Box::into_raw(Box::new(Foliofs {
+            fs,
+            handles: RwLock::new(HashMap::new()),
+            next: AtomicI64::new(0),
+        }));
+        Ok(0)
+    });
+    out
+}
+
+/// # Safety
+/// `fs` comes from `foliofs_mount` and is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_unmount(fs: *mut Foliofs) -> c_int {
+    call_int(|| {
+        if fs.is_null() {
+            return Err(fail(libc::EINVAL, "file system handle is NULL"));
+        }
+        // SAFETY: the caller gives up the handle.
+        let b = unsafe { Box::from_raw(fs) };
+        let Foliofs { fs, handles, .. } = *b;
+        for (_, h) in handles.into_inner() {
+            if let Ok(h) = Arc::try_unwrap(h) {
+                fs.release_file(h.file)?;
+            }
+        }
+        fs.unmount()?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_open(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    flags: c_int,
+    mode: u32,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        if flags & libc::O_APPEND != 0 {
+            return Err(fail(libc::EINVAL, "O_APPEND is not supported: use offsets"));
+        }
+        let (dir, name) = f.parent(path)?;
+        let ino = match f.fs.lookup(dir, name.as_bytes()) {
+            Ok(_) if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 => {
+                return Err(fail(libc::EEXIST, format!("{path} exists")))
+            }
+            Ok(a) => a.ino,
+            Err(Error::NotFound) if flags & libc::O_CREAT != 0 => {
+                // SAFETY: getuid/getgid cannot fail.
+                let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+                f.fs.create(dir, name.as_bytes(), mode & 0o7777, uid, gid)?
+                    .ino
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let (attr, file) = f.fs.open_file(ino)?;
+        if attr.kind == FileType::Dir && writable {
+            f.fs.release_file(file)?;
+            return Err(fail(libc::EISDIR, format!("{path} is a directory")));
+        }
+        if flags & libc::O_TRUNC != 0 && writable && attr.size != 0 {
+            let set = SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            if let Err(e) = f.fs.setattr(ino, &set) {
+                f.fs.release_file(file)?;
+                return Err(e.into());
+            }
+        }
+        let fh = f.next.fetch_add(1, Ordering::Relaxed);
+        let h = Handle {
+            file,
+            direct: flags & libc::O_DIRECT != 0,
+            writable,
+        };
+        f.handles.write().insert(fh, Arc::new(h));
+        Ok(fh)
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_close(fs: *mut Foliofs, fh: i64) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f
+            .handles
+            .write()
+            .remove(&fh)
+            .ok_or_else(|| fail(libc::EBADF, format!("no open file handle {fh}")))?;
+        // A call still running on the handle keeps it; it is released
+        // with the file system then.
+        if let Ok(h) = Arc::try_unwrap(h) {
+            f.fs.release_file(h.file)?;
+        }
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `buf` holds `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_pread(
+    fs: *mut Foliofs,
+    fh: i64,
+    buf: *mut c_void,
+    len: usize,
+    offset: u64,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f.handle(fh)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        if buf.is_null() {
+            return Err(fail(libc::EFAULT, "buffer is NULL"));
+        }
+        // SAFETY: the caller gives `len` writable bytes at `buf`.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+        let n = if h.direct {
+            f.fs.read_direct(h.file.ino, offset, b)?
+        } else {
+            f.fs.read(h.file.ino, offset, b)?
+        };
+        Ok(n as i64)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `buf` holds `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_pwrite(
+    fs: *mut Foliofs,
+    fh: i64,
+    buf: *const c_void,
+    len: usize,
+    offset: u64,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f.handle(fh)?;
+        if !h.writable {
+            return Err(fail(
+                libc::EBADF,
+                format!("handle {fh} is not open for writing"),
+            ));
+        }
+        if len == 0 {
+            return Ok(0);
+        }
+        if buf.is_null() {
+            return Err(fail(libc::EFAULT, "buffer is NULL"));
+        }
+        // SAFETY: the caller gives `len` readable bytes at `buf`.
+        let b = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
+        let n = if h.direct {
+            f.fs.write_direct(h.file.ino, offset, b)?
+        } else {
+            f.fs.write(h.file.ino, offset, b)?
+        };
+        Ok(n as i64)
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_fsync(fs: *mut Foliofs, fh: i64, datasync: c_int) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f.handle(fh)?;
+        f.fs.fsync_file(&h.file, datasync != 0)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_ftruncate(fs: *mut Foliofs, fh: i64, size: u64) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f.handle(fh)?;
+        let set = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        f.fs.setattr(h.file.ino, &set)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `st` points to a `struct foliofs_stat`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_fstat(fs: *mut Foliofs, fh: i64, st: *mut FoliofsStat) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let a = f.fs.getattr(f.handle(fh)?.file.ino)?;
+        // SAFETY: the caller gives a writable struct or NULL.
+        let st = unsafe { st.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "stat is NULL"))?;
+        *st = stat_of(&a);
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `st` points to a
+/// `struct foliofs_stat`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_stat(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    st: *mut FoliofsStat,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let a = f.fs.getattr(f.fs.resolve(path)?)?;
+        // SAFETY: the caller gives a writable struct or NULL.
+        let st = unsafe { st.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "stat is NULL"))?;
+        *st = stat_of(&a);
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_mkdir(fs: *mut Foliofs, path: *const c_char, mode: u32) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let (dir, name) = f.parent(path)?;
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        f.fs.mkdir(dir, name.as_bytes(), mode & 0o7777, uid, gid)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_unlink(fs: *mut Foliofs, path: *const c_char) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let (dir, name) = f.parent(path)?;
+        f.fs.unlink(dir, name.as_bytes())?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_rmdir(fs: *mut Foliofs, path: *const c_char) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let (dir, name) = f.parent(path)?;
+        f.fs.rmdir(dir, name.as_bytes())?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `from` and `to` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_rename(
+    fs: *mut Foliofs,
+    from: *const c_char,
+    to: *const c_char,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, from, to) = unsafe { (get(fs)?, cstr(from, "from")?, cstr(to, "to")?) };
+        let (d1, n1) = f.parent(from)?;
+        let (d2, n2) = f.parent(to)?;
+        f.fs.rename(d1, n1.as_bytes(), d2, n2.as_bytes(), 0)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_sync(fs: *mut Foliofs) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        unsafe { get(fs) }?.fs.sync()?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `buf` holds `len` writable bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_counters_json(
+    fs: *mut Foliofs,
+    buf: *mut c_char,
+    len: usize,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let json = serde_json::to_vec(&f.fs.counters())
+            .map_err(|e| fail(libc::EIO, format!("counters: {e}")))?;
+        if len > json.len() && !buf.is_null() {
+            // SAFETY: the caller gives `len` writable bytes at `buf`.
+            let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+            out[..json.len()].copy_from_slice(&json);
+            out[json.len()] = 0;
+        }
+        Ok(json.len() as i64 + 1)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn foliofs_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(s: &str) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    fn last_error() -> String {
+        // SAFETY: the pointer is this thread's NUL-terminated message.
+        unsafe { CStr::from_ptr(foliofs_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn files_through_the_c_abi() {
+        let dir = std::env::temp_dir().join(format!("foliofs-capi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = c(dir.join("c.img").to_str().unwrap());
+        // SAFETY: every pointer below is a live CString, buffer or handle.
+        unsafe {
+            assert_eq!(
+                foliofs_mkfs(img.as_ptr(), 64 << 20, 0),
+                0,
+                "{}",
+                last_error()
+            );
+            assert_eq!(foliofs_mkfs(img.as_ptr(), 64 << 20, 0), -libc::EEXIST);
+            assert!(last_error().contains("already holds"));
+            let bad = foliofs_mount(img.as_ptr(), c("wb_contexts=99").as_ptr());
+            assert!(bad.is_null());
+            assert!(last_error().contains("wb_contexts"), "{}", last_error());
+            let fs = foliofs_mount(img.as_ptr(), c("dirty_limit=8M").as_ptr());
+            assert!(!fs.is_null(), "{}", last_error());
+            assert_eq!(foliofs_mkdir(fs, c("d").as_ptr(), 0o755), 0);
+            let path = c("d/f");
+            assert_eq!(
+                foliofs_open(fs, path.as_ptr(), libc::O_RDWR, 0),
+                -(libc::ENOENT as i64)
+            );
+            let fh = foliofs_open(fs, path.as_ptr(), libc::O_RDWR | libc::O_CREAT, 0o644);
+            assert!(fh >= 0, "{}", last_error());
+            let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+            let n = foliofs_pwrite(fs, fh, data.as_ptr().cast(), data.len(), 7);
+            assert_eq!(n, data.len() as i64);
+            assert_eq!(foliofs_fsync(fs, fh, 1), 0);
+            let mut back = vec![0u8; data.len() + 50];
+            let n = foliofs_pread(fs, fh, back.as_mut_ptr().cast(), back.len(), 7);
+            assert_eq!(n, data.len() as i64);
+            assert_eq!(&back[..data.len()], &data[..]);
+            let mut st = FoliofsStat {
+                ino: 0,
+                size: 0,
+                allocated: 0,
+                mode: 0,
+                nlink: 0,
+            };
+            assert_eq!(foliofs_fstat(fs, fh, &mut st), 0);
+            assert_eq!(st.size, data.len() as u64 + 7);
+            assert_eq!(st.mode, libc::S_IFREG | 0o644);
+            // O_DIRECT: aligned reads of what the buffered write left.
+            let dh = foliofs_open(fs, path.as_ptr(), libc::O_RDONLY | libc::O_DIRECT, 0);
+            let mut al = foliofs::device::AlignedBuf::zeroed(8192);
+            assert_eq!(foliofs_pread(fs, dh, al.as_mut_ptr().cast(), 8192, 0), 8192);
+            assert_eq!(&al[7..8192], &data[..8192 - 7]);
+            assert_eq!(
+                foliofs_pread(fs, dh, back.as_mut_ptr().add(1).cast(), 4096, 0),
+                -(libc::EINVAL as i64)
+            );
+            assert_eq!(
+                foliofs_pwrite(fs, dh, al.as_ptr().cast(), 4096, 0),
+                -(libc::EBADF as i64)
+            );
+            assert_eq!(foliofs_close(fs, dh), 0);
+            assert_eq!(foliofs_close(fs, dh), -libc::EBADF);
+            assert_eq!(foliofs_ftruncate(fs, fh, 10), 0);
+            assert_eq!(foliofs_stat(fs, path.as_ptr(), &mut st), 0);
+            assert_eq!(st.size, 10);
+            assert_eq!(foliofs_rename(fs, path.as_ptr(), c("g").as_ptr()), 0);
+            assert_eq!(
+                foliofs_open(
+                    fs,
+                    c("g").as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                    0o600
+                ),
+                -(libc::EEXIST as i64)
+            );
+            let need = foliofs_counters_json(fs, std::ptr::null_mut(), 0);
+            let mut js = vec![0u8; need as usize];
+            assert_eq!(
+                foliofs_counters_json(fs, js.as_mut_ptr().cast(), js.len()),
+                need
+            );
+            let v: serde_json::Value = serde_json::from_slice(&js[..need as usize - 1]).unwrap();
+            assert!(v["bytes_written_app"].as_u64().unwrap() >= data.len() as u64);
+            // Left open: unmount closes it.
+            assert_eq!(foliofs_unmount(fs), 0, "{}", last_error());
+            let fs = foliofs_mount(img.as_ptr(), std::ptr::null());
+            assert!(!fs.is_null(), "{}", last_error());
+            let fh = foliofs_open(fs, c("g").as_ptr(), libc::O_RDONLY, 0);
+            let n = foliofs_pread(fs, fh, back.as_mut_ptr().cast(), back.len(), 0);
+            assert_eq!(n, 10);
+            assert_eq!(&back[7..10], &data[..3]);
+            assert_eq!(foliofs_unlink(fs, c("g").as_ptr()), 0);
+            assert_eq!(foliofs_rmdir(fs, c("d").as_ptr()), 0);
+            assert_eq!(foliofs_unmount(fs), 0);
+        }
+        let dev = FileDevice::open(&dir.join("c.img"), false).unwrap();
+        let opts = foliofs::fsck::FsckOptions {
+            repair: false,
+            check_data: true,
+        };
+        let report = foliofs::fsck::fsck(Arc::new(dev), &opts, |_, _| {}).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
