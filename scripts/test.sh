@@ -30,3 +30,5 @@ if $bin mkfs "$tmp/t.img" --size 32M 2>/dev/null; then echo "mkfs over an existi
 $bin fsck "$tmp/t.img" >/dev/null
 if $bin fsck "$tmp/missing.img" 2>/dev/null; then echo "fsck of a missing image must fail" >&2; exit 1; fi
 echo "CLI smoke: 7 passed, 0 failed"
+echo "== fio external engine (seed W1, W2 jobs with verify=crc32c)"
+make -s -C bench/fio check
