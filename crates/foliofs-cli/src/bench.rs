@@ -47,6 +47,14 @@ pub struct BenchArgs {
     pub raw: bool,
     #[arg(long)]
     pub json: bool,
+    /// Run the workloads through system calls on these directories
+    /// instead (kernel file systems, a foliofs FUSE mount): each target
+    /// is a variant, compared with the first. Repeat for several.
+    #[arg(long, value_name = "DIR")]
+    pub target: Vec<PathBuf>,
+    /// Write a chart per workload (SVG and PNG) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub chart: Option<PathBuf>,
     /// Keep the image file.
     #[arg(long)]
     pub keep: bool,
@@ -77,7 +85,7 @@ pub struct Outcome {
     pub notes: Vec<String>,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     if s.is_empty() {
@@ -92,7 +100,7 @@ fn spread(v: &[f64]) -> (f64, f64) {
     (lo, hi)
 }
 
-fn ratio(what: &str, a: &[f64], b: &[f64], seed: &str) -> Ratio {
+pub(crate) fn ratio(what: &str, a: &[f64], b: &[f64], seed: &str) -> Ratio {
     Ratio {
         what: what.into(),
         values: a.iter().zip(b).map(|(x, y)| x / y.max(1e-9)).collect(),
@@ -126,7 +134,7 @@ fn fresh_fs(args: &BenchArgs) -> Result<(Arc<FileDevice>, Fs)> {
 /// Block `b`'s content in every bench file: the same bytes whoever writes
 /// them, so raw passes may write over the file without breaking its
 /// checksums.
-fn fill(buf: &mut [u8], first_block: u64, bs: usize) {
+pub(crate) fn fill(buf: &mut [u8], first_block: u64, bs: usize) {
     for (i, blk) in buf.chunks_mut(bs).enumerate() {
         let b = first_block + i as u64;
         for (k, w) in blk.chunks_mut(8).enumerate() {
@@ -168,7 +176,7 @@ fn open_raw(args: &BenchArgs) -> Result<File> {
         .with_context(|| format!("cannot open {} with O_DIRECT", args.image.display()))
 }
 
-fn progress(total: u64) -> ProgressBar {
+pub(crate) fn progress(total: u64) -> ProgressBar {
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} passes ({elapsed})")
@@ -795,7 +803,7 @@ fn variant_series(variants: &[&str], metrics: &[(&str, &str, &[Vec<f64>])]) -> V
     out
 }
 
-fn plural(n: usize, what: &str) -> String {
+pub(crate) fn plural(n: usize, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
     } else {
@@ -804,7 +812,7 @@ fn plural(n: usize, what: &str) -> String {
 }
 
 /// Run `threads` workers for `secs` seconds; returns operations per second.
-fn run_threads<F, W>(threads: usize, secs: f64, make: F) -> Result<f64>
+pub(crate) fn run_threads<F, W>(threads: usize, secs: f64, make: F) -> Result<f64>
 where
     F: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> W,
     W: FnOnce() -> Result<()> + Send + 'static,
@@ -841,6 +849,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
         if !["W1", "W2", "W3", "W4", "W5"].contains(&w.as_str()) {
             bail!("unknown workload {w}: choose W1, W2, W3, W4, W5 or all");
         }
+    }
+    if !args.target.is_empty() {
+        return crate::target::run(args, &which);
     }
     let mut out = Vec::new();
     for w in &which {

@@ -1,7 +1,9 @@
 //! The `foliofs` command: mkfs, fsck, stat, mount, bench.
 
 mod bench;
+mod chart;
 mod mount;
+mod target;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -366,6 +368,11 @@ fn main() -> ExitCode {
             foreground,
         } => mount_cmd(&image, &dir, &options, foreground, ready).map(|_| 0),
         Cmd::Bench(args) => bench::run(&args).and_then(|out| {
+            if let Some(dir) = &args.chart {
+                for f in chart::write(dir, &out)? {
+                    eprintln!("chart: {}", f.display());
+                }
+            }
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {

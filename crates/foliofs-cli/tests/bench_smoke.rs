@@ -55,3 +55,59 @@ fn bench_rejects_bad_input() {
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
 }
+
+#[test]
+fn bench_targets_and_charts() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-targets");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a, b, charts) = (dir.join("a"), dir.join("b"), dir.join("charts"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "all", "--file-mib", "8", "--rounds", "2"])
+        .args(["--seconds", "0.1", "--threads", "1,2", "--json"])
+        .arg("--target")
+        .arg(&a)
+        .arg("--target")
+        .arg(&b)
+        .arg("--chart")
+        .arg(&charts)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench --target failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for o in v.as_array().unwrap() {
+        let names: Vec<&str> = o["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        assert!(names.iter().any(|n| n.starts_with('a')), "{names:?}");
+        assert!(names.iter().any(|n| n.starts_with('b')), "{names:?}");
+        for s in o["series"].as_array().unwrap() {
+            if s["unit"] != "blocks" {
+                let vals = s["values"].as_array().unwrap();
+                assert!(vals.iter().all(|x| x.as_f64().unwrap() > 0.0), "{s}");
+            }
+        }
+        assert!(!o["ratios"].as_array().unwrap().is_empty(), "{o}");
+        let id = o["id"].as_str().unwrap();
+        let svg = std::fs::read_to_string(charts.join(format!("{id}.svg"))).unwrap();
+        assert!(svg.contains("<svg") && svg.contains(id), "{id}.svg");
+        let png = std::fs::read(charts.join(format!("{id}.png"))).unwrap();
+        assert_eq!(&png[1..4], b"PNG", "{id}.png");
+    }
+    // The work directories are gone; the targets are left as they were.
+    assert_eq!(std::fs::read_dir(&a).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&b).unwrap().count(), 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "W1", "--target"])
+        .arg(dir.join("missing"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
