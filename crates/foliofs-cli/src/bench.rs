@@ -47,6 +47,9 @@ pub struct BenchArgs {
     pub raw: bool,
     #[arg(long)]
     pub json: bool,
+    /// Print the tables as Markdown (for docs/BENCH-RESULTS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
     /// Run the workloads through system calls on these directories
     /// instead (kernel file systems, a foliofs FUSE mount): each target
     /// is a variant, compared with the first. Repeat for several.
@@ -177,11 +180,18 @@ fn open_raw(args: &BenchArgs) -> Result<File> {
 }
 
 pub(crate) fn progress(total: u64) -> ProgressBar {
+    progress_in(total, "passes")
+}
+
+/// A progress bar counting `unit`.
+pub(crate) fn progress_in(total: u64, unit: &str) -> ProgressBar {
     let pb = ProgressBar::new(total);
     pb.set_style(
-        ProgressStyle::with_template("{msg:>24} [{bar:30}] {pos}/{len} passes ({elapsed})")
-            .unwrap()
-            .progress_chars("=> "),
+        ProgressStyle::with_template(&format!(
+            "{{msg:>24}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{elapsed}})"
+        ))
+        .unwrap()
+        .progress_chars("=> "),
     );
     pb
 }
@@ -881,10 +891,16 @@ fn num(x: f64) -> String {
     }
 }
 
-pub fn print(outcomes: &[Outcome]) {
+pub fn print(outcomes: &[Outcome], markdown: bool) {
     for o in outcomes {
         println!("{}: {}", o.id, o.title);
+        if markdown {
+            println!();
+        }
         let mut t = Table::new();
+        if markdown {
+            t.load_style(comfy_table::presets::ASCII_MARKDOWN);
+        }
         t.set_header(vec!["variant", "median", "min", "max", "unit"]);
         for s in &o.series {
             let (lo, hi) = spread(&s.values);
@@ -897,7 +913,13 @@ pub fn print(outcomes: &[Outcome]) {
             ]);
         }
         println!("{t}");
+        if markdown {
+            println!();
+        }
         let mut t = Table::new();
+        if markdown {
+            t.load_style(comfy_table::presets::ASCII_MARKDOWN);
+        }
         t.set_header(vec!["ratio", "median", "min", "max", "seed"]);
         for r in &o.ratios {
             let (lo, hi) = spread(&r.values);
@@ -910,8 +932,11 @@ pub fn print(outcomes: &[Outcome]) {
             ]);
         }
         println!("{t}");
+        if markdown {
+            println!();
+        }
         for n in &o.notes {
-            println!("  {n}");
+            println!("{}{n}", if markdown { "- " } else { "  " });
         }
         println!();
     }

@@ -1,7 +1,8 @@
-//! The `foliofs` command: mkfs, fsck, stat, mount, bench.
+//! The `foliofs` command: mkfs, fsck, stat, mount, bench, torture.
 
 mod bench;
 mod chart;
+mod fsx;
 mod mount;
 mod target;
 
@@ -25,6 +26,15 @@ use std::sync::Arc;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum TortureCmd {
+    /// fsx-style exerciser: random reads, writes (buffered and O_DIRECT),
+    /// truncates, fallocates, fsyncs and remounts of one file against an
+    /// in-memory model, on the engine or through system calls on a
+    /// directory (--target).
+    Fsx(fsx::FsxArgs),
 }
 
 #[derive(Subcommand)]
@@ -75,8 +85,13 @@ enum Cmd {
         #[arg(short, long)]
         foreground: bool,
     },
-    /// Run the seed workloads in A/B pairs on a fresh image (W2, W3 or all).
+    /// Run the seed workloads in A/B pairs on a fresh image (W1..W5 or all).
     Bench(bench::BenchArgs),
+    /// Reliability harnesses: long seeded runs that check every result.
+    Torture {
+        #[command(subcommand)]
+        cmd: TortureCmd,
+    },
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
         #[arg(required_unless_present = "mount")]
@@ -367,6 +382,19 @@ fn main() -> ExitCode {
             options,
             foreground,
         } => mount_cmd(&image, &dir, &options, foreground, ready).map(|_| 0),
+        Cmd::Torture {
+            cmd: TortureCmd::Fsx(args),
+        } => fsx::run(&args).map(|t| {
+            println!(
+                "fsx: {} operations, {} reads checked ({} MiB), {} remounts/reopens, {} unsupported modes skipped, 0 failures",
+                t.ops,
+                t.reads_checked,
+                t.bytes_checked >> 20,
+                t.cycles,
+                t.unsupported
+            );
+            0
+        }),
         Cmd::Bench(args) => bench::run(&args).and_then(|out| {
             if let Some(dir) = &args.chart {
                 for f in chart::write(dir, &out)? {
@@ -376,7 +404,7 @@ fn main() -> ExitCode {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                bench::print(&out);
+                bench::print(&out, args.markdown);
             }
             Ok(0)
         }),

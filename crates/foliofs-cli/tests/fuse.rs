@@ -443,6 +443,28 @@ fn fio_buffered_and_direct_with_verify() {
 }
 
 #[test]
+fn fsx_through_the_mount_against_a_model() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("fsx", "");
+    // Buffered and O_DIRECT descriptors on one file, truncates, fallocate
+    // modes, fsyncs and reopens; every read checked against the model.
+    let out = run(Command::new(BIN)
+        .args([
+            "torture", "fsx", "--ops", "15000", "--runs", "2", "--seed", "41", "--target",
+        ])
+        .arg(&m.dir));
+    assert!(out.contains("30000 operations"), "{out}");
+    assert!(
+        out.contains("0 unsupported"),
+        "every fallocate mode works: {out}"
+    );
+    m.remount("");
+    m.unmount_and_check();
+}
+
+#[test]
 fn permissions_for_another_user() {
     if !fuse_ready(&["runuser"]) {
         return;

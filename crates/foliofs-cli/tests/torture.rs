@@ -1,0 +1,50 @@
+//! `foliofs torture` at small sizes: the harnesses run, check, and say so.
+
+use std::process::Command;
+
+fn foliofs(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn fsx_on_the_engine() {
+    let img = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fsx-engine.img");
+    let out = foliofs(&[
+        "torture",
+        "fsx",
+        "--ops",
+        "20000",
+        "--runs",
+        "2",
+        "--seed",
+        "5",
+        "--image",
+        img.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("40000 operations"), "{stdout}");
+    assert!(stdout.contains("0 failures"), "{stdout}");
+    assert!(!img.exists(), "the image is removed after a clean run");
+}
+
+#[test]
+fn torture_rejects_bad_input() {
+    for args in [
+        &["torture", "fsx", "--ops", "0"][..],
+        &["torture", "fsx", "--target", "/nonexistent/dir"][..],
+        &["torture", "fsx", "--seed", "x"][..],
+        &["torture", "nothing"][..],
+    ] {
+        let out = foliofs(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!out.stderr.is_empty(), "{args:?} said nothing");
+    }
+}
