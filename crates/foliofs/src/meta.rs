@@ -49,6 +49,8 @@ pub struct Meta {
     pub sb: Superblock,
     cache: HashMap<u64, Cached>,
     running: BTreeSet<u64>,
+    /// Metadata changes made so far (each write or create of a block).
+    changes: u64,
     checkpoint: BTreeSet<u64>,
     frozen: HashMap<u64, AlignedBuf>,
     head_pos: u64,
@@ -161,6 +163,7 @@ impl Meta {
             sb,
             cache: HashMap::new(),
             running: BTreeSet::new(),
+            changes: 0,
             checkpoint: BTreeSet::new(),
             frozen: HashMap::new(),
             freed_running: Vec::new(),
@@ -234,7 +237,14 @@ impl Meta {
 
     /// Mutable access to a cached block; it joins the running transaction.
     /// The block must have been read (or created) first.
+    /// Metadata changes made so far: an operation that fails after this
+    /// moved has left a half-done change in the running transaction.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     pub fn write(&mut self, blk: u64) -> &mut [u8] {
+        self.changes += 1;
         if self.checkpoint.contains(&blk)
             && !self.running.contains(&blk)
             && !self.frozen.contains_key(&blk)
@@ -252,6 +262,7 @@ impl Meta {
 
     /// A new block with zeroed contents, in the running transaction.
     pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
+        self.changes += 1;
         if !self.cache.contains_key(&blk) {
             self.evict_if_needed();
             self.cache.insert(

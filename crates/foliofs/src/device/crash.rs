@@ -83,6 +83,16 @@ impl CrashDevice {
         s.pending.clear();
     }
 
+    /// Reads attempted so far (failed ones included).
+    pub fn read_count(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// Writes attempted so far (failed ones included).
+    pub fn write_count(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
     /// Number of completed flushes.
     pub fn flush_count(&self) -> u64 {
         self.flushes.load(Ordering::SeqCst)

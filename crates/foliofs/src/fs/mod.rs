@@ -385,6 +385,28 @@ impl Inner {
         Ok(())
     }
 
+    /// Run one metadata operation. If it fails with an I/O error or
+    /// corruption after changing metadata, the change is half done and
+    /// sits in the running transaction: committing it would make the
+    /// damage durable (an inode marked in use that no directory names, a
+    /// block in two places), so the file system shuts down instead and
+    /// the journal keeps the last whole state, as XFS does when a dirty
+    /// transaction is cancelled. Errors found before any change (ENOENT,
+    /// EEXIST, ENOSPC at reservation, ...) leave it running.
+    fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let before = self.meta.changes();
+        let r = f(self);
+        if let Err(e) = &r {
+            if matches!(e, Error::Io(_) | Error::Corrupted { .. }) && self.meta.changes() != before
+            {
+                log::error!("shutting down: an operation failed half way: {e}");
+                self.meta
+                    .poison(format!("a metadata operation failed half way ({e})"));
+            }
+        }
+        r
+    }
+
     /// Commit at an operation boundary when the running transaction grows
     /// past a quarter of the journal, so no transaction outgrows it.
     fn maybe_commit(&mut self) -> Result<()> {
@@ -633,7 +655,7 @@ impl Fs {
             // Blocks a truncate frees must not be under writeback.
             self.s.wait_wb_idle(&mut g, ino);
         }
-        let r = g.setattr(ino, set);
+        let r = g.guarded(|g| g.setattr(ino, set));
         g.maybe_commit()?;
         r
     }
@@ -652,7 +674,7 @@ impl Fs {
     ) -> Result<Attr> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.create(parent, name, kind, perm, uid, gid, rdev, None);
+        let r = g.guarded(|g| g.create(parent, name, kind, perm, uid, gid, rdev, None));
         g.maybe_commit()?;
         r
     }
@@ -675,16 +697,18 @@ impl Fs {
     ) -> Result<Attr> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.create(
-            parent,
-            name,
-            FileType::Symlink,
-            0o777,
-            uid,
-            gid,
-            0,
-            Some(target),
-        );
+        let r = g.guarded(|g| {
+            g.create(
+                parent,
+                name,
+                FileType::Symlink,
+                0o777,
+                uid,
+                gid,
+                0,
+                Some(target),
+            )
+        });
         g.maybe_commit()?;
         r
     }
@@ -696,7 +720,7 @@ impl Fs {
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.link(ino, parent, name);
+        let r = g.guarded(|g| g.link(ino, parent, name));
         g.maybe_commit()?;
         r
     }
@@ -704,7 +728,7 @@ impl Fs {
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.unlink(parent, name, false);
+        let r = g.guarded(|g| g.unlink(parent, name, false));
         g.maybe_commit()?;
         r
     }
@@ -712,7 +736,7 @@ impl Fs {
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.unlink(parent, name, true);
+        let r = g.guarded(|g| g.unlink(parent, name, true));
         g.maybe_commit()?;
         r
     }
@@ -728,7 +752,7 @@ impl Fs {
     ) -> Result<()> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.rename(parent, name, new_parent, new_name, flags);
+        let r = g.guarded(|g| g.rename(parent, name, new_parent, new_name, flags));
         g.maybe_commit()?;
         r
     }
@@ -832,7 +856,7 @@ impl Fs {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
-            let r = g.write(ino, offset, data);
+            let r = g.guarded(|g| g.write(ino, offset, data));
             g.maybe_commit()?;
             (r, g.dirty_bytes > g.background_bytes())
         };
@@ -888,7 +912,7 @@ impl Fs {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
         self.s.wait_wb_idle(&mut g, ino);
-        let r = g.fallocate(ino, mode, offset, len);
+        let r = g.guarded(|g| g.fallocate(ino, mode, offset, len));
         g.maybe_commit()?;
         r
     }
@@ -919,7 +943,7 @@ impl Fs {
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.setxattr(ino, name, value, flags);
+        let r = g.guarded(|g| g.setxattr(ino, name, value, flags));
         g.maybe_commit()?;
         r
     }
@@ -931,7 +955,7 @@ impl Fs {
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.removexattr(ino, name);
+        let r = g.guarded(|g| g.removexattr(ino, name));
         g.maybe_commit()?;
         r
     }
