@@ -22,6 +22,7 @@ pub mod fs;
 pub mod fsck;
 pub mod geometry;
 pub mod meta;
+pub mod torture;
 
 pub use error::{Error, Result};
 pub use fs::{mkfs, DioLock, Fs, MkfsOptions, MountOptions};
