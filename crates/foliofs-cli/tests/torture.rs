@@ -36,12 +36,37 @@ fn fsx_on_the_engine() {
 }
 
 #[test]
+fn crash_states_are_checked_and_counted() {
+    let out = foliofs(&[
+        "torture", "crash", "--rounds", "1", "--seed", "9", "--ops", "150",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states: u64 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no state count in {stdout}"));
+    assert!(states >= 50, "{stdout}");
+    assert!(
+        stdout.contains("seeds 9..=9") && stdout.contains("0 failures"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn torture_rejects_bad_input() {
     for args in [
         &["torture", "fsx", "--ops", "0"][..],
         &["torture", "fsx", "--target", "/nonexistent/dir"][..],
         &["torture", "fsx", "--seed", "x"][..],
         &["torture", "nothing"][..],
+        &["torture", "crash", "--states", "0"][..],
+        &["torture", "crash", "--per-epoch", "0"][..],
     ] {
         let out = foliofs(args);
         assert!(!out.status.success(), "{args:?} succeeded");
