@@ -276,6 +276,10 @@ pub struct FsxArgs {
     /// foliofs, or any file system) instead of on the engine.
     #[arg(long, value_name = "DIR")]
     pub target: Option<PathBuf>,
+    /// No O_DIRECT operations (for a mount whose page cache is not
+    /// coherent with direct I/O, such as FUSE with writeback_cache).
+    #[arg(long)]
+    pub buffered_only: bool,
     /// Image file for the engine runs (made anew, removed afterwards).
     #[arg(long, default_value = "foliofs-fsx.img")]
     pub image: PathBuf,
@@ -329,7 +333,13 @@ fn check_read(model: &[u8], off: u64, got: &[u8], n: usize, what: &str) -> Resul
 }
 
 /// One run: `ops` operations from `seed`.
-fn run_one(subject: &mut dyn Subject, seed: u64, ops: u64, tally: &mut Tally) -> Result<()> {
+fn run_one(
+    subject: &mut dyn Subject,
+    seed: u64,
+    ops: u64,
+    buffered_only: bool,
+    tally: &mut Tally,
+) -> Result<()> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut model: Vec<u8> = Vec::new();
     let mut log: VecDeque<String> = VecDeque::new();
@@ -339,8 +349,7 @@ fn run_one(subject: &mut dyn Subject, seed: u64, ops: u64, tally: &mut Tally) ->
             subject,
             &mut rng,
             &mut model,
-            seed,
-            op,
+            (seed, op, buffered_only),
             &mut log,
             &mut unsupported,
             tally,
@@ -358,13 +367,11 @@ fn run_one(subject: &mut dyn Subject, seed: u64, ops: u64, tally: &mut Tally) ->
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn step(
     s: &mut dyn Subject,
     rng: &mut SmallRng,
     model: &mut Vec<u8>,
-    seed: u64,
-    op: u64,
+    (seed, op, buffered_only): (u64, u64, bool),
     log: &mut VecDeque<String>,
     unsupported: &mut [bool; 3],
     tally: &mut Tally,
@@ -376,7 +383,11 @@ fn step(
         }
         log.push_back(format!("{op}: {msg}"));
     };
-    match rng.random_range(0..100) {
+    let mut pick = rng.random_range(0..100);
+    if buffered_only && (45..=60).contains(&pick) {
+        pick -= 20;
+    }
+    match pick {
         0..=24 => {
             let off = if rng.random_bool(0.2) {
                 size
@@ -555,7 +566,13 @@ pub fn run(args: &FsxArgs) -> Result<Tally> {
             None => Box::new(Engine::new(&args.image)?),
         };
         let before = tally.ops;
-        run_one(subject.as_mut(), seed, args.ops, &mut tally)?;
+        run_one(
+            subject.as_mut(),
+            seed,
+            args.ops,
+            args.buffered_only,
+            &mut tally,
+        )?;
         subject
             .finish()
             .with_context(|| format!("seed {seed}: after the run"))?;

@@ -27,6 +27,8 @@ pub struct Options {
     pub allow_root: bool,
     pub default_permissions: bool,
     pub threads: usize,
+    /// The kernel's FUSE writeback cache (`-o writeback_cache`).
+    pub writeback_cache: bool,
 }
 
 /// Options mount(8) passes along that mean nothing to foliofs.
@@ -69,6 +71,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         allow_root: false,
         default_permissions: true,
         threads,
+        writeback_cache: false,
     };
     for opt in list
         .iter()
@@ -89,6 +92,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("allow_root", None) => o.allow_root = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
+            ("writeback_cache", None) => o.writeback_cache = true,
+            ("no_writeback_cache", None) => o.writeback_cache = false,
             ("threads", Some(v)) => {
                 o.threads = v
                     .parse()
@@ -100,7 +105,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
             _ => bail!(
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
-                 allow_root, default_permissions, no_default_permissions, threads=N)"
+                 allow_root, default_permissions, no_default_permissions, writeback_cache, \
+                 no_writeback_cache, threads=N)"
             ),
         }
     }
@@ -147,8 +153,12 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         };
         cfg.n_threads = Some(o.threads);
         cfg.clone_fd = true;
-        let session = fuser::Session::new(FuseFs::new(fs.clone()), dir, &cfg)
-            .with_context(|| format!("cannot mount on {}", dir.display()))?;
+        let session = fuser::Session::new(
+            FuseFs::new(fs.clone()).with_writeback_cache(o.writeback_cache),
+            dir,
+            &cfg,
+        )
+        .with_context(|| format!("cannot mount on {}", dir.display()))?;
         Ok((fs, session))
     })();
     let (fs, mut session) = match r {

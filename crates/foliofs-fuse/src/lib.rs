@@ -55,6 +55,7 @@ pub struct FuseFs {
     fs: Arc<Fs>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    writeback_cache: bool,
 }
 
 /// Engine errors to errnos, in one place. Checksum failures and shutdowns
@@ -129,7 +130,16 @@ impl FuseFs {
             fs,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            writeback_cache: false,
         }
+    }
+
+    /// Let the kernel cache writes too (FUSE_WRITEBACK_CACHE): small
+    /// writes are merged into pages and reach the engine as large writes
+    /// when the kernel writes them back, or at fsync.
+    pub fn with_writeback_cache(mut self, on: bool) -> Self {
+        self.writeback_cache = on;
+        self
     }
 
     /// FUSE's root is inode 1; so is the engine's.
@@ -310,6 +320,13 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_MAX_PAGES
                 | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         );
+        if self.writeback_cache
+            && config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+        {
+            log::warn!("the kernel does not offer FUSE_WRITEBACK_CACHE: writes go through");
+        }
         Ok(())
     }
 
@@ -545,14 +562,17 @@ impl Filesystem for FuseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let ino = self.ino(ino);
+        // The kernel writes its cached pages back through any writable
+        // handle, an O_DIRECT one included: those go to the page cache path.
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let r = self
-            .write_at(ino, self.is_direct(fh), offset, data)
+            .write_at(ino, self.is_direct(fh) && !from_cache, offset, data)
             .and_then(|n| {
                 // O_SYNC / O_DSYNC: durable before the reply.
                 if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
