@@ -16,6 +16,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
+echo "== fuzz targets compile (run them with cargo +nightly fuzz, see docs/RELIABILITY.md)"
+cargo check --locked --manifest-path fuzz/Cargo.toml -q
 echo "== cargo test"
 cargo test --locked --release
 echo "== CLI smoke"
