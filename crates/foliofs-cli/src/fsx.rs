@@ -46,8 +46,11 @@ trait Subject {
 /// The engine on an image file, with a small cache so folios are evicted.
 struct Engine {
     image: PathBuf,
-    fs: Option<Fs>,
+    fs: Option<Arc<Fs>>,
     ino: u64,
+    /// One of several threads' files on one mount: a cycle is an fsync
+    /// and a check of the books, and the caller unmounts at the end.
+    shared: bool,
 }
 
 fn engine_options() -> MountOptions {
@@ -58,46 +61,53 @@ fn engine_options() -> MountOptions {
     }
 }
 
+/// A fresh image with a mounted file system.
+fn engine_mount(image: &Path) -> Result<Fs> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(image)
+        .with_context(|| format!("cannot create {}", image.display()))?;
+    f.set_len(64 << 20)?;
+    drop(f);
+    let dev = Arc::new(FileDevice::open(image, true)?);
+    foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
+    Ok(Fs::mount(dev, engine_options())?)
+}
+
+/// Unmount and fsck the image (data checksums included).
+fn unmount_and_check(fs: Arc<Fs>, image: &Path) -> Result<()> {
+    match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.unmount()?,
+        Err(_) => bail!("the file system is still in use at unmount"),
+    }
+    let dev = Arc::new(FileDevice::open(image, false)?);
+    let opts = foliofs::fsck::FsckOptions {
+        repair: false,
+        check_data: true,
+    };
+    let r = foliofs::fsck::fsck(dev, &opts, |_, _| {})?;
+    if !r.is_clean() {
+        bail!("fsck after unmount: {:?}", r.problems);
+    }
+    Ok(())
+}
+
 impl Engine {
-    fn new(image: &Path) -> Result<Engine> {
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(image)
-            .with_context(|| format!("cannot create {}", image.display()))?;
-        f.set_len(64 << 20)?;
-        drop(f);
-        let dev = Arc::new(FileDevice::open(image, true)?);
-        foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
-        let fs = Fs::mount(dev, engine_options())?;
-        let ino = fs.create(fs.root_ino(), b"fsx", 0o644, 0, 0)?.ino;
+    /// File `name` on `fs`, mounted from `image`.
+    fn on(fs: Arc<Fs>, image: &Path, name: &str, shared: bool) -> Result<Engine> {
+        let ino = fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)?.ino;
         Ok(Engine {
             image: image.to_path_buf(),
             fs: Some(fs),
             ino,
+            shared,
         })
     }
 
     fn fs(&self) -> &Fs {
         self.fs.as_ref().expect("mounted between cycles")
-    }
-
-    /// Unmount and fsck the image (data checksums included).
-    fn unmount_and_check(&mut self) -> Result<()> {
-        if let Some(fs) = self.fs.take() {
-            fs.unmount()?;
-        }
-        let dev = Arc::new(FileDevice::open(&self.image, false)?);
-        let opts = foliofs::fsck::FsckOptions {
-            repair: false,
-            check_data: true,
-        };
-        let r = foliofs::fsck::fsck(dev, &opts, |_, _| {})?;
-        if !r.is_clean() {
-            bail!("fsck after unmount: {:?}", r.problems);
-        }
-        Ok(())
     }
 }
 
@@ -142,14 +152,21 @@ impl Subject for Engine {
     }
     fn cycle(&mut self) -> Result<()> {
         self.fs().check_invariants()?;
-        self.unmount_and_check()?;
+        if self.shared {
+            return Ok(self.fs().fsync(self.ino, false)?);
+        }
+        let fs = self.fs.take().expect("mounted between cycles");
+        unmount_and_check(fs, &self.image)?;
         let dev = Arc::new(FileDevice::open(&self.image, true)?);
-        self.fs = Some(Fs::mount(dev, engine_options())?);
+        self.fs = Some(Arc::new(Fs::mount(dev, engine_options())?));
         Ok(())
     }
     fn finish(mut self: Box<Self>) -> Result<()> {
-        self.unmount_and_check()?;
-        std::fs::remove_file(&self.image)?;
+        let fs = self.fs.take().expect("mounted between cycles");
+        if !self.shared {
+            unmount_and_check(fs, &self.image)?;
+            std::fs::remove_file(&self.image)?;
+        }
         Ok(())
     }
 }
@@ -276,6 +293,11 @@ pub struct FsxArgs {
     /// foliofs, or any file system) instead of on the engine.
     #[arg(long, value_name = "DIR")]
     pub target: Option<PathBuf>,
+    /// Threads, each with its own file and seed (seed, seed+1, ...), on
+    /// one mount at once: a stress run of separate files sharing the
+    /// file system's locks, caches, allocator and journal.
+    #[arg(long, default_value_t = 1)]
+    pub threads: u64,
     /// No O_DIRECT operations (for a mount whose page cache is not
     /// coherent with direct I/O, such as FUSE with writeback_cache).
     #[arg(long)]
@@ -364,6 +386,10 @@ fn run_one(
         }
         tally.ops += 1;
     }
+    // The whole file, once more, at the end.
+    let mut buf = vec![0u8; model.len()];
+    let n = subject.read(0, &mut buf)?;
+    check_read(&model, 0, &buf, n, &format!("seed {seed}: final read"))?;
     Ok(())
 }
 
@@ -534,11 +560,16 @@ fn step(
     Ok(())
 }
 
-/// Run `args.runs` seeds; the summary on success, the failing seed and
-/// its operations on failure.
+/// Run `args.runs` rounds of `args.threads` seeds each; the summary on
+/// success, the failing seed and its operations on failure.
 pub fn run(args: &FsxArgs) -> Result<Tally> {
-    if args.ops == 0 || args.runs == 0 {
-        bail!("--ops and --runs must be positive");
+    if args.ops == 0 || args.runs == 0 || args.threads == 0 {
+        bail!("--ops, --runs and --threads must be positive");
+    }
+    if let Some(dir) = &args.target {
+        if !dir.is_dir() {
+            bail!("--target {}: not a directory", dir.display());
+        }
     }
     let first = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -546,37 +577,84 @@ pub fn run(args: &FsxArgs) -> Result<Tally> {
             .map(|d| d.as_secs())
             .unwrap_or(1)
     });
-    let pb = crate::bench::progress_in(args.runs * args.ops, "operations");
+    let threads = args.threads;
+    let pb = crate::bench::progress_in(args.runs * threads * args.ops, "operations");
     let mut tally = Tally::default();
-    for seed in first..first + args.runs {
-        pb.set_message(format!("fsx seed {seed}"));
-        let mut subject: Box<dyn Subject> = match &args.target {
-            Some(dir) => {
-                if !dir.is_dir() {
-                    bail!("--target {}: not a directory", dir.display());
-                }
-                let path = dir.join(format!("fsx.{seed}"));
-                let (buffered, direct) = Syscalls::open(&path, true)?;
-                Box::new(Syscalls {
-                    path,
-                    buffered,
-                    direct,
-                })
-            }
-            None => Box::new(Engine::new(&args.image)?),
+    for round in 0..args.runs {
+        let seeds: Vec<u64> = (0..threads).map(|t| first + round * threads + t).collect();
+        pb.set_message(format!(
+            "fsx seeds {}..={}",
+            seeds[0],
+            seeds[seeds.len() - 1]
+        ));
+        let mut engine = match &args.target {
+            Some(_) => None,
+            None => Some(Arc::new(engine_mount(&args.image)?)),
         };
-        let before = tally.ops;
-        run_one(
-            subject.as_mut(),
-            seed,
-            args.ops,
-            args.buffered_only,
-            &mut tally,
-        )?;
-        subject
-            .finish()
-            .with_context(|| format!("seed {seed}: after the run"))?;
-        pb.inc(tally.ops - before);
+        let mut subjects: Vec<Box<dyn Subject + Send>> = Vec::new();
+        for &seed in &seeds {
+            subjects.push(match (&args.target, &engine) {
+                (Some(dir), _) => {
+                    let path = dir.join(format!("fsx.{seed}"));
+                    let (buffered, direct) = Syscalls::open(&path, true)?;
+                    Box::new(Syscalls {
+                        path,
+                        buffered,
+                        direct,
+                    })
+                }
+                // One thread owns the mount (it remounts); several share it.
+                (None, Some(fs)) if threads > 1 => Box::new(Engine::on(
+                    fs.clone(),
+                    &args.image,
+                    &format!("fsx.{seed}"),
+                    true,
+                )?),
+                (None, _) => {
+                    let fs = engine.take().expect("mounted above");
+                    Box::new(Engine::on(fs, &args.image, &format!("fsx.{seed}"), false)?)
+                }
+            });
+        }
+        let results: Vec<Result<Tally>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = subjects
+                .into_iter()
+                .zip(&seeds)
+                .map(|(mut subject, &seed)| {
+                    let pb = &pb;
+                    sc.spawn(move || -> Result<Tally> {
+                        let mut t = Tally::default();
+                        run_one(subject.as_mut(), seed, args.ops, args.buffered_only, &mut t)?;
+                        subject
+                            .finish()
+                            .with_context(|| format!("seed {seed}: after the run"))?;
+                        pb.inc(t.ops);
+                        Ok(t)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("an fsx thread panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            let t = r?;
+            tally.ops += t.ops;
+            tally.reads_checked += t.reads_checked;
+            tally.bytes_checked += t.bytes_checked;
+            tally.cycles += t.cycles;
+            tally.unsupported += t.unsupported;
+        }
+        if let Some(fs) = engine {
+            fs.check_invariants()?;
+            unmount_and_check(fs, &args.image)
+                .with_context(|| format!("seeds {seeds:?}: after the run"))?;
+            std::fs::remove_file(&args.image)?;
+        }
     }
     pb.finish_and_clear();
     Ok(tally)

@@ -460,6 +460,21 @@ fn fsx_through_the_mount_against_a_model() {
         out.contains("0 unsupported"),
         "every fallocate mode works: {out}"
     );
+    // Four files at once, four threads.
+    let out = run(Command::new(BIN)
+        .args([
+            "torture",
+            "fsx",
+            "--ops",
+            "5000",
+            "--threads",
+            "4",
+            "--seed",
+            "51",
+            "--target",
+        ])
+        .arg(&m.dir));
+    assert!(out.contains("20000 operations"), "{out}");
     m.remount("");
     m.unmount_and_check();
 }

@@ -36,6 +36,31 @@ fn fsx_on_the_engine() {
 }
 
 #[test]
+fn fsx_threads_share_one_mount() {
+    let img = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fsx-threads.img");
+    let out = foliofs(&[
+        "torture",
+        "fsx",
+        "--ops",
+        "8000",
+        "--threads",
+        "4",
+        "--seed",
+        "21",
+        "--image",
+        img.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("32000 operations"), "{stdout}");
+    assert!(!img.exists());
+}
+
+#[test]
 fn crash_states_are_checked_and_counted() {
     let out = foliofs(&[
         "torture", "crash", "--rounds", "1", "--seed", "9", "--ops", "150",
@@ -62,6 +87,7 @@ fn crash_states_are_checked_and_counted() {
 fn torture_rejects_bad_input() {
     for args in [
         &["torture", "fsx", "--ops", "0"][..],
+        &["torture", "fsx", "--threads", "0"][..],
         &["torture", "fsx", "--target", "/nonexistent/dir"][..],
         &["torture", "fsx", "--seed", "x"][..],
         &["torture", "nothing"][..],
