@@ -295,6 +295,36 @@ pub unsafe extern "C" fn foliofs_close(fs: *mut Foliofs, fh: i64) -> c_int {
     })
 }
 
+/// The file system and handle of a pread/pwrite; None for a zero-length
+/// request.
+///
+/// # Safety
+/// `fs` is NULL or live.
+unsafe fn io_target<'a>(
+    fs: *mut Foliofs,
+    fh: i64,
+    buf_null: bool,
+    len: usize,
+    write: bool,
+) -> Result<Option<(&'a Foliofs, Arc<Handle>)>, Fail> {
+    // SAFETY: per the contract above.
+    let f = unsafe { get(fs) }?;
+    let h = f.handle(fh)?;
+    if write && !h.writable {
+        return Err(fail(
+            libc::EBADF,
+            format!("handle {fh} is not open for writing"),
+        ));
+    }
+    if len == 0 {
+        return Ok(None);
+    }
+    if buf_null {
+        return Err(fail(libc::EFAULT, "buffer is NULL"));
+    }
+    Ok(Some((f, h)))
+}
+
 /// # Safety
 /// `fs` is live; `buf` holds `len` writable bytes.
 #[no_mangle]
@@ -307,14 +337,9 @@ pub unsafe extern "C" fn foliofs_pread(
 ) -> i64 {
     call(|| {
         // SAFETY: per the contract above.
-        let f = unsafe { get(fs) }?;
-        let h = f.handle(fh)?;
-        if len == 0 {
+        let Some((f, h)) = (unsafe { io_target(fs, fh, buf.is_null(), len, false) })? else {
             return Ok(0);
-        }
-        if buf.is_null() {
-            return Err(fail(libc::EFAULT, "buffer is NULL"));
-        }
+        };
         // SAFETY: the caller gives `len` writable bytes at `buf`.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
         let n = if h.direct {
@@ -338,20 +363,9 @@ pub unsafe extern "C" fn foliofs_pwrite(
 ) -> i64 {
     call(|| {
         // SAFETY: per the contract above.
-        let f = unsafe { get(fs) }?;
-        let h = f.handle(fh)?;
-        if !h.writable {
-            return Err(fail(
-                libc::EBADF,
-                format!("handle {fh} is not open for writing"),
-            ));
-        }
-        if len == 0 {
+        let Some((f, h)) = (unsafe { io_target(fs, fh, buf.is_null(), len, true) })? else {
             return Ok(0);
-        }
-        if buf.is_null() {
-            return Err(fail(libc::EFAULT, "buffer is NULL"));
-        }
+        };
         // SAFETY: the caller gives `len` readable bytes at `buf`.
         let b = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
         let n = if h.direct {
