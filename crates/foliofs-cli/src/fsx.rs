@@ -329,6 +329,15 @@ fn pattern(seed: u64, op: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The model side of a write.
+fn model_write(model: &mut Vec<u8>, off: u64, data: &[u8]) {
+    let end = off as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[off as usize..end].copy_from_slice(data);
+}
+
 fn check_read(model: &[u8], off: u64, got: &[u8], n: usize, what: &str) -> Result<()> {
     let want = if off as usize >= model.len() {
         &[][..]
@@ -431,11 +440,7 @@ fn step(
             note(format!("write {off}+{len}"));
             let data = pattern(seed, op, len);
             s.write(off, &data)?;
-            let end = off as usize + len;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].copy_from_slice(&data);
+            model_write(model, off, &data);
         }
         25..=44 => {
             let off = rng.random_range(0..=size + 5000);
@@ -454,11 +459,7 @@ fn step(
             let mut buf = AlignedBuf::zeroed(len);
             buf.copy_from_slice(&pattern(seed, op, len));
             s.write_direct(off, &buf)?;
-            let end = off as usize + len;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].copy_from_slice(&buf);
+            model_write(model, off, &buf);
         }
         53..=60 => {
             let off = rng.random_range(0..=(size + DIO) / DIO) * DIO;
