@@ -239,6 +239,11 @@ impl Inner {
         let inos: Vec<u64> = self.inodes.keys().copied().collect();
         for ino in inos {
             let (ip, mut cx) = self.with(ino)?;
+            if let Err(first) = ip.cache.check_dirty_index() {
+                return Err(Error::Invalid(format!(
+                    "inode {ino}: the dirty folio at block {first} is missing from the dirty index"
+                )));
+            }
             let mut unmapped = 0;
             for l in ip.cache.dirty_in(0, u64::MAX) {
                 if !ip.in_prealloc(l) && ip.ext_find(&mut cx, l)?.is_none() {
@@ -463,6 +468,7 @@ impl Inner {
             return Ok(0);
         }
         f.set_dirty(i, true);
+        ip.cache.note_dirty(first);
         self.dirty_bytes += bs as u64;
         Ok(bs as u64)
     }
@@ -665,6 +671,7 @@ impl Inner {
                 let f = ip.cache.folios.get_mut(&first).unwrap();
                 new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
                 f.fill_dirty(blocks.start, blocks.end);
+                ip.cache.note_dirty(first);
             }
             let f = ip.cache.folios.get_mut(&first).unwrap();
             let at = i * bs as usize + inb;

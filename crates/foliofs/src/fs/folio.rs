@@ -10,7 +10,7 @@
 //! racing writeback re-dirties the block and is written again.
 
 use crate::device::AlignedBuf;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Largest folio in blocks (2 MiB of 512-byte blocks).
 pub(crate) const MAX_FOLIO_BLOCKS: usize = 4096;
@@ -227,6 +227,11 @@ impl BufPool {
 #[derive(Default)]
 pub(crate) struct Cache {
     pub folios: BTreeMap<u64, Folio>,
+    /// First blocks of the folios that may hold dirty blocks (a superset,
+    /// kept by `note_dirty` and pruned as blocks are cleaned), so finding
+    /// dirty data costs what is dirty, not what is cached: a file written
+    /// by 4 KiB appends holds tens of thousands of small folios.
+    dirty: BTreeSet<u64>,
 }
 
 impl Cache {
@@ -258,11 +263,36 @@ impl Cache {
         self.dirty_blocks(from, to).collect()
     }
 
+    /// The folio starting at `first` has dirty blocks now.
+    pub fn note_dirty(&mut self, first: u64) {
+        self.dirty.insert(first);
+    }
+
+    /// The folio starting at `first` may have lost its last dirty block.
+    pub fn note_cleaned(&mut self, first: u64) {
+        if !self.folios.get(&first).is_some_and(|f| f.any_dirty()) {
+            self.dirty.remove(&first);
+        }
+    }
+
+    /// Every folio with dirty blocks is in the dirty index.
+    pub fn check_dirty_index(&self) -> Result<(), u64> {
+        match self
+            .folios
+            .iter()
+            .find(|(first, f)| f.any_dirty() && !self.dirty.contains(first))
+        {
+            Some((first, _)) => Err(*first),
+            None => Ok(()),
+        }
+    }
+
     /// Dirty blocks in [from, to), in order, as they are found.
     pub fn dirty_blocks(&self, from: u64, to: u64) -> impl Iterator<Item = u64> + '_ {
         let start = self.find(from).map_or(from, |(first, _)| first);
-        self.folios
+        self.dirty
             .range(start..to)
+            .filter_map(|first| self.folios.get(first).map(|f| (first, f)))
             .filter(|(_, f)| f.any_dirty())
             .flat_map(move |(&first, f)| {
                 (0..f.nblocks)
@@ -277,7 +307,9 @@ impl Cache {
     }
 
     pub fn any_dirty(&self) -> bool {
-        self.folios.values().any(|f| f.any_dirty())
+        self.dirty
+            .iter()
+            .any(|first| self.folios.get(first).is_some_and(|f| f.any_dirty()))
     }
 
     /// The largest folio size (in blocks, a power of two up to `max`) that
@@ -327,6 +359,7 @@ impl Cache {
                 if let Some(f) = self.folios.remove(&first) {
                     pool.put(f.data);
                 }
+                self.dirty.remove(&first);
                 continue;
             }
             for i in 0..f.nblocks {
@@ -337,6 +370,7 @@ impl Cache {
                     f.block_mut(i, bs).fill(0);
                 }
             }
+            self.note_cleaned(first);
         }
         (dirty, freed)
     }
@@ -375,6 +409,7 @@ mod tests {
         assert_eq!(c.fit(20, 16, 0, 100), (16, 16));
         assert_eq!(c.fit(20, 16, 18, 100), (20, 4));
         c.folios.get_mut(&8).unwrap().fill_dirty(0, 4);
+        c.note_dirty(8);
         assert_eq!(c.dirty_in(0, 100), vec![8, 9, 10, 11]);
         let mut pool = BufPool::new(1 << 20);
         let (d, freed) = c.drop_range(10, 100, 512, &mut pool);

@@ -245,6 +245,7 @@ impl Inner {
                 buf[k * bs as usize..(k + take) * bs as usize].copy_from_slice(src);
                 f.clear_dirty(fi, fi + take);
                 f.wb_pending += take as u32;
+                ip.cache.note_cleaned(first);
                 k += take;
             }
             job.bytes += buf.len() as u64;
