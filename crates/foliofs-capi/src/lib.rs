@@ -138,28 +138,15 @@ pub unsafe extern "C" fn foliofs_mkfs(image: *const c_char, size: u64, force: c_
     call_int(|| {
         // SAFETY: per the contract above.
         let path = Path::new(unsafe { cstr(image, "image") }?);
-        let io = |e: std::io::Error| fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string());
-        if path.exists() {
-            let dev = FileDevice::open(path, false).map_err(io)?;
-            if force == 0 && foliofs::meta::read_superblock(&dev).is_ok() {
+        let dev = match foliofs::fs::open_for_mkfs(path, (size > 0).then_some(size), force != 0) {
+            Err(Error::Exists) => {
                 return Err(fail(
                     libc::EEXIST,
                     format!("{} already holds a foliofs file system", path.display()),
-                ));
+                ))
             }
-        }
-        if size > 0 {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(path)
-                .map_err(io)?;
-            if f.metadata().map_err(io)?.is_file() {
-                f.set_len(size).map_err(io)?;
-            }
-        }
-        let dev = FileDevice::open(path, true).map_err(io)?;
+            r => r?,
+        };
         foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {})?;
         Ok(0)
     })

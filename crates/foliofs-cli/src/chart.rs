@@ -8,7 +8,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// Where a TrueType sans-serif font usually is (Debian: fonts-dejavu-core).
 const FONTS: &[&str] = &[
@@ -20,33 +20,26 @@ const FONTS: &[&str] = &[
 
 /// Register the font plotters draws text with (once per process).
 fn register_font() -> Result<()> {
-    static ONCE: Once = Once::new();
-    static mut FOUND: Option<Result<(), String>> = None;
-    ONCE.call_once(|| {
-        let env = std::env::var("FOLIOFS_CHART_FONT").ok();
-        let paths = env.iter().map(String::as_str).chain(FONTS.iter().copied());
-        let r = paths
-            .filter_map(|p| std::fs::read(p).ok())
-            .next()
-            .ok_or_else(|| {
-                "no TrueType font found for the charts: install fonts-dejavu-core \
-                 or set FOLIOFS_CHART_FONT to a .ttf file"
-                    .to_string()
-            })
-            .and_then(|bytes| {
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-                    .map_err(|_| "the chart font is not a usable TrueType file".to_string())
-            });
-        // SAFETY: written once, inside call_once, before any read.
-        unsafe { FOUND = Some(r) };
-    });
-    // SAFETY: call_once has completed, so FOUND is written and immutable.
-    match unsafe { &*std::ptr::addr_of!(FOUND) } {
-        Some(Ok(())) => Ok(()),
-        Some(Err(e)) => Err(anyhow!("{e}")),
-        None => Err(anyhow!("chart font registration did not run")),
-    }
+    static FOUND: OnceLock<Result<(), String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let env = std::env::var("FOLIOFS_CHART_FONT").ok();
+            let bytes = env
+                .iter()
+                .map(String::as_str)
+                .chain(FONTS.iter().copied())
+                .find_map(|p| std::fs::read(p).ok())
+                .ok_or_else(|| {
+                    "no TrueType font found for the charts: install fonts-dejavu-core \
+                     or set FOLIOFS_CHART_FONT to a .ttf file"
+                        .to_string()
+                })?;
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+                .map_err(|_| "the chart font is not a usable TrueType file".to_string())
+        })
+        .clone()
+        .map_err(|e| anyhow!("{e}"))
 }
 
 const COLORS: [RGBColor; 6] = [

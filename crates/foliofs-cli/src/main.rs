@@ -152,34 +152,19 @@ fn mkfs_cmd(
     force: bool,
     json: bool,
 ) -> Result<()> {
-    // Refuse before touching the image: sizing it could cut the file
-    // system it holds.
-    if !force && image.exists() && foliofs::meta::read_superblock(&*open(image, false)?).is_ok() {
-        bail!(
+    let dev = match foliofs::fs::open_for_mkfs(image, size, force) {
+        Err(foliofs::Error::Exists) => bail!(
             "{} already holds a foliofs file system: use --force to overwrite it",
             image.display()
-        );
-    }
-    if let Some(size) = size {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(image)
-            .with_context(|| format!("cannot create {}", image.display()))?;
-        if f.metadata()?.file_type().is_file() {
-            f.set_len(size)
-                .with_context(|| format!("cannot size {} to {size} bytes", image.display()))?;
-        }
-    } else if !image.exists() {
-        bail!(
+        ),
+        Err(foliofs::Error::NotFound) => bail!(
             "{} does not exist: give --size to create an image file",
             image.display()
-        );
-    }
-    let dev = open(image, true)?;
+        ),
+        r => r.with_context(|| format!("cannot prepare {}", image.display()))?,
+    };
     let pb = bar(0, "mkfs");
-    let sb = foliofs::mkfs(&*dev, &o, |done, total| {
+    let sb = foliofs::mkfs(&dev, &o, |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;

@@ -189,9 +189,10 @@ impl FuseFs {
         size: usize,
     ) -> foliofs::Result<Vec<u8>> {
         if direct {
-            let mut buf = AlignedBuf::zeroed(size);
-            let n = self.fs.read_direct(ino, offset, &mut buf)?;
-            Ok(buf[..n].to_vec())
+            with_aligned(size, |buf| {
+                let n = self.fs.read_direct(ino, offset, buf)?;
+                Ok(buf[..n].to_vec())
+            })
         } else {
             let mut buf = vec![0u8; size];
             let n = self.fs.read(ino, offset, &mut buf)?;
@@ -203,9 +204,10 @@ impl FuseFs {
     fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
         if direct {
             // The request buffer is not aligned for the device: copy once.
-            let mut buf = AlignedBuf::zeroed(data.len());
-            buf.copy_from_slice(data);
-            self.fs.write_direct(ino, offset, &buf)
+            with_aligned(data.len(), |buf| {
+                buf.copy_from_slice(data);
+                self.fs.write_direct(ino, offset, buf)
+            })
         } else {
             self.fs.write(ino, offset, data)
         }
@@ -282,6 +284,22 @@ fn attr_reply(r: foliofs::Result<Attr>, reply: ReplyAttr) {
         Ok(a) => reply.attr(&TTL, &file_attr(&a)),
         Err(e) => reply.error(errno(e)),
     }
+}
+
+/// Run `f` on an aligned buffer of `len` bytes, this thread's own, kept
+/// between requests: a direct request must not map and zero a fresh buffer
+/// each time. Its contents on entry are whatever the last request left.
+fn with_aligned<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+    }
+    BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len {
+            *b = AlignedBuf::zeroed(len.next_power_of_two());
+        }
+        f(&mut b[..len])
+    })
 }
 
 fn data_reply(r: foliofs::Result<Vec<u8>>, reply: ReplyData) {

@@ -222,7 +222,7 @@ impl Inode {
     }
 
     pub(super) fn release_range(&mut self, cx: &mut Ctx, a: u64, b: u64) {
-        let dirty = self.cache.dirty_in(a, b).len() as u64;
+        let dirty = self.cache.dirty_blocks(a, b).count() as u64;
         self.delalloc += dirty;
         cx.alloc.unreserve(b - a - dirty);
         cx.alloc.speculative -= b - a;
@@ -245,7 +245,7 @@ impl Inner {
                 )));
             }
             let mut unmapped = 0;
-            for l in ip.cache.dirty_in(0, u64::MAX) {
+            for l in ip.cache.dirty_blocks(0, u64::MAX) {
                 if !ip.in_prealloc(l) && ip.ext_find(&mut cx, l)?.is_none() {
                     unmapped += 1;
                 }
@@ -919,7 +919,7 @@ impl Inner {
         let last = size.div_ceil(bs);
         match whence {
             Whence::Data => {
-                let dirty = ip.cache.dirty_in(l, last).first().copied();
+                let dirty = ip.cache.dirty_blocks(l, last).next();
                 let ext = ip
                     .ext_range(&mut cx, l, last)?
                     .into_iter()

@@ -390,14 +390,19 @@ impl Fs {
         record: impl FnOnce(&mut Inode, &mut Ctx, bool) -> Result<()>,
     ) -> Result<()> {
         let mut g = self.s.inner.lock();
-        let (ip, mut cx) = g.with(ino)?;
+        let (ip, _) = g.with(ino)?;
         let tainted = ip.dio_end(id);
+        // The device write's own error changed nothing; a failure while
+        // recording what it established is half done.
         let r = r.and_then(|()| {
-            record(ip, &mut cx, tainted)?;
-            ip.touch_mtime();
-            ip.store(&mut cx)
+            g.guarded(|g| {
+                let (ip, mut cx) = g.with(ino)?;
+                record(ip, &mut cx, tainted)?;
+                ip.touch_mtime();
+                ip.store(&mut cx)?;
+                g.drop_cached(ino, from, to)
+            })
         });
-        let r = r.and_then(|()| g.drop_cached(ino, from, to));
         g.release(ino)?;
         r?;
         g.maybe_commit()

@@ -258,11 +258,6 @@ impl Cache {
             .is_some_and(|(first, f)| f.dirty((lblk - first) as usize))
     }
 
-    /// Dirty blocks in [from, to), in order.
-    pub fn dirty_in(&self, from: u64, to: u64) -> Vec<u64> {
-        self.dirty_blocks(from, to).collect()
-    }
-
     /// The folio starting at `first` has dirty blocks now.
     pub fn note_dirty(&mut self, first: u64) {
         self.dirty.insert(first);
@@ -410,11 +405,14 @@ mod tests {
         assert_eq!(c.fit(20, 16, 18, 100), (20, 4));
         c.folios.get_mut(&8).unwrap().fill_dirty(0, 4);
         c.note_dirty(8);
-        assert_eq!(c.dirty_in(0, 100), vec![8, 9, 10, 11]);
+        assert_eq!(
+            c.dirty_blocks(0, 100).collect::<Vec<_>>(),
+            vec![8, 9, 10, 11]
+        );
         let mut pool = BufPool::new(1 << 20);
         let (d, freed) = c.drop_range(10, 100, 512, &mut pool);
         assert_eq!((d, freed), (vec![10, 11], 0));
-        assert_eq!(c.dirty_in(0, 100), vec![8, 9]);
+        assert_eq!(c.dirty_blocks(0, 100).collect::<Vec<_>>(), vec![8, 9]);
         assert!(c.block(10, 512).is_none() && c.block(9, 512).is_some());
         let (d, freed) = c.drop_range(0, 100, 512, &mut pool);
         assert_eq!((d.len(), freed), (2, 2048));

@@ -21,7 +21,7 @@ pub mod types;
 mod writeback;
 mod xattr;
 
-pub use mkfs::{mkfs, MkfsOptions};
+pub use mkfs::{mkfs, open_for_mkfs, MkfsOptions};
 pub use options::{parse_size, ENGINE_OPTIONS};
 pub use types::*;
 
@@ -776,10 +776,13 @@ impl Fs {
         let mut g = self.s.inner.lock();
         self.s.wait_wb_idle(&mut g, ino);
         let last = g.with(ino)?.0.open <= 1;
-        if last && g.check_writable().is_ok() {
-            g.trim_eof(ino)?;
-        }
-        g.release(ino)?;
+        let trim = last && g.check_writable().is_ok();
+        g.guarded(|g| {
+            if trim {
+                g.trim_eof(ino)?;
+            }
+            g.release(ino)
+        })?;
         g.maybe_commit()
     }
 

@@ -443,7 +443,7 @@ impl Shared {
             job.submit(&*self.dev, self.block_size, &self.counters);
             g = self.inner.lock();
         }
-        let r = g.wb_complete(job);
+        let r = g.guarded(|g| g.wb_complete(job));
         self.wb_done.notify_all();
         r.map(|()| g)
     }
@@ -467,7 +467,7 @@ impl Shared {
         loop {
             g.meta.check_live()?;
             let chunk = left.min(JOB_BYTES / bs).max(1);
-            let Some(job) = g.wb_prepare(ino, chunk)? else {
+            let Some(job) = g.guarded(|g| g.wb_prepare(ino, chunk))? else {
                 return Ok((g, bytes));
             };
             let n = job.blocks.len() as u64;
