@@ -9,6 +9,9 @@ use foliofs::fs::*;
 use foliofs::Fs;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod common;
+use common::fsck_clean;
 use std::time::{Duration, Instant};
 
 fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
@@ -21,8 +24,7 @@ fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
 /// Unmount, then fsck the device: clean.
 fn unmount_and_check(fs: Fs, dev: Arc<dyn Device>) {
     fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    fsck_clean(dev, "after unmount");
 }
 
 /// 1-byte appends with an fsync every 64 KiB (so writeback allocates from

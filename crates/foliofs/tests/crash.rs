@@ -9,12 +9,8 @@
 
 use foliofs::torture::crash_round;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::env_u64;
 
 #[test]
 fn crash_at_every_flush_with_torn_writes() {

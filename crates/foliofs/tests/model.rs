@@ -11,18 +11,14 @@ use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod common;
+use common::{env_u64, fsck_clean};
+
 const DIRS: [&str; 3] = ["", "a", "b"];
 const MAX_OFF: u64 = 256 << 10;
 
 struct Model {
     files: BTreeMap<(usize, String), Vec<u8>>,
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn run(seed: u64, ops: u64, block_size: u32) {
@@ -260,20 +256,7 @@ fn run(seed: u64, ops: u64, block_size: u32) {
         }
     }
     fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(
-        dev.clone(),
-        &foliofs::fsck::FsckOptions {
-            repair: false,
-            check_data: true,
-        },
-        |_, _| {},
-    )
-    .unwrap();
-    assert!(
-        r.is_clean(),
-        "seed {seed}: fsck after the run: {:?}",
-        r.problems
-    );
+    fsck_clean(dev.clone(), &format!("seed {seed}: after the run"));
     // And the data survives a final remount.
     let fs = mount();
     for ((d, name), data) in &m.files {

@@ -9,7 +9,7 @@
 //!   every data block; mount, fsck and reads never panic and never return
 //!   wrong data.
 
-use foliofs::device::{AlignedBuf, CrashDevice, Device, MemDevice};
+use foliofs::device::{AlignedBuf, CrashDevice, MemDevice};
 use foliofs::fs::*;
 use foliofs::{Error, Fs};
 use rand::rngs::SmallRng;
@@ -17,6 +17,9 @@ use rand::{Rng, SeedableRng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod common;
+use common::fsck_clean;
 
 fn content(i: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -34,16 +37,6 @@ fn fresh_image(bytes: u64) -> Vec<u8> {
     };
     mkfs(&mem, &o, |_, _| {}).unwrap();
     mem.image()
-}
-
-fn fsck_clean(dev: Arc<dyn Device>, ctx: &str) {
-    let opts = foliofs::fsck::FsckOptions {
-        repair: false,
-        check_data: true,
-    };
-    let r =
-        foliofs::fsck::fsck(dev, &opts, |_, _| {}).unwrap_or_else(|e| panic!("{ctx}: fsck: {e}"));
-    assert!(r.is_clean(), "{ctx}: fsck: {:?}", r.problems);
 }
 
 /// Files f0..f11, each written (buffered, direct, or both) and fsynced;

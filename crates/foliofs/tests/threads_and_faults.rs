@@ -1,11 +1,14 @@
 //! Many threads on one mounted file system; and a failed journal write
 //! shutting the file system down.
 
-use foliofs::device::{CrashDevice, Device, MemDevice};
+use foliofs::device::{CrashDevice, MemDevice};
 use foliofs::fs::*;
 use foliofs::{Error, Fs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod common;
+use common::fsck_clean;
 
 #[test]
 fn threads_share_one_file_system() {
@@ -41,8 +44,7 @@ fn threads_share_one_file_system() {
     }
     let fs = Arc::try_unwrap(fs).ok().unwrap();
     fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev.clone(), &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    let r = fsck_clean(dev.clone(), "threads");
     assert_eq!(r.inodes_used, 1 + 4 + 200);
 }
 
@@ -78,7 +80,5 @@ fn failed_journal_flush_shuts_down_and_fsynced_data_survives() {
     fs.read(ino, 0, &mut b).unwrap();
     assert_eq!(&b, b"durable");
     fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev2.clone(), &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
-    let _ = dev2.len();
+    fsck_clean(dev2, "after the failed flush");
 }
