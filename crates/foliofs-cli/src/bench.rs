@@ -203,22 +203,66 @@ pub(crate) fn progress_in(total: u64, unit: &str) -> ProgressBar {
 pub fn w1(args: &BenchArgs) -> Result<Outcome> {
     let jobs = 2usize;
     let mib = (args.file_mib / 4).max(1);
-    let variants = ["per-block dirty", "whole-folio dirty, 64 KiB folios"];
-    let pb = progress((args.rounds * variants.len()) as u64);
+    let mut variants = vec!["per-block dirty", "whole-folio dirty, 64 KiB folios"];
+    if args.raw {
+        // The device's own price for the bytes: the same random blocks
+        // written with O_DIRECT, 4 KiB or the whole 64 KiB around them,
+        // each followed by fdatasync (rated in 4 KiB app writes).
+        variants.push("raw O_DIRECT, 4 KiB + fdatasync");
+        variants.push("raw O_DIRECT, 64 KiB + fdatasync");
+    }
+    let nv = variants.len();
+    let pb = progress((args.rounds * nv) as u64);
     let (dev, fs) = fresh_fs(args)?;
     let mut inos = Vec::new();
+    let mut ranges = Vec::new();
     for j in 0..jobs {
-        inos.push(make_file(&fs, &format!("w1-{j}"), mib, &pb)?);
+        let ino = make_file(&fs, &format!("w1-{j}"), mib, &pb)?;
+        ranges.push(Arc::new(file_ranges(&fs, ino)?));
+        inos.push(ino);
     }
     fs.unmount()?;
     let bs = 4096u64;
-    let mut mibs = vec![Vec::new(); 2];
+    let mut mibs = vec![Vec::new(); nv];
     let mut amp = vec![Vec::new(); 2];
     let mut largest = [0u64; 2];
+    // Every pass writes the same random blocks for the same seed.
+    let blocks = (mib << 20) / bs;
+    let next_block = move |rng: &mut u64| {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng % blocks
+    };
     for round in 0..args.rounds {
-        for k in 0..2 {
-            let v = (k + round) % 2;
+        for k in 0..nv {
+            let v = (k + round) % nv;
             pb.set_message(format!("W1 {}", variants[v]));
+            if v >= 2 {
+                // Unmounted: block b always holds fill(b), so writing
+                // it again leaves the file system as it was.
+                let unit = if v == 2 { bs } else { 16 * bs };
+                let ops = run_threads(jobs, args.seconds, |t, stop, count| {
+                    let ranges = ranges[t].clone();
+                    let raw = open_raw(args);
+                    move || -> Result<()> {
+                        let raw = raw?;
+                        let mut rng = 0x2545_F491u64 ^ ((t as u64 + 7) * 0x9E37);
+                        let mut buf = AlignedBuf::zeroed(unit as usize);
+                        while !stop.load(Ordering::Relaxed) {
+                            let b = next_block(&mut rng) / (unit / bs) * (unit / bs);
+                            fill(&mut buf, b, bs as usize);
+                            raw_write_at(&raw, &ranges, b * bs, &buf)?;
+                            raw.sync_data()?;
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(())
+                    }
+                })?;
+                mibs[v].push(ops * bs as f64 / (1 << 20) as f64);
+                pb.inc(1);
+                continue;
+            }
             let mut o = MountOptions::default();
             if v == 1 {
                 o.whole_folio_dirty = true;
@@ -240,10 +284,7 @@ pub fn w1(args: &BenchArgs) -> Result<Outcome> {
                     let mut rng = 0x2545_F491u64 ^ ((t as u64 + 7) * 0x9E37);
                     let mut buf = vec![0u8; bs as usize];
                     while !stop.load(Ordering::Relaxed) {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let b = rng % ((mib << 20) / bs);
+                        let b = next_block(&mut rng);
                         fill(&mut buf, b, bs as usize);
                         fs.write(ino, b * bs, &buf)?;
                         fs.fsync(ino, true)?;
@@ -264,33 +305,54 @@ pub fn w1(args: &BenchArgs) -> Result<Outcome> {
         }
     }
     pb.finish_and_clear();
-    let series = variant_series(
-        &variants,
+    let mut series = variant_series(
+        &variants[..2],
         &[
             ("", "MiB/s", &mibs),
             ("device bytes / app bytes", "ratio", &amp),
         ],
     );
+    for v in 2..nv {
+        series.extend(variant_series(
+            &variants[v..v + 1],
+            &[("", "MiB/s", &mibs[v..v + 1])],
+        ));
+    }
+    let mut ratios = vec![
+        ratio(
+            "per-block / whole-folio (MiB/s)",
+            &mibs[0],
+            &mibs[1],
+            "28 -> 452 MB/s (16x)",
+        ),
+        ratio(
+            "whole-folio / per-block (device bytes written)",
+            &amp[1],
+            &amp[0],
+            "target >= 10",
+        ),
+    ];
+    if args.raw {
+        ratios.push(ratio(
+            "raw 4 KiB / raw 64 KiB per fdatasync (MiB/s)",
+            &mibs[2],
+            &mibs[3],
+            "the device's price for 16x the bytes",
+        ));
+        ratios.push(ratio(
+            "per-block / raw 4 KiB (MiB/s)",
+            &mibs[0],
+            &mibs[2],
+            "",
+        ));
+    }
     Ok(Outcome {
         id: "W1".into(),
         title: format!(
             "{jobs} jobs x {mib} MiB cached files, random 4 KiB buffered overwrites + fdatasync"
         ),
         series,
-        ratios: vec![
-            ratio(
-                "per-block / whole-folio (MiB/s)",
-                &mibs[0],
-                &mibs[1],
-                "28 -> 452 MB/s (16x)",
-            ),
-            ratio(
-                "whole-folio / per-block (device bytes written)",
-                &amp[1],
-                &amp[0],
-                "target >= 10",
-            ),
-        ],
+        ratios,
         notes: vec![format!(
             "largest folio after the pre-read: {} KiB per-block run, {} KiB whole-folio run",
             largest[0] >> 10,
@@ -411,27 +473,49 @@ pub fn w2(args: &BenchArgs) -> Result<Outcome> {
     })
 }
 
-/// Read 1 MiB of the file's bytes at file offset `pos` straight from the
-/// image (the same device ranges the engine reads).
+/// Read the file's bytes at file offset `pos` straight from the image
+/// (the same device ranges the engine reads).
 fn raw_read_at(raw: &File, ranges: &[(u64, u64)], pos: u64, buf: &mut [u8]) -> Result<()> {
+    for (dev_off, r) in device_pieces(ranges, pos, buf.len()) {
+        raw.read_exact_at(&mut buf[r], dev_off)?;
+    }
+    Ok(())
+}
+
+/// Write the file's bytes at file offset `pos` straight into the image.
+fn raw_write_at(raw: &File, ranges: &[(u64, u64)], pos: u64, buf: &[u8]) -> Result<()> {
+    for (dev_off, r) in device_pieces(ranges, pos, buf.len()) {
+        raw.write_all_at(&buf[r], dev_off)?;
+    }
+    Ok(())
+}
+
+/// Where file bytes [pos, pos + len) lie on the device: (device offset,
+/// range of the buffer) per piece, given the file's device ranges.
+fn device_pieces(
+    ranges: &[(u64, u64)],
+    pos: u64,
+    len: usize,
+) -> Vec<(u64, std::ops::Range<usize>)> {
+    let mut out = Vec::new();
     let mut file_off = 0u64;
     let mut done = 0usize;
-    for &(dev_off, len) in ranges {
-        if done == buf.len() {
+    for &(dev_off, rlen) in ranges {
+        if done == len {
             break;
         }
         let want = pos + done as u64;
-        if want >= file_off + len {
-            file_off += len;
+        if want >= file_off + rlen {
+            file_off += rlen;
             continue;
         }
         let inside = want - file_off;
-        let n = ((len - inside) as usize).min(buf.len() - done);
-        raw.read_exact_at(&mut buf[done..done + n], dev_off + inside)?;
+        let n = ((rlen - inside) as usize).min(len - done);
+        out.push((dev_off + inside, done..done + n));
         done += n;
-        file_off += len;
+        file_off += rlen;
     }
-    Ok(())
+    out
 }
 
 /// W3: threads of 4 KiB direct random reads and overwrites, 50/50,

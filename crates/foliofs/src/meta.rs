@@ -26,7 +26,7 @@ use crate::format::{header, journal, magic};
 use crate::geometry::Geometry;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub struct Meta {
     sealed_set: BTreeSet<u64>,
     done_seq: u64,
     io: Arc<JournalIo>,
-    data_unflushed: Arc<AtomicBool>,
+    data_flush: Arc<DataFlush>,
 }
 
 struct InFlight {
@@ -101,6 +101,40 @@ impl JournalIo {
     }
 }
 
+/// Counts data writes and flushes, so a flush is issued only when some
+/// completed data write is not yet known to be durable.
+#[derive(Default)]
+pub struct DataFlush {
+    /// Data writes completed (a generation number).
+    written: AtomicU64,
+    /// Every data write up to this generation has been flushed.
+    flushed: AtomicU64,
+}
+
+impl DataFlush {
+    /// A data write has completed (before its metadata joins a transaction).
+    pub fn note_written(&self) {
+        self.written.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Some completed data write may not be durable yet.
+    pub fn pending(&self) -> bool {
+        self.written.load(Ordering::SeqCst) > self.flushed.load(Ordering::SeqCst)
+    }
+
+    /// Flush the device if any data write is pending; every write
+    /// completed before this call is durable when it returns Ok.
+    pub fn flush(&self, dev: &dyn Device) -> std::io::Result<()> {
+        let upto = self.written.load(Ordering::SeqCst);
+        if upto <= self.flushed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        dev.flush()?;
+        self.flushed.fetch_max(upto, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// A sealed transaction: its journal image and where it goes.
 pub struct SealedTx {
     dev: Arc<dyn Device>,
@@ -113,6 +147,7 @@ pub struct SealedTx {
     jlen: u64,
     bs: u64,
     preflush: bool,
+    data_flush: Arc<DataFlush>,
 }
 
 impl SealedTx {
@@ -121,7 +156,7 @@ impl SealedTx {
     pub fn write(self) {
         let r = (|| -> Result<()> {
             if self.preflush {
-                self.dev.flush()?;
+                self.data_flush.flush(&*self.dev)?;
             }
             let total = self.buf.len() as u64 / self.bs;
             let first = (self.jlen - self.head_pos).min(total);
@@ -174,7 +209,7 @@ impl Meta {
             sealed_set: BTreeSet::new(),
             done_seq: head_seq,
             io: Arc::new(JournalIo::default()),
-            data_unflushed: Arc::new(AtomicBool::new(false)),
+            data_flush: Arc::new(DataFlush::default()),
         }
     }
 
@@ -392,7 +427,8 @@ impl Meta {
             head_pos: self.head_pos,
             jlen: self.geo.journal_blocks,
             bs: self.geo.block_size,
-            preflush: self.data_unflushed.swap(false, Ordering::SeqCst),
+            preflush: self.data_flush.pending(),
+            data_flush: self.data_flush.clone(),
         };
         let total = self.tx_len(blocks.len());
         self.head_pos = (self.head_pos + total) % self.geo.journal_blocks;
@@ -476,12 +512,13 @@ impl Meta {
         self.io.clone()
     }
 
-    /// A data write has completed but not been flushed: the next commit
-    /// flushes the device before writing its journal blocks, so metadata
-    /// that points at the data (checksums, written extents, sizes) is
-    /// never durable before the data is.
-    pub fn data_unflushed(&self) -> Arc<AtomicBool> {
-        self.data_unflushed.clone()
+    /// Data writes and the flushes that made them durable: the next
+    /// commit flushes the device before writing its journal blocks when a
+    /// data write completed since the last flush, so metadata that points
+    /// at the data (checksums, written extents, sizes) is never durable
+    /// before the data is.
+    pub fn data_flush(&self) -> Arc<DataFlush> {
+        self.data_flush.clone()
     }
 
     /// Lay out the journal image of a transaction: descriptors, block

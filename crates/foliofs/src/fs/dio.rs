@@ -14,7 +14,7 @@
 //!       -> write -> checksums, written extents and the size in the running
 //!       transaction.
 //!
-//! A data write sets the "data unflushed" flag, so the commit that makes
+//! A data write is counted (`DataFlush`), so the commit that makes
 //! its checksums, extents or size durable first flushes the data. A
 //! checksum on disk therefore always matches the data, or is zero while an
 //! overwrite may be torn (docs/DESIGN.md, "Overwrites and checksums").
@@ -486,7 +486,7 @@ impl Fs {
             record_csums(cx, &segs, from, crcs)?;
             ip.ext_mark_written(cx, from, to)?;
             // The data is written; the commit that makes this size durable
-            // flushes it first (the "data unflushed" flag).
+            // flushes it first (`DataFlush`).
             ip.size = ip.size.max(end);
             ip.d.size = ip.size;
             Ok(())
@@ -517,7 +517,7 @@ impl Fs {
             }
             Ok(())
         })();
-        self.s.data_unflushed.store(true, Ordering::SeqCst);
+        self.s.data_flush.note_written();
         r
     }
 }

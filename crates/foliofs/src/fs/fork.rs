@@ -106,6 +106,7 @@ impl Inode {
 
     pub fn kv_put(&mut self, cx: &mut Ctx, key: u64, value: &[u8]) -> Result<()> {
         let ag = self.ag(cx);
+        self.datasync_seq = cx.meta.running_seq();
         match &mut self.fork {
             Fork::Inline(v) => {
                 match v.binary_search_by_key(&key, |(k, _)| *k) {
@@ -138,6 +139,7 @@ impl Inode {
 
     pub fn kv_del(&mut self, cx: &mut Ctx, key: u64) -> Result<Option<Vec<u8>>> {
         let ag = self.ag(cx);
+        self.datasync_seq = cx.meta.running_seq();
         match &mut self.fork {
             Fork::Inline(v) => Ok(v
                 .binary_search_by_key(&key, |(k, _)| *k)

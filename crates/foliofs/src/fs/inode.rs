@@ -62,6 +62,10 @@ pub(crate) struct Inode {
     /// (open file descriptions keep their own count).
     pub wb_errors: u64,
     pub wb_errors_seen: u64,
+    /// The transaction that last changed what a reader needs to reach
+    /// the data (mapping, size, the inode itself): fdatasync commits the
+    /// journal only while that one is not durable.
+    pub datasync_seq: u64,
 }
 
 /// A direct write in flight over file blocks [from, to).
@@ -140,6 +144,7 @@ impl Inode {
             dirtied_at: None,
             wb_errors: 0,
             wb_errors_seen: 0,
+            datasync_seq: 0,
         }
     }
 
@@ -209,7 +214,15 @@ impl Inode {
     }
 
     /// Write the inode into its inode-table block (joins the transaction).
-    pub fn store(&self, cx: &mut Ctx) -> Result<()> {
+    pub fn store(&mut self, cx: &mut Ctx) -> Result<()> {
+        self.datasync_seq = cx.meta.running_seq();
+        self.store_times(cx)
+    }
+
+    /// `store` for a change fdatasync need not wait for: timestamps, and
+    /// checksums of overwritten blocks whose "no checksum" intent is
+    /// already durable.
+    pub fn store_times(&self, cx: &mut Ctx) -> Result<()> {
         let (blk, off) = cx.meta.geo.inode_loc(self.d.ino);
         let uuid = cx.meta.uuid;
         cx.meta.read_itable(blk)?;
@@ -320,7 +333,7 @@ impl Inner {
         } else {
             ForkFormat::Extents
         };
-        let ip = Inode::new(d, Fork::Inline(Vec::new()));
+        let mut ip = Inode::new(d, Fork::Inline(Vec::new()));
         let mut cx = self.ctx();
         ip.store(&mut cx)?;
         self.inodes.insert(ino, ip);

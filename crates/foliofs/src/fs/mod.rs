@@ -181,6 +181,8 @@ counters! {
     mapping_lookups,
     writebacks,
     overwrite_intents,
+    /// fdatasync calls that only flushed the data (no journal commit).
+    datasync_flush_only,
     /// Clean folios evicted from the page cache.
     folios_evicted,
     /// Direct reads and writes asked for by the application, and bytes.
@@ -339,7 +341,7 @@ pub(crate) struct Shared {
     /// Checksum arrays for direct reads, each at most the I/O cap long.
     pub csum_pool: Mutex<Vec<Vec<u32>>>,
     pub next_dio_id: AtomicU64,
-    pub data_unflushed: Arc<AtomicBool>,
+    pub data_flush: Arc<crate::meta::DataFlush>,
     /// Signalled (with `inner`) when a writeback completes: fsync,
     /// truncate and throttled writers wait on it.
     pub wb_done: Condvar,
@@ -485,7 +487,7 @@ impl Fs {
         let fs = Fs {
             s: Arc::new(Shared {
                 block_size: inner.meta.geo.block_size,
-                data_unflushed: inner.meta.data_unflushed(),
+                data_flush: inner.meta.data_flush(),
                 inner: Mutex::new(inner),
                 counters,
                 dev,
@@ -871,8 +873,8 @@ impl Fs {
     }
 
     /// fsync / fdatasync: the file's data and the metadata needed to reach
-    /// it are durable when this returns Ok. (The journal commits every
-    /// pending metadata change at once, so both are the same here.) A
+    /// it are durable when this returns Ok; fsync also makes the rest of
+    /// the inode durable (timestamps), fdatasync need not. A
     /// writeback error since the last `fsync(ino)` is returned once; open
     /// file descriptions (`open_file`) each see it once instead.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
@@ -886,13 +888,22 @@ impl Fs {
         Ok(())
     }
 
-    fn fsync_inner(&self, ino: u64, _datasync: bool) -> Result<()> {
+    fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
         let g = self.s.inner.lock();
         g.meta.check_live()?;
         if g.opts.read_only {
             return Ok(());
         }
         let (g, _) = self.s.writeback_inode(g, ino, u64::MAX)?;
+        // fdatasync: when what reaches the data is durable already (an
+        // overwrite in place, whose "no checksum" intent was committed
+        // before the write), flushing the data is all that is left.
+        let reach = g.inodes.get(&ino).map(|ip| ip.datasync_seq);
+        if datasync && reach.is_some_and(|seq| seq < g.meta.done_seq()) {
+            drop(g);
+            bump(&self.s.counters.datasync_flush_only, 1);
+            return Ok(self.s.data_flush.flush(&*self.s.dev)?);
+        }
         self.s.commit_wait(g)
     }
 

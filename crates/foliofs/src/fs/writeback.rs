@@ -13,7 +13,7 @@
 //! One writeback per inode is in flight at a time (`Inode::wb_busy`), so
 //! the device never sees two writes of a block race. No flush is issued
 //! here: the commit that makes the completion's metadata durable flushes
-//! the device before writing its journal blocks (`data_unflushed`).
+//! the device before writing its journal blocks (`DataFlush`).
 //!
 //! Writeback contexts: threads, by default one per AG up to a cap; inode i
 //! belongs to context `ag(i) % n`. Each context has its own dirty lists
@@ -270,7 +270,7 @@ impl Inner {
     /// Step 3: record what reached the device, unpin, publish the size.
     fn wb_complete(&mut self, mut job: Job) -> Result<()> {
         let bs = self.meta.geo.block_size;
-        let unflushed = self.meta.data_unflushed();
+        let data_flush = self.meta.data_flush();
         let ino = job.ino;
         let (ip, mut cx) = self.with(ino)?;
         for r in &job.runs {
@@ -291,6 +291,7 @@ impl Inner {
         ip.open -= 1;
         ip.data_gen += 1;
         let failed = job.error.is_some();
+        let mut reach_changed = false;
         match job.error {
             Some(e) => {
                 // Like Linux: the blocks stay clean, the error goes to the
@@ -301,7 +302,7 @@ impl Inner {
                 ip.wb_errors += 1;
             }
             None => {
-                unflushed.store(true, Ordering::SeqCst);
+                data_flush.note_written();
                 let mut crcs = job.crcs;
                 crcs.sort_unstable_by_key(|c| c.0);
                 let mut i = 0;
@@ -333,10 +334,19 @@ impl Inner {
                     .unwrap_or(0);
                 // Nothing dirty left: all of the size is on the device.
                 let hi = if ip.cache.any_dirty() { hi } else { u64::MAX };
-                ip.d.size = ip.d.size.max(ip.size.min(hi));
+                let size = ip.d.size.max(ip.size.min(hi));
+                reach_changed = size != ip.d.size || !job.fresh.is_empty();
+                ip.d.size = size;
             }
         }
-        ip.store(&mut cx)?;
+        if reach_changed {
+            ip.store(&mut cx)?;
+        } else {
+            // Pure overwrites: their intents are durable, so fdatasync
+            // need not wait for these checksums (the data reads back
+            // without them) or the timestamps.
+            ip.store_times(&mut cx)?;
+        }
         let destroy = ip.open == 0 && ip.d.nlink == 0;
         for r in job.runs.drain(..) {
             self.pool.put(r.buf);
