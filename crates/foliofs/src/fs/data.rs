@@ -566,14 +566,12 @@ impl Inner {
             let from = offset / bs;
             mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
         }
+        // One step per folio: the write's bytes in it, blocks [i, j).
         while done < data.len() {
             let pos = offset + done as u64;
             let lblk = pos / bs;
-            let inb = (pos % bs) as usize;
-            let k = (bs as usize - inb).min(data.len() - done);
             // A large write grows its folio to the whole blocks it covers.
-            let floor = if inb == 0 { lblk } else { lblk + 1 };
-            let first = match self.folio_for(ino, lblk, end_blk - lblk, floor.min(lblk)) {
+            let first = match self.folio_for(ino, lblk, end_blk - lblk, lblk) {
                 Ok(f) => f,
                 Err(e) => {
                     result = Err(e);
@@ -584,98 +582,100 @@ impl Inner {
             let i = (lblk - first) as usize;
             let f = &ip.cache.folios[&first];
             let nblocks = f.nblocks;
+            let folio_end = (first + nblocks as u64) * bs;
+            let k = ((folio_end - pos) as usize).min(data.len() - done);
+            let step_end = pos + k as u64;
+            let j = (step_end.div_ceil(bs) - first) as usize;
+            // Block b is wholly overwritten by this step: it needs no
+            // read and no zeroing first.
+            let covered = |b: usize| {
+                let at = (first + b as u64) * bs;
+                at >= pos && at + bs <= step_end
+            };
             let blocks = if whole_folio && !f.any_dirty() {
                 0..nblocks
-            } else if f.dirty(i) {
-                i..i
             } else {
-                i..i + 1
+                i..j
             };
             // Blocks about to turn dirty: holes among them reserve space.
-            if !blocks.is_empty() {
-                let eof_blk = ip.size.div_ceil(bs);
-                let mut holes = 0u64;
-                let mut r = Ok(());
-                for b in blocks.clone() {
-                    let l = first + b as u64;
-                    if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
-                        continue;
-                    }
-                    if mapping
-                        .as_ref()
-                        .is_none_or(|(from, to, _)| l < *from || l >= *to)
-                    {
-                        bump(&cx.counters.mapping_lookups, 1);
-                        let to = end_blk.max(first + nblocks as u64).max(l + 1);
-                        match ip.ext_range(&mut cx, l, to) {
-                            Ok(v) => mapping = Some((l, to, v)),
-                            Err(e) => {
-                                r = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                    let exts = &mapping.as_ref().unwrap().2;
-                    if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
-                        if !by_length {
-                            ip.map_hint = (e.lblk, e.end());
-                        }
-                        continue;
-                    }
-                    // A new range replaces an old one only if none of the
-                    // blocks turning dirty in this pass are in the old one
-                    // (they are not marked dirty yet, so giving it up now
-                    // would lose their reservation).
-                    let lo = first + blocks.start as u64;
-                    let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
-                    if speculate && l >= eof_blk && may_start {
-                        match ip.start_prealloc(&mut cx, l) {
-                            Ok(true) => continue,
-                            Ok(false) => {}
-                            Err(e) => {
-                                r = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                    holes += 1;
+            let eof_blk = ip.size.div_ceil(bs);
+            let mut holes = 0u64;
+            let mut r = Ok(());
+            for b in blocks.clone() {
+                let l = first + b as u64;
+                if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
+                    continue;
                 }
-                if let Err(e) = r.and_then(|()| cx.reserve(holes)) {
+                if mapping
+                    .as_ref()
+                    .is_none_or(|(from, to, _)| l < *from || l >= *to)
+                {
+                    bump(&cx.counters.mapping_lookups, 1);
+                    let to = end_blk.max(first + nblocks as u64).max(l + 1);
+                    match ip.ext_range(&mut cx, l, to) {
+                        Ok(v) => mapping = Some((l, to, v)),
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                }
+                let exts = &mapping.as_ref().unwrap().2;
+                if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
+                    if !by_length {
+                        ip.map_hint = (e.lblk, e.end());
+                    }
+                    continue;
+                }
+                // A new range replaces an old one only if none of the
+                // blocks turning dirty in this step are in the old one
+                // (they are not marked dirty yet, so giving it up now
+                // would lose their reservation).
+                let lo = first + blocks.start as u64;
+                let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
+                if speculate && l >= eof_blk && may_start {
+                    match ip.start_prealloc(&mut cx, l) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                }
+                holes += 1;
+            }
+            if let Err(e) = r.and_then(|()| cx.reserve(holes)) {
+                result = Err(e);
+                break;
+            }
+            ip.delalloc += holes;
+            // Partial blocks (and, whole-folio, the rest of the folio)
+            // are read or zeroed before they turn dirty. Blocks wholly
+            // past EOF read as zeros (a truncate frees or zeroes what was
+            // there): zeroed here, no mapping lookup, no device read.
+            let f = ip.cache.folios.get_mut(&first).unwrap();
+            for b in blocks.clone() {
+                if first + b as u64 >= eof_blk && !f.uptodate(b) && !covered(b) {
+                    f.block_mut(b, bs as usize).fill(0);
+                    f.set_uptodate(b, true);
+                }
+            }
+            let needs_fill = blocks.clone().any(|b| !f.uptodate(b) && !covered(b));
+            if needs_fill {
+                if let Err(e) = ip.fill_folio(&mut cx, first) {
+                    cx.alloc.unreserve(holes);
+                    ip.delalloc -= holes;
                     result = Err(e);
                     break;
                 }
-                ip.delalloc += holes;
-                // Partial blocks (and, whole-folio, the rest of the folio)
-                // are read or zeroed before they turn dirty.
-                // Blocks wholly past EOF read as zeros (a truncate frees
-                // or zeroes what was there): zeroed here, no mapping
-                // lookup, no device read.
-                let f = ip.cache.folios.get_mut(&first).unwrap();
-                for b in blocks.clone() {
-                    if first + b as u64 >= eof_blk && !f.uptodate(b) {
-                        f.block_mut(b, bs as usize).fill(0);
-                        f.set_uptodate(b, true);
-                    }
-                }
-                let needs_fill = blocks
-                    .clone()
-                    .any(|b| !ip.cache.folios[&first].uptodate(b) && (b != i || k < bs as usize));
-                if needs_fill {
-                    if let Err(e) = ip.fill_folio(&mut cx, first) {
-                        cx.alloc.unreserve(holes);
-                        ip.delalloc -= holes;
-                        result = Err(e);
-                        break;
-                    }
-                }
-                let f = ip.cache.folios.get_mut(&first).unwrap();
-                new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
-                f.fill_dirty(blocks.start, blocks.end);
-                ip.cache.note_dirty(first);
             }
             let f = ip.cache.folios.get_mut(&first).unwrap();
-            let at = i * bs as usize + inb;
+            new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+            f.fill_dirty(blocks.start, blocks.end);
+            let at = (pos - first * bs) as usize;
             f.data[at..at + k].copy_from_slice(&data[done..done + k]);
+            ip.cache.note_dirty(first);
             done += k;
         }
         let (ip, cx) = self.with(ino)?;

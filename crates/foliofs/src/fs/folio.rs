@@ -150,7 +150,7 @@ impl Folio {
     /// Mark blocks [from, to) uptodate and dirty at once; the whole folio
     /// ends without a state object.
     pub fn fill_dirty(&mut self, from: usize, to: usize) {
-        if from == 0 && to == self.nblocks {
+        if (from == 0 && to == self.nblocks) || (self.state.is_none() && self.all_dirty) {
             self.state = None;
             self.all_dirty = true;
             return;
