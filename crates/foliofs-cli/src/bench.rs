@@ -647,6 +647,40 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
     })
 }
 
+/// MiB/s of `n` threads each filling 1 MiB buffers as the W4 writers do
+/// and copying them into memory already mapped (as a page cache that
+/// recycles its pages has it), `mib` MiB per thread: the CPU work a
+/// buffered write path cannot avoid, without any file system or device.
+fn copy_rate(n: usize, mib: u64) -> Result<f64> {
+    let pages: Vec<Vec<AlignedBuf>> = (0..n)
+        .map(|_| (0..mib).map(|_| AlignedBuf::zeroed(1 << 20)).collect())
+        .collect();
+    let t = Instant::now();
+    let handles: Vec<_> = pages
+        .into_iter()
+        .map(|mut pages| {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                for (m, page) in pages.iter_mut().enumerate() {
+                    fill(&mut buf, ((m as u64) << 20) / 4096, 4096);
+                    page.copy_from_slice(&buf);
+                }
+                pages
+            })
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for h in handles {
+        kept.push(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("copy thread panicked"))?,
+        );
+    }
+    let rate = (n as u64 * mib) as f64 / t.elapsed().as_secs_f64();
+    drop(kept);
+    Ok(rate)
+}
+
 /// W4: N files in N directories (one per AG), N writers of 1 MiB
 /// buffered sequential writes, `file_mib` MiB in all, fsync at the end;
 /// one writeback context per AG vs one context, and the raw file written
@@ -655,6 +689,9 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
     let mut variants = vec!["one context per AG", "one context"];
     if args.raw {
         variants.push("raw O_DIRECT");
+        // What any buffered write must do before the device sees a byte:
+        // the writers' data copied into memory (no file system).
+        variants.push("fill + copy into mapped memory, no I/O");
     }
     let pb = progress((args.rounds * 2) as u64);
     let (_dev, fs) = fresh_fs(args)?;
@@ -732,6 +769,7 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
                 }
                 raw.sync_data()?;
                 values[2].push(bytes as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64());
+                values[3].push(copy_rate(n, per_file)?);
             }
             for (i, &d) in dirs.iter().enumerate() {
                 fs.unlink(d, format!("f{i}").as_bytes())?;
@@ -779,6 +817,12 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
             &values[0],
             &values[2],
             "target >= 0.8",
+        ));
+        ratios.push(ratio(
+            "fill + copy / raw 1 MiB writes",
+            &values[3],
+            &values[2],
+            "CPU ceiling of a buffered path",
         ));
     }
     Ok(Outcome {

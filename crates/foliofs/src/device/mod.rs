@@ -65,13 +65,15 @@ impl AlignedBuf {
         }
         if len >= MMAP_MIN {
             // SAFETY: an anonymous private mapping has no preconditions;
-            // the kernel zero-fills it and aligns it to a page.
+            // the kernel zero-fills it and aligns it to a page. Populated
+            // at once: one call instead of a page fault per 4 KiB when a
+            // writer first fills a folio.
             let p = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
                     -1,
                     0,
                 )

@@ -44,7 +44,9 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Metadata cache size.
     pub meta_cache_bytes: u64,
-    /// Dirty data held before a writer writes back its own file.
+    /// Dirty data held before writers are made to wait for writeback
+    /// (background writeback starts at half). 0, the default: a quarter
+    /// of the page cache, as the kernel's dirty_ratio is a share of memory.
     pub dirty_limit_bytes: u64,
     /// Page cache size: clean folios beyond it are evicted (dirty ones
     /// never). Default: an eighth of RAM.
@@ -114,7 +116,7 @@ impl Default for MountOptions {
         MountOptions {
             read_only: false,
             meta_cache_bytes: 64 << 20,
-            dirty_limit_bytes: 64 << 20,
+            dirty_limit_bytes: 0,
             cache_bytes: default_cache_bytes(),
             max_folio_bytes: 2 << 20,
             fixed_folio_bytes: None,
@@ -436,6 +438,10 @@ impl Fs {
             return Err(Error::Invalid(
                 "the journal needs replay; mount read-write once (or run fsck) first".into(),
             ));
+        }
+        let mut opts = opts;
+        if opts.dirty_limit_bytes == 0 {
+            opts.dirty_limit_bytes = (opts.cache_bytes / 4).max(1 << 20);
         }
         let counters = Arc::new(Counters::default());
         let mut meta = Meta::new(dev.clone(), sb, opts.meta_cache_bytes);
