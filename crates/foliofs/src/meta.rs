@@ -117,21 +117,27 @@ impl DataFlush {
         self.written.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Some completed data write may not be durable yet.
-    pub fn pending(&self) -> bool {
-        self.written.load(Ordering::SeqCst) > self.flushed.load(Ordering::SeqCst)
+    /// The generation of the data writes completed so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
     }
 
-    /// Flush the device if any data write is pending; every write
-    /// completed before this call is durable when it returns Ok.
-    pub fn flush(&self, dev: &dyn Device) -> std::io::Result<()> {
-        let upto = self.written.load(Ordering::SeqCst);
+    /// Make every data write up to generation `upto` durable, flushing
+    /// the device unless an earlier flush already covered them.
+    pub fn flush_through(&self, upto: u64, dev: &dyn Device) -> std::io::Result<()> {
         if upto <= self.flushed.load(Ordering::SeqCst) {
             return Ok(());
         }
+        // The flush also covers writes completed since `upto` was read.
+        let now = self.written();
         dev.flush()?;
-        self.flushed.fetch_max(upto, Ordering::SeqCst);
+        self.flushed.fetch_max(now, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Make every data write completed before this call durable.
+    pub fn flush(&self, dev: &dyn Device) -> std::io::Result<()> {
+        self.flush_through(self.written(), dev)
     }
 }
 
@@ -146,7 +152,9 @@ pub struct SealedTx {
     head_pos: u64,
     jlen: u64,
     bs: u64,
-    preflush: bool,
+    /// Data writes its metadata may point at: flushed before the journal
+    /// blocks are written.
+    data_gen: u64,
     data_flush: Arc<DataFlush>,
 }
 
@@ -155,9 +163,7 @@ impl SealedTx {
     /// The outcome is picked up by `Meta::reap` / `Meta::wait_io`.
     pub fn write(self) {
         let r = (|| -> Result<()> {
-            if self.preflush {
-                self.data_flush.flush(&*self.dev)?;
-            }
+            self.data_flush.flush_through(self.data_gen, &*self.dev)?;
             let total = self.buf.len() as u64 / self.bs;
             let first = (self.jlen - self.head_pos).min(total);
             let split = (first * self.bs) as usize;
@@ -427,7 +433,7 @@ impl Meta {
             head_pos: self.head_pos,
             jlen: self.geo.journal_blocks,
             bs: self.geo.block_size,
-            preflush: self.data_flush.pending(),
+            data_gen: self.data_flush.written(),
             data_flush: self.data_flush.clone(),
         };
         let total = self.tx_len(blocks.len());
@@ -517,8 +523,8 @@ impl Meta {
     /// data write completed since the last flush, so metadata that points
     /// at the data (checksums, written extents, sizes) is never durable
     /// before the data is.
-    pub fn data_flush(&self) -> Arc<DataFlush> {
-        self.data_flush.clone()
+    pub fn data_flush(&self) -> &Arc<DataFlush> {
+        &self.data_flush
     }
 
     /// Lay out the journal image of a transaction: descriptors, block

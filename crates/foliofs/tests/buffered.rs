@@ -4,14 +4,14 @@
 //! (dirty throttling that bounds memory is tests/memory.rs, alone in its
 //! process so its RSS is its own).
 
-use foliofs::device::{CrashDevice, Device, MemDevice};
+use foliofs::device::{Device, MemDevice};
 use foliofs::fs::*;
 use foliofs::Fs;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod common;
-use common::fsck_clean;
+use common::{crash_fs, fsck_clean};
 use std::time::{Duration, Instant};
 
 fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
@@ -132,11 +132,8 @@ fn enospc_pressure_gives_back_speculative_space() {
 
 #[test]
 fn writeback_error_is_reported_once_per_open_file_description() {
-    let mem = MemDevice::new(64 << 20);
-    mkfs(&mem, &MkfsOptions::default(), |_, _| {}).unwrap();
-    let dev = Arc::new(CrashDevice::new(mem.image()));
+    let (dev, fs) = crash_fs(64 << 20);
     dev.stop_recording();
-    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let a = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap();
     // Allocate first, so the data's device blocks are known.
     fs.fallocate(a.ino, Falloc::Allocate { keep_size: false }, 0, 1 << 20)

@@ -7,7 +7,7 @@
 //! FOLIOFS_CRASH_STATES (default 1,200) and FOLIOFS_SEED control the run;
 //! a failure prints its seed and how to replay it.
 
-use foliofs::device::{CrashDevice, MemDevice};
+use foliofs::device::MemDevice;
 use foliofs::fs::*;
 use foliofs::torture::crash_round;
 use foliofs::Fs;
@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use std::sync::Arc;
 
 mod common;
-use common::{env_u64, fsck_clean};
+use common::{crash_fs, env_u64, fsck_clean};
 
 #[test]
 fn crash_at_every_flush_with_torn_writes() {
@@ -44,10 +44,7 @@ fn crash_at_every_flush_with_torn_writes() {
 /// acknowledged data back without a checksum error, and fsck stays clean.
 #[test]
 fn fdatasync_of_an_overwrite_flushes_twice_and_survives_a_crash() {
-    let mem = MemDevice::new(16 << 20);
-    mkfs(&mem, &MkfsOptions::default(), |_, _| {}).unwrap();
-    let dev = Arc::new(CrashDevice::new(mem.image()));
-    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let (dev, fs) = crash_fs(16 << 20);
     let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap();
     let mut want = vec![7u8; 256 << 10];
     fs.write(f.ino, 0, &want).unwrap();

@@ -1,14 +1,14 @@
 //! Many threads on one mounted file system; and a failed journal write
 //! shutting the file system down.
 
-use foliofs::device::{CrashDevice, MemDevice};
+use foliofs::device::MemDevice;
 use foliofs::fs::*;
 use foliofs::{Error, Fs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod common;
-use common::fsck_clean;
+use common::{crash_fs, fsck_clean};
 
 #[test]
 fn threads_share_one_file_system() {
@@ -50,11 +50,8 @@ fn threads_share_one_file_system() {
 
 #[test]
 fn failed_journal_flush_shuts_down_and_fsynced_data_survives() {
-    let mem = MemDevice::new(16 << 20);
-    mkfs(&mem, &MkfsOptions::default(), |_, _| {}).unwrap();
-    let dev = Arc::new(CrashDevice::new(mem.image()));
+    let (dev, fs) = crash_fs(16 << 20);
     dev.stop_recording();
-    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let root = fs.root_ino();
     let f = fs.create(root, b"kept", 0o644, 0, 0).unwrap();
     fs.write(f.ino, 0, b"durable").unwrap();

@@ -493,7 +493,7 @@ impl Fs {
         let fs = Fs {
             s: Arc::new(Shared {
                 block_size: inner.meta.geo.block_size,
-                data_flush: inner.meta.data_flush(),
+                data_flush: inner.meta.data_flush().clone(),
                 inner: Mutex::new(inner),
                 counters,
                 dev,

@@ -270,7 +270,11 @@ impl Inner {
     /// Step 3: record what reached the device, unpin, publish the size.
     fn wb_complete(&mut self, mut job: Job) -> Result<()> {
         let bs = self.meta.geo.block_size;
-        let data_flush = self.meta.data_flush();
+        if job.error.is_none() {
+            // Before the checksums below join a transaction, whose commit
+            // then flushes this data first.
+            self.meta.data_flush().note_written();
+        }
         let ino = job.ino;
         let (ip, mut cx) = self.with(ino)?;
         for r in &job.runs {
@@ -302,7 +306,6 @@ impl Inner {
                 ip.wb_errors += 1;
             }
             None => {
-                data_flush.note_written();
                 let mut crcs = job.crcs;
                 crcs.sort_unstable_by_key(|c| c.0);
                 let mut i = 0;
