@@ -37,9 +37,14 @@ fn writer_dirtying_8x_the_limit_stays_within_memory_limits() {
         max_cached = max_cached.max(st.cached_bytes);
         max_rss = max_rss.max(rss_bytes());
     }
-    // Most of it went out in the background, before any fsync.
+    // Most of it went out in the background, before any fsync: all but
+    // what may still be dirty (the limit and one write) and one writeback
+    // job (4 MiB) under way.
     let c = fs.counters();
-    assert!(c.bytes_written_back >= 7 * limit, "{c:?}");
+    assert!(
+        c.bytes_written_back + limit + (5 << 20) >= 8 * limit,
+        "{c:?}"
+    );
     // Dirty data stays under the limit plus one write in flight; the cache
     // under its limit plus the folios pinned by writeback.
     assert!(

@@ -7,6 +7,9 @@ use std::path::Path;
 /// An image file or block device, opened with O_DIRECT so that the engine's
 /// own cache is the only one. Falls back to buffered I/O where the file
 /// system under the image refuses O_DIRECT (tmpfs), and says so.
+/// Most iovecs one pwritev takes (Linux's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+
 pub struct FileDevice {
     file: File,
     len: u64,
@@ -80,6 +83,66 @@ impl Device for FileDevice {
         let mut bounce = AlignedBuf::zeroed(buf.len());
         bounce.copy_from_slice(buf);
         self.file.write_all_at(&bounce, offset)
+    }
+
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        super::mem::check_range(self.len, offset, total)?;
+        let aligned = bufs
+            .iter()
+            .all(|b| self.aligned(b.as_ptr(), b.len(), offset));
+        if !aligned || bufs.len() > IOV_MAX {
+            let mut at = offset;
+            for b in bufs {
+                self.write_at(b, at)?;
+                at += b.len() as u64;
+            }
+            return Ok(());
+        }
+        let mut iov: Vec<libc::iovec> = bufs
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let (mut first, mut at) = (0, offset);
+        use std::os::fd::AsRawFd;
+        while first < iov.len() {
+            // SAFETY: the iovecs describe live slices borrowed for this
+            // call; the kernel only reads them.
+            let n = unsafe {
+                libc::pwritev(
+                    self.file.as_raw_fd(),
+                    iov[first..].as_ptr(),
+                    (iov.len() - first) as libc::c_int,
+                    at as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            // Skip what was written: whole iovecs, then part of one.
+            let mut n = n as usize;
+            at += n as u64;
+            while n > 0 && n >= iov[first].iov_len {
+                n -= iov[first].iov_len;
+                first += 1;
+            }
+            if n > 0 {
+                // SAFETY: n < iov_len, so the base stays in the slice.
+                iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(n) }.cast();
+                iov[first].iov_len -= n;
+            }
+        }
+        Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {

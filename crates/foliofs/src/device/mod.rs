@@ -29,6 +29,16 @@ pub const IO_ALIGN: usize = 4096;
 pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Write `bufs` one after another from `offset` (a gathered write:
+    /// one device request where the device can take it as one).
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs {
+            self.write_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
     /// Make every completed write durable (fdatasync for files).
     fn flush(&self) -> io::Result<()>;
     /// Size in bytes.
@@ -90,6 +100,40 @@ impl AlignedBuf {
             alloc::handle_alloc_error(layout);
         }
         AlignedBuf { ptr, len }
+    }
+}
+
+impl AlignedBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes `r` alone, without borrowing the rest of the buffer: other
+    /// threads may be reading other parts of it through raw pointers (a
+    /// folio's blocks under writeback, see `fs::writeback`).
+    pub fn range(&self, r: std::ops::Range<usize>) -> &[u8] {
+        assert!(r.start <= r.end && r.end <= self.len, "buffer range");
+        // SAFETY: in bounds, checked above; ptr is valid for len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r.start), r.end - r.start) }
+    }
+
+    /// Bytes `r` alone, mutably (see `range`).
+    pub fn range_mut(&mut self, r: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(r.start <= r.end && r.end <= self.len, "buffer range");
+        // SAFETY: in bounds, checked above; uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
+    }
+
+    /// The address of byte `at`, for I/O that outlives a borrow (the
+    /// caller keeps the buffer alive and unchanged while it is used).
+    pub fn ptr_at(&self, at: usize) -> *mut u8 {
+        assert!(at <= self.len, "buffer offset");
+        // SAFETY: in bounds (one past the end at most).
+        unsafe { self.ptr.add(at) }
     }
 }
 

@@ -1,12 +1,16 @@
-//! The buffered data path of this version: dirty blocks are held per inode
-//! and written back on fsync, sync, memory pressure and unmount. The large
-//! folio cache replaces the holding structure; the verbs stay:
+//! The buffered data path: dirty blocks live in each inode's folio cache
+//! (`folio`) and are written back by the writeback contexts, fsync, sync,
+//! memory pressure and unmount (`writeback`).
 //!
-//! write: reserve space for holes -> copy into blocks (read-modify-write for
-//!        partial blocks, zeros for holes)
+//! write, one step per folio: find or make the folio (fresh memory mapped
+//!        without the metadata lock) -> wait while it is under writeback
+//!        (stable pages) -> reserve space for holes -> read or zero partial
+//!        blocks -> mark the blocks dirty and pin the folio -> copy (large
+//!        steps without the metadata lock) -> unpin
 //! writeback: classify dirty blocks -> log overwrite intents -> allocate
-//!        holes as unwritten extents -> write merged device runs -> flush ->
-//!        record checksums, convert to written, publish the size
+//!        holes as unwritten extents -> write merged device runs from the
+//!        folios -> flush -> record checksums, convert to written, publish
+//!        the size
 //!
 //! Ordering rules that make crashes safe:
 //! - newly allocated blocks are mapped unwritten until their data is on the
@@ -109,7 +113,7 @@ impl Inode {
                 self.read_mapped(cx, l, e.pblk + (l - e.lblk), k - l, &mut io[..len])?;
                 let f = self.cache.folios.get_mut(&first).unwrap();
                 let at = (l - first) as usize * bs;
-                f.data[at..at + len].copy_from_slice(&io[..len]);
+                f.data.range_mut(at..at + len).copy_from_slice(&io[..len]);
                 for i in l..k {
                     f.set_uptodate((i - first) as usize, true);
                 }
@@ -152,6 +156,59 @@ impl Inode {
         )?;
         self.d.nblocks += n;
         Ok((p, n))
+    }
+}
+
+/// A buffered write in progress (see `Inner::write_begin`).
+pub(super) struct WriteOp {
+    offset: u64,
+    len: usize,
+    end_blk: u64,
+    whole_folio: bool,
+    by_length: bool,
+    speculate: bool,
+    /// Extents of [from, to), looked up when a block about to turn dirty
+    /// has no known mapping (dirty, preallocated, or in the inode's
+    /// mapping hint), or once per write when mapping by write length.
+    mapping: Option<(u64, u64, Vec<Extent>)>,
+    /// Bytes copied so far.
+    pub done: usize,
+    new_dirty: u64,
+    /// Why the write stopped early, if it did.
+    pub result: Result<()>,
+    /// Fresh memory for the next new folio, mapped without the lock.
+    pub spare: Option<AlignedBuf>,
+}
+
+pub(super) enum WriteStep {
+    Copy(CopyStep),
+    /// The folio is under writeback: wait for a completion, then retry.
+    Wait,
+    /// A new folio needs this many bytes of fresh memory: map them into
+    /// `WriteOp::spare` (without the lock), then retry.
+    Alloc(usize),
+}
+
+/// The copy of one write step into its pinned folio.
+pub(super) struct CopyStep {
+    first: u64,
+    dst: *mut u8,
+    /// Bytes this step copies.
+    pub len: usize,
+}
+
+impl CopyStep {
+    /// Copy the step's bytes, the first `len` of `src`. Needs no lock:
+    /// the folio is pinned (`Folio::writer`), so it is neither evicted
+    /// nor written back meanwhile, and the inode's I/O lock, held
+    /// exclusive by the writer, keeps readers, other writers, truncate
+    /// and close away from it.
+    pub fn copy_from(&self, src: &[u8]) {
+        assert!(src.len() >= self.len, "write step past the caller's buffer");
+        // SAFETY: `dst` points into the folio's memory with at least
+        // `len` bytes left (`write_step`), which stays allocated and is
+        // touched by no one else while pinned (above).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.dst, self.len) };
     }
 }
 
@@ -345,6 +402,25 @@ impl Inner {
     /// overlap its neighbours and does not start before `floor`. Returns
     /// its first block.
     fn folio_for(&mut self, ino: u64, lblk: u64, want: u64, floor: u64) -> Result<u64> {
+        match self.folio_or_alloc(ino, lblk, want, floor, None)? {
+            Ok(first) => Ok(first),
+            Err(_) => unreachable!("without a spare buffer the pool maps one"),
+        }
+    }
+
+    /// `folio_for`, except that with `spare`, memory for a new folio the
+    /// pool cannot supply comes from the spare buffer if it has the size,
+    /// and otherwise Err(bytes) asks the caller to map that much without
+    /// the metadata lock: the kernel zeroes fresh pages, a cost writers of
+    /// different files then pay in parallel.
+    fn folio_or_alloc(
+        &mut self,
+        ino: u64,
+        lblk: u64,
+        want: u64,
+        floor: u64,
+        spare: Option<&mut Option<AlignedBuf>>,
+    ) -> Result<std::result::Result<u64, usize>> {
         let bs = self.meta.geo.block_size as usize;
         let max = self.max_folio_blocks();
         let fixed = self.opts.fixed_folio_bytes.is_some();
@@ -353,7 +429,7 @@ impl Inner {
         let (ip, _) = self.with(ino)?;
         if let Some((first, f)) = ip.cache.find_mut(lblk) {
             f.tick = tick;
-            return Ok(first);
+            return Ok(Ok(first));
         }
         let (first, n) = if fixed {
             ip.cache.fit(lblk, max, 0, u64::MAX)
@@ -363,13 +439,25 @@ impl Inner {
             let want = want.clamp(1, max as u64);
             ip.cache.fit(lblk, max, floor, lblk + want)
         };
-        let data = self.pool.get(n * bs);
+        let len = n * bs;
+        let data = match spare {
+            Some(s) if !self.pool.has(len) => match s.take() {
+                Some(b) if b.len() == len => b,
+                other => {
+                    if let Some(b) = other {
+                        self.pool.put(b);
+                    }
+                    return Ok(Err(len));
+                }
+            },
+            _ => self.pool.get(len),
+        };
         let (ip, _) = self.with(ino)?;
         ip.cache
             .folios
             .insert(first, Folio::with_data(n, data, tick));
-        self.cache_bytes += (n * bs) as u64;
-        Ok(first)
+        self.cache_bytes += len as u64;
+        Ok(Ok(first))
     }
 
     fn max_folio_blocks(&self) -> usize {
@@ -386,13 +474,14 @@ impl Inner {
     /// its limit. Dirty folios are never evicted.
     pub(super) fn maybe_evict(&mut self) {
         if self.cache_bytes <= self.opts.cache_bytes {
+            self.trim_pool();
             return;
         }
         let target = self.opts.cache_bytes / 4 * 3;
         let mut clean: Vec<(u64, u64, u64)> = Vec::new();
         for (&ino, ip) in &self.inodes {
             for (&first, f) in &ip.cache.folios {
-                if !f.any_dirty() && f.wb_pending == 0 {
+                if !f.any_dirty() && f.idle() {
                     clean.push((f.tick, ino, first));
                 }
             }
@@ -412,6 +501,14 @@ impl Inner {
                 bump(&self.counters.folios_evicted, 1);
             }
         }
+        self.trim_pool();
+    }
+
+    /// Free folio memory kept for reuse stays within what the cache
+    /// limit leaves.
+    pub(super) fn trim_pool(&mut self) {
+        let room = self.opts.cache_bytes.saturating_sub(self.cache_bytes);
+        self.pool.trim(room);
     }
 
     /// Drop cached blocks [from, to) of `ino`, giving back the delalloc
@@ -437,6 +534,7 @@ impl Inner {
         ip.delalloc -= unmapped;
         self.cache_bytes -= freed;
         self.dirty_bytes = self.dirty_bytes.saturating_sub(dirty.len() as u64 * bs);
+        self.trim_pool();
         Ok(())
     }
 
@@ -510,7 +608,7 @@ impl Inner {
                 ip.fill_folio(&mut cx, first)?;
             }
             let f = &ip.cache.folios[&first];
-            buf[done..done + k].copy_from_slice(&f.data[at..at + k]);
+            buf[done..done + k].copy_from_slice(f.data.range(at..at + k));
             done += k;
         }
         bump(&self.counters.bytes_read_app, n as u64);
@@ -518,23 +616,24 @@ impl Inner {
         Ok(n)
     }
 
-    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Start a buffered write of `len` bytes at `offset`: checks, the
+    /// zeroed tail of the old last block, ENOSPC pressure. The inode is
+    /// pinned (like an open file) until `write_end`, since the copies
+    /// run without the metadata lock. The caller has waited for the
+    /// inode's writeback when `offset` is past EOF (the tail block may be
+    /// under writeback, and must not change under it).
+    pub(super) fn write_begin(&mut self, ino: u64, offset: u64, len: usize) -> Result<WriteOp> {
         let bs = self.meta.geo.block_size;
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or(Error::FileTooBig)?;
+        let end = offset.checked_add(len as u64).ok_or(Error::FileTooBig)?;
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
-        }
-        if data.is_empty() {
-            return Ok(0);
         }
         {
             let (ip, _) = self.with(ino)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
             }
-            if offset > ip.size {
+            if offset > ip.size && len > 0 {
                 let old = ip.size;
                 self.zero_eof_tail(ino, old)?;
             }
@@ -546,154 +645,209 @@ impl Inner {
         {
             self.release_all_prealloc();
         }
-        let whole_folio = self.opts.whole_folio_dirty;
         let by_length = self.opts.map_by_write_length;
-        // Speculative preallocation past EOF, unless a knob turns it off;
-        // mapping by write length only sees it for writes of whole blocks
-        // (the seed's regression: 1-byte writes never preallocate).
-        let speculate = !self.opts.no_prealloc && (!by_length || data.len() as u64 >= bs);
         let end_blk = end.div_ceil(bs);
-        let mut done = 0usize;
-        let mut new_dirty = 0u64;
-        let mut result = Ok(());
-        // Extents of [from, to), looked up when a block about to turn dirty
-        // has no known mapping (dirty, preallocated, or in the inode's
-        // mapping hint), or once per write when mapping by write length.
-        let mut mapping: Option<(u64, u64, Vec<Extent>)> = None;
-        if by_length {
-            let (ip, mut cx) = self.with(ino)?;
+        let mut w = WriteOp {
+            offset,
+            len,
+            end_blk,
+            whole_folio: self.opts.whole_folio_dirty,
+            by_length,
+            // Speculative preallocation past EOF, unless a knob turns it
+            // off; mapping by write length only sees it for writes of
+            // whole blocks (the seed's regression: 1-byte writes never
+            // preallocate).
+            speculate: !self.opts.no_prealloc && (!by_length || len as u64 >= bs),
+            mapping: None,
+            done: 0,
+            new_dirty: 0,
+            result: Ok(()),
+            spare: None,
+        };
+        let (ip, mut cx) = self.with(ino)?;
+        if by_length && len > 0 {
             bump(&cx.counters.mapping_lookups, 1);
             let from = offset / bs;
-            mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
+            w.mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
         }
-        // One step per folio: the write's bytes in it, blocks [i, j).
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let lblk = pos / bs;
-            // A large write grows its folio to the whole blocks it covers.
-            let first = match self.folio_for(ino, lblk, end_blk - lblk, lblk) {
-                Ok(f) => f,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+        ip.open += 1;
+        Ok(w)
+    }
+
+    /// The next step of a write: the write's bytes in one folio, with
+    /// space reserved for the holes among its blocks and partial blocks
+    /// read or zeroed. The folio is pinned for the copy (`Folio::writer`)
+    /// until `write_copied`. None when the write is done; `Wait` when the
+    /// folio is under writeback (stable pages: wait, then ask again).
+    pub(super) fn write_step(&mut self, ino: u64, w: &mut WriteOp) -> Result<Option<WriteStep>> {
+        let bs = self.meta.geo.block_size;
+        if w.done == w.len {
+            return Ok(None);
+        }
+        let pos = w.offset + w.done as u64;
+        let lblk = pos / bs;
+        let end_blk = w.end_blk;
+        // A large write grows its folio to the whole blocks it covers.
+        let first =
+            match self.folio_or_alloc(ino, lblk, end_blk - lblk, lblk, Some(&mut w.spare))? {
+                Ok(first) => first,
+                Err(len) => return Ok(Some(WriteStep::Alloc(len))),
             };
-            let (ip, mut cx) = self.with(ino)?;
-            let i = (lblk - first) as usize;
-            let f = &ip.cache.folios[&first];
-            let nblocks = f.nblocks;
-            let folio_end = (first + nblocks as u64) * bs;
-            let k = ((folio_end - pos) as usize).min(data.len() - done);
-            let step_end = pos + k as u64;
-            let j = (step_end.div_ceil(bs) - first) as usize;
-            // Block b is wholly overwritten by this step: it needs no
-            // read and no zeroing first.
-            let covered = |b: usize| {
-                let at = (first + b as u64) * bs;
-                at >= pos && at + bs <= step_end
-            };
-            let blocks = if whole_folio && !f.any_dirty() {
-                0..nblocks
-            } else {
-                i..j
-            };
-            // Blocks about to turn dirty: holes among them reserve space.
-            let eof_blk = ip.size.div_ceil(bs);
-            let mut holes = 0u64;
-            let mut r = Ok(());
-            for b in blocks.clone() {
-                let l = first + b as u64;
-                if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
-                    continue;
-                }
-                if mapping
-                    .as_ref()
-                    .is_none_or(|(from, to, _)| l < *from || l >= *to)
-                {
-                    bump(&cx.counters.mapping_lookups, 1);
-                    let to = end_blk.max(first + nblocks as u64).max(l + 1);
-                    match ip.ext_range(&mut cx, l, to) {
-                        Ok(v) => mapping = Some((l, to, v)),
-                        Err(e) => {
-                            r = Err(e);
-                            break;
-                        }
-                    }
-                }
-                let exts = &mapping.as_ref().unwrap().2;
-                if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
-                    if !by_length {
-                        ip.map_hint = (e.lblk, e.end());
-                    }
-                    continue;
-                }
-                // A new range replaces an old one only if none of the
-                // blocks turning dirty in this step are in the old one
-                // (they are not marked dirty yet, so giving it up now
-                // would lose their reservation).
-                let lo = first + blocks.start as u64;
-                let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
-                if speculate && l >= eof_blk && may_start {
-                    match ip.start_prealloc(&mut cx, l) {
-                        Ok(true) => continue,
-                        Ok(false) => {}
-                        Err(e) => {
-                            r = Err(e);
-                            break;
-                        }
-                    }
-                }
-                holes += 1;
+        let (ip, mut cx) = self.with(ino)?;
+        let f = &ip.cache.folios[&first];
+        if f.wb_pending > 0 {
+            return Ok(Some(WriteStep::Wait));
+        }
+        let i = (lblk - first) as usize;
+        let nblocks = f.nblocks;
+        let folio_end = (first + nblocks as u64) * bs;
+        let k = ((folio_end - pos) as usize).min(w.len - w.done);
+        let step_end = pos + k as u64;
+        let j = (step_end.div_ceil(bs) - first) as usize;
+        // Block b is wholly overwritten by this step: it needs no read
+        // and no zeroing first.
+        let covered = |b: usize| {
+            let at = (first + b as u64) * bs;
+            at >= pos && at + bs <= step_end
+        };
+        let blocks = if w.whole_folio && !f.any_dirty() {
+            0..nblocks
+        } else {
+            i..j
+        };
+        // Blocks about to turn dirty: holes among them reserve space.
+        let eof_blk = ip.size.div_ceil(bs);
+        let mut holes = 0u64;
+        for b in blocks.clone() {
+            let l = first + b as u64;
+            if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
+                continue;
             }
-            if let Err(e) = r.and_then(|()| cx.reserve(holes)) {
-                result = Err(e);
-                break;
+            if w.mapping
+                .as_ref()
+                .is_none_or(|(from, to, _)| l < *from || l >= *to)
+            {
+                bump(&cx.counters.mapping_lookups, 1);
+                let to = end_blk.max(first + nblocks as u64).max(l + 1);
+                w.mapping = Some((l, to, ip.ext_range(&mut cx, l, to)?));
             }
-            ip.delalloc += holes;
-            // Partial blocks (and, whole-folio, the rest of the folio)
-            // are read or zeroed before they turn dirty. Blocks wholly
-            // past EOF read as zeros (a truncate frees or zeroes what was
-            // there): zeroed here, no mapping lookup, no device read.
-            let f = ip.cache.folios.get_mut(&first).unwrap();
-            for b in blocks.clone() {
-                if first + b as u64 >= eof_blk && !f.uptodate(b) && !covered(b) {
-                    f.block_mut(b, bs as usize).fill(0);
-                    f.set_uptodate(b, true);
+            let exts = &w.mapping.as_ref().unwrap().2;
+            if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
+                if !w.by_length {
+                    ip.map_hint = (e.lblk, e.end());
                 }
+                continue;
             }
-            let needs_fill = blocks.clone().any(|b| !f.uptodate(b) && !covered(b));
-            if needs_fill {
-                if let Err(e) = ip.fill_folio(&mut cx, first) {
-                    cx.alloc.unreserve(holes);
-                    ip.delalloc -= holes;
-                    result = Err(e);
-                    break;
-                }
+            // A new range replaces an old one only if none of the blocks
+            // turning dirty in this step are in the old one (they are not
+            // marked dirty yet, so giving it up now would lose their
+            // reservation).
+            let lo = first + blocks.start as u64;
+            let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
+            if w.speculate && l >= eof_blk && may_start && ip.start_prealloc(&mut cx, l)? {
+                continue;
             }
-            let f = ip.cache.folios.get_mut(&first).unwrap();
-            new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
-            f.fill_dirty(blocks.start, blocks.end);
-            let at = (pos - first * bs) as usize;
-            f.data[at..at + k].copy_from_slice(&data[done..done + k]);
-            ip.cache.note_dirty(first);
-            done += k;
+            holes += 1;
+        }
+        cx.reserve(holes)?;
+        ip.delalloc += holes;
+        // Partial blocks (and, whole-folio, the rest of the folio) are
+        // read or zeroed before they turn dirty. Blocks wholly past EOF
+        // read as zeros (a truncate frees or zeroes what was there):
+        // zeroed here, no mapping lookup, no device read.
+        let f = ip.cache.folios.get_mut(&first).unwrap();
+        for b in blocks.clone() {
+            if first + b as u64 >= eof_blk && !f.uptodate(b) && !covered(b) {
+                f.block_mut(b, bs as usize).fill(0);
+                f.set_uptodate(b, true);
+            }
+        }
+        if blocks.clone().any(|b| !f.uptodate(b) && !covered(b)) {
+            if let Err(e) = ip.fill_folio(&mut cx, first) {
+                cx.alloc.unreserve(holes);
+                ip.delalloc -= holes;
+                return Err(e);
+            }
+        }
+        // The blocks turn dirty now, so their reservations are counted
+        // as every other dirty block's while the copy runs; writeback
+        // leaves the pinned folio alone until the copy is done.
+        let f = ip.cache.folios.get_mut(&first).unwrap();
+        w.new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+        f.fill_dirty(blocks.start, blocks.end);
+        f.writer = true;
+        let dst = f.data.ptr_at((pos - first * bs) as usize);
+        ip.cache.note_dirty(first);
+        Ok(Some(WriteStep::Copy(CopyStep { first, dst, len: k })))
+    }
+
+    /// A step's bytes are in its folio: unpin it.
+    pub(super) fn write_copied(&mut self, ino: u64, w: &mut WriteOp, c: CopyStep) -> Result<()> {
+        let (ip, _) = self.with(ino)?;
+        let f = ip
+            .cache
+            .folios
+            .get_mut(&c.first)
+            .expect("a folio pinned by a writer stays cached");
+        f.writer = false;
+        w.done += c.len;
+        Ok(())
+    }
+
+    /// Finish a write: size, timestamps, dirty accounting; unpin the
+    /// inode. The bytes written, or the error if none were.
+    pub(super) fn write_end(&mut self, ino: u64, mut w: WriteOp) -> Result<usize> {
+        if let Some(b) = w.spare.take() {
+            self.pool.put(b);
         }
         let (ip, cx) = self.with(ino)?;
-        if done > 0 {
-            ip.size = ip.size.max(offset + done as u64);
+        if w.done > 0 {
+            ip.size = ip.size.max(w.offset + w.done as u64);
             ip.touch_mtime();
         }
-        bump(&cx.counters.bytes_written_app, done as u64);
-        bump(&cx.counters.bytes_dirtied, new_dirty);
-        self.dirty_bytes += new_dirty;
-        if done > 0 {
+        ip.open -= 1;
+        let destroy = ip.open == 0 && ip.d.nlink == 0;
+        bump(&cx.counters.bytes_written_app, w.done as u64);
+        bump(&cx.counters.bytes_dirtied, w.new_dirty);
+        self.dirty_bytes += w.new_dirty;
+        if w.done > 0 {
             self.mark_inode_dirty(ino);
         }
-        self.maybe_evict();
-        match result {
-            Err(e) if done == 0 => Err(e),
-            _ => Ok(done),
+        if destroy {
+            self.destroy_inode(ino)?;
         }
+        self.maybe_evict();
+        match w.result {
+            Err(e) if w.done == 0 => Err(e),
+            _ => Ok(w.done),
+        }
+    }
+
+    /// A whole buffered write under the metadata lock (symlink targets,
+    /// written into inodes nothing else can see yet).
+    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let mut w = self.write_begin(ino, offset, data.len())?;
+        loop {
+            match self.write_step(ino, &mut w) {
+                Ok(None) => break,
+                Ok(Some(WriteStep::Copy(c))) => {
+                    c.copy_from(&data[w.done..]);
+                    self.write_copied(ino, &mut w, c)?;
+                }
+                Ok(Some(WriteStep::Alloc(len))) => w.spare = Some(AlignedBuf::zeroed(len)),
+                Ok(Some(WriteStep::Wait)) => {
+                    w.result = Err(Error::Invalid(format!(
+                        "inode {ino} is under writeback while it is created"
+                    )));
+                    break;
+                }
+                Err(e) => {
+                    w.result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.write_end(ino, w)
     }
 
     /// Before the size grows past `old_size`, zero the rest of the old last

@@ -426,6 +426,8 @@ impl Fs {
         // zeroed tail of the old last block when the write leaves a gap.
         let size = g.with(ino)?.0.size;
         if offset > size {
+            // The tail block may be under writeback: stable pages.
+            self.s.wait_wb_idle(&mut g, ino);
             g.zero_eof_tail(ino, size)?;
         }
         g.drop_prealloc(ino)?;

@@ -6,8 +6,9 @@
 //! per-block bitmaps, uptodate and dirty. A folio whose blocks are all
 //! uptodate and either all dirty or all clean needs no state object (a
 //! whole-folio write, or a folio read in full). Dirty bits are cleared when
-//! writeback copies the blocks out for the device (`take_dirty`), so a write
-//! racing writeback re-dirties the block and is written again.
+//! writeback takes the blocks for the device; the device write reads the
+//! folio's own memory, so a writer waits for it before changing the folio
+//! (stable pages) and its blocks turn dirty again to be written again.
 
 use crate::device::AlignedBuf;
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,10 +51,17 @@ pub(crate) struct Folio {
     all_dirty: bool,
     /// Last use, for eviction of clean folios.
     pub tick: u64,
-    /// Blocks of this folio under writeback (copied out, device write not
-    /// yet complete): the folio is not evicted while this is non-zero, so
-    /// a reader never goes to the device for data not there yet.
+    /// Blocks of this folio under writeback (taken from the dirty bits,
+    /// device write not yet complete). While this is non-zero the folio
+    /// is not evicted or dropped (the device reads its memory), and its
+    /// memory is not written (stable pages: the checksums writeback
+    /// computes must match what reaches the device), so a writer waits.
     pub wb_pending: u32,
+    /// A writer is copying into this folio without the metadata lock.
+    /// The blocks it writes are marked dirty already (their reservations
+    /// count as any dirty block's); writeback leaves the folio alone and
+    /// eviction skips it until the copy is done.
+    pub writer: bool,
 }
 
 impl Folio {
@@ -76,6 +84,7 @@ impl Folio {
             all_dirty: false,
             tick,
             wb_pending: 0,
+            writer: false,
         }
     }
 
@@ -177,34 +186,45 @@ impl Folio {
     }
 
     pub fn block(&self, i: usize, bs: usize) -> &[u8] {
-        &self.data[i * bs..(i + 1) * bs]
+        self.data.range(i * bs..(i + 1) * bs)
     }
 
     pub fn block_mut(&mut self, i: usize, bs: usize) -> &mut [u8] {
-        &mut self.data[i * bs..(i + 1) * bs]
+        self.data.range_mut(i * bs..(i + 1) * bs)
+    }
+
+    /// Neither under writeback nor being copied into: it may be evicted
+    /// or dropped if clean.
+    pub fn idle(&self) -> bool {
+        self.wb_pending == 0 && !self.writer
     }
 }
 
-/// Freed folio and I/O buffers kept for reuse, up to a bound, so a steady
-/// stream of writes does not map, fault in and unmap fresh memory for every
-/// folio and writeback run. Buffers come back with stale contents: folios
-/// start with nothing uptodate, and I/O runs are filled whole.
+/// Freed folio buffers kept for reuse, so a steady stream of writes does
+/// not map, fault in (the kernel zeroes every page) and unmap fresh memory
+/// for every folio: what the page cache gives up is what it takes next.
+/// The owner bounds it (`trim`: cached plus pooled bytes stay within the
+/// cache limit) and gives it back to the kernel when unused
+/// (`trim_idle`). Buffers come back with stale contents: folios start
+/// with nothing uptodate.
 pub(crate) struct BufPool {
     bufs: std::collections::HashMap<usize, Vec<AlignedBuf>>,
     pub bytes: u64,
-    max: u64,
+    /// A buffer was taken since the last `trim_idle`.
+    used: bool,
 }
 
 impl BufPool {
-    pub fn new(max: u64) -> BufPool {
+    pub fn new() -> BufPool {
         BufPool {
             bufs: Default::default(),
             bytes: 0,
-            max,
+            used: false,
         }
     }
 
     pub fn get(&mut self, len: usize) -> AlignedBuf {
+        self.used = true;
         match self.bufs.get_mut(&len).and_then(|v| v.pop()) {
             Some(b) => {
                 self.bytes -= len as u64;
@@ -214,12 +234,40 @@ impl BufPool {
         }
     }
 
+    /// Whether a buffer of `len` bytes is kept.
+    pub fn has(&self, len: usize) -> bool {
+        self.bufs.get(&len).is_some_and(|v| !v.is_empty())
+    }
+
     pub fn put(&mut self, b: AlignedBuf) {
-        let len = b.len() as u64;
-        if len > 0 && self.bytes + len <= self.max {
-            self.bytes += len;
+        if !b.is_empty() {
+            self.bytes += b.len() as u64;
             self.bufs.entry(b.len()).or_default().push(b);
         }
+    }
+
+    /// Free buffers until at most `max` bytes are kept.
+    pub fn trim(&mut self, max: u64) {
+        if self.bytes <= max {
+            return;
+        }
+        for v in self.bufs.values_mut() {
+            while self.bytes > max {
+                let Some(b) = v.pop() else { break };
+                self.bytes -= b.len() as u64;
+            }
+        }
+        self.bufs.retain(|_, v| !v.is_empty());
+    }
+
+    /// Halve what is kept if nothing was taken since the last call (a
+    /// periodic pass): idle memory goes back to the kernel in a few
+    /// periods.
+    pub fn trim_idle(&mut self) {
+        if !self.used {
+            self.trim(self.bytes / 2);
+        }
+        self.used = false;
     }
 }
 
@@ -297,6 +345,27 @@ impl Cache {
             })
     }
 
+    /// Up to `max` dirty blocks, lowest first, stopping before the first
+    /// folio a writer is copying into; and whether one stopped it.
+    pub fn dirty_for_writeback(&self, max: usize) -> (Vec<u64>, bool) {
+        let mut out = Vec::new();
+        for first in &self.dirty {
+            let Some(f) = self.folios.get(first) else {
+                continue;
+            };
+            if f.writer && f.any_dirty() {
+                return (out, true);
+            }
+            for i in (0..f.nblocks).filter(|&i| f.dirty(i)) {
+                if out.len() == max {
+                    return (out, false);
+                }
+                out.push(first + i as u64);
+            }
+        }
+        (out, false)
+    }
+
     pub fn any_dirty_in(&self, from: u64, to: u64) -> bool {
         self.dirty_blocks(from, to).next().is_some()
     }
@@ -350,6 +419,7 @@ impl Cache {
                 }
             }
             if first >= from && end <= to {
+                debug_assert!(f.idle(), "dropping a folio under writeback or copy");
                 freed += f.data.len() as u64;
                 if let Some(f) = self.folios.remove(&first) {
                     pool.put(f.data);
@@ -409,7 +479,7 @@ mod tests {
             c.dirty_blocks(0, 100).collect::<Vec<_>>(),
             vec![8, 9, 10, 11]
         );
-        let mut pool = BufPool::new(1 << 20);
+        let mut pool = BufPool::new();
         let (d, freed) = c.drop_range(10, 100, 512, &mut pool);
         assert_eq!((d, freed), (vec![10, 11], 0));
         assert_eq!(c.dirty_blocks(0, 100).collect::<Vec<_>>(), vec![8, 9]);
@@ -417,12 +487,21 @@ mod tests {
         let (d, freed) = c.drop_range(0, 100, 512, &mut pool);
         assert_eq!((d.len(), freed), (2, 2048));
         assert!(c.folios.is_empty());
-        // The freed buffers are reused, up to the pool's bound.
+        // The freed buffers are reused.
         assert_eq!(pool.get(2048).len(), 2048);
         assert_eq!(pool.bytes, 0);
-        let mut small = BufPool::new(4096);
-        small.put(AlignedBuf::zeroed(4096));
-        small.put(AlignedBuf::zeroed(4096));
-        assert_eq!(small.bytes, 4096);
+        let mut p = BufPool::new();
+        for _ in 0..4 {
+            p.put(AlignedBuf::zeroed(4096));
+        }
+        p.trim(8192);
+        assert_eq!(p.bytes, 8192);
+        // Used during a period: kept; idle for one: half goes.
+        let b = p.get(4096);
+        p.put(b);
+        p.trim_idle();
+        assert_eq!(p.bytes, 8192);
+        p.trim_idle();
+        assert_eq!(p.bytes, 4096);
     }
 }

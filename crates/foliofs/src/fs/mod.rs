@@ -1,11 +1,13 @@
 //! The file system: mount, unmount and the public API.
 //!
-//! Locking: one metadata lock (`Fs::inner`) serialises namespace and
-//! mapping changes and the simple buffered path of this version; under it,
-//! per-AG allocator locks (see `alloc`). Nothing blocks on device I/O while
-//! holding an AG lock. The seams for the concurrent data paths (folio cache,
-//! direct I/O with a per-inode I/O lock, parallel writeback) are the `data`
-//! module's verbs.
+//! Locking: a per-inode I/O lock (`iolock`: shared for reads and direct
+//! overwrites, exclusive for buffered writes, truncate, fallocate and
+//! close) orders data operations on one file. One metadata lock
+//! (`Fs::inner`) serialises namespace and mapping changes and the page
+//! cache's books; under it, per-AG allocator locks (see `alloc`). The bulk
+//! data work runs without the metadata lock: device I/O of direct I/O and
+//! writeback, a buffered write's copy into its pinned folio, and the
+//! mapping of fresh folio memory.
 
 mod data;
 mod dio;
@@ -26,13 +28,14 @@ pub use options::{parse_size, ENGINE_OPTIONS};
 pub use types::*;
 
 use crate::alloc::Alloc;
-use crate::device::Device;
+use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::meta::{self, Meta};
+use data::WriteStep;
 use inode::Inode;
 use iolock::{IoLocks, Mode};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -107,6 +110,10 @@ pub(crate) struct Knobs {
     /// Writeback contexts in use (1 ..= MAX_WB_CONTEXTS).
     pub wb_contexts: AtomicUsize,
 }
+
+/// Write steps at least this large copy without the metadata lock; the
+/// lock round trip costs more than copying less.
+const UNLOCKED_COPY_BYTES: usize = 64 << 10;
 
 /// Most writeback contexts (threads) a mount runs.
 pub const MAX_WB_CONTEXTS: usize = 16;
@@ -456,14 +463,12 @@ impl Fs {
             cache_bytes: 0,
             tick: 0,
             counters: counters.clone(),
-            pool: folio::BufPool::new(0),
+            pool: folio::BufPool::new(),
             dirty_queues: Vec::new(),
             wb_errors: 0,
             wb_errors_synced: 0,
         };
         inner.dirty_queues = vec![Default::default(); inner.meta.geo.ag_count as usize];
-        // Up to an eighth of the cache, at most 64 MiB, waits for reuse.
-        inner.pool = folio::BufPool::new((inner.opts.cache_bytes / 8).min(64 << 20));
         // The root must be a directory.
         let root = inner.meta.sb.root_ino;
         inner.load_inode(root)?;
@@ -781,6 +786,8 @@ impl Fs {
 
     /// The last close of a file trims its speculative preallocation.
     pub fn release(&self, ino: u64) -> Result<()> {
+        // After in-flight I/O: a writer copies without the metadata lock.
+        let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
         let mut g = self.s.inner.lock();
         self.s.wait_wb_idle(&mut g, ino);
         let last = g.with(ino)?.0.open <= 1;
@@ -862,12 +869,45 @@ impl Fs {
         e
     }
 
+    /// Buffered write. Each step's copy into its folio runs without the
+    /// metadata lock when it is large (the folio pinned), so writers of
+    /// different files copy in parallel.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let (r, over) = {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
-            let r = g.guarded(|g| g.write(ino, offset, data));
+            if g.with(ino)?.0.size < offset {
+                // The old last block is zeroed past EOF: stable pages.
+                self.s.wait_wb_idle(&mut g, ino);
+            }
+            let mut w = g.guarded(|g| g.write_begin(ino, offset, data.len()))?;
+            loop {
+                match g.guarded(|g| g.write_step(ino, &mut w)) {
+                    Ok(None) => break,
+                    Ok(Some(WriteStep::Copy(c))) => {
+                        let src = &data[w.done..];
+                        if c.len >= UNLOCKED_COPY_BYTES {
+                            MutexGuard::unlocked(&mut g, || c.copy_from(src));
+                        } else {
+                            c.copy_from(src);
+                        }
+                        g.write_copied(ino, &mut w, c)?;
+                        // Writeback waiting for the pinned folio.
+                        self.s.wb_done.notify_all();
+                    }
+                    Ok(Some(WriteStep::Wait)) => self.s.wb_done.wait(&mut g),
+                    Ok(Some(WriteStep::Alloc(len))) => {
+                        let b = MutexGuard::unlocked(&mut g, || AlignedBuf::zeroed(len));
+                        w.spare = Some(b);
+                    }
+                    Err(e) => {
+                        w.result = Err(e);
+                        break;
+                    }
+                }
+            }
+            let r = g.guarded(|g| g.write_end(ino, w));
             g.maybe_commit()?;
             (r, g.dirty_bytes > g.background_bytes())
         };

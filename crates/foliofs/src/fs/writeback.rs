@@ -3,10 +3,13 @@
 //!
 //! prepare (metadata lock): pick the inode's dirty blocks, log overwrite
 //!     intents, allocate delayed ranges (a speculative preallocation past
-//!     EOF is allocated whole with the blocks that reach it), copy the
-//!     blocks out into merged device runs, clear their dirty bits and pin
-//!     their folios (`wb_pending`);
-//! submit (no lock): checksum and write the runs;
+//!     EOF is allocated whole with the blocks that reach it), gather the
+//!     blocks into merged device runs over the folios' own memory, clear
+//!     their dirty bits and pin their folios (`wb_pending`);
+//! submit (no lock): checksum and write the runs straight from the folios
+//!     (no copy). Pinned folios are stable: a writer waits for the pin to
+//!     go before changing one, so the checksums match what the device got,
+//!     and writeback stops before a folio a writer is copying into;
 //! complete (metadata lock): record checksums, convert unwritten extents,
 //!     publish the on-disk size up to the first block still dirty, unpin.
 //!
@@ -26,7 +29,7 @@
 use super::fork::{Extent, MAX_EXTENT_LEN};
 use super::{bump, Error, Fs, Inner, Result, Shared};
 use crate::alloc::{clear_csums, set_csums};
-use crate::device::{AlignedBuf, Device};
+use crate::device::Device;
 use crate::format::data_crc;
 use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,8 +41,8 @@ const MAX_IO_BLOCKS: u64 = 256;
 /// Most bytes one pass of a writeback context takes from one inode before
 /// moving to the next (fairness between files).
 const PASS_BYTES: u64 = 16 << 20;
-/// Most bytes one job copies out and writes: the copies are memory on
-/// top of the cache, so they stay small.
+/// Most bytes one job writes: a writer that must change a folio under
+/// writeback waits for its whole job.
 const JOB_BYTES: u64 = 4 << 20;
 /// Longest a throttled writer sleeps at once.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
@@ -53,11 +56,31 @@ pub(crate) struct ContextStats {
     pub bandwidth: AtomicU64,
 }
 
-/// One device write of a job: blocks [lblk, lblk + n) at `pblk`.
+/// One device write of a job: blocks [lblk, lblk + blocks) at `pblk`,
+/// gathered from the folios holding them.
 struct Run {
     lblk: u64,
     pblk: u64,
-    buf: AlignedBuf,
+    blocks: u64,
+    pieces: Vec<Piece>,
+}
+
+/// Blocks of one folio under writeback, by address: valid and unchanging
+/// until the job completes, because the folio's `wb_pending` pins it
+/// (eviction skips it; truncate, punch, direct I/O, close and inode
+/// destruction wait for the inode's writeback; writers wait for the pin).
+struct Piece {
+    ptr: *const u8,
+    len: usize,
+}
+
+/// What `wb_prepare` found.
+pub(crate) enum Prepared {
+    Job(Job),
+    /// Nothing dirty (the on-disk size is up to date).
+    Clean,
+    /// The dirty blocks left are in a folio a writer is copying into.
+    Busy,
 }
 
 /// A writeback between prepare and complete.
@@ -80,39 +103,46 @@ impl Job {
     /// Checksum and write the runs (no lock held).
     fn submit(&mut self, dev: &dyn Device, bs: u64, counters: &super::Counters) {
         for r in &self.runs {
-            for (k, b) in r.buf.chunks(bs as usize).enumerate() {
+            // SAFETY: see `Piece`: the memory stays allocated and nothing
+            // writes it until `wb_complete` unpins the folios.
+            let bufs: Vec<&[u8]> = r
+                .pieces
+                .iter()
+                .map(|p| unsafe { std::slice::from_raw_parts(p.ptr, p.len) })
+                .collect();
+            let blocks = bufs.iter().flat_map(|b| b.chunks(bs as usize));
+            for (k, b) in blocks.enumerate() {
                 self.crcs.push((r.pblk + k as u64, data_crc(b)));
             }
-            if let Err(e) = dev.write_at(&r.buf, r.pblk * bs) {
+            if let Err(e) = dev.write_vectored_at(&bufs, r.pblk * bs) {
                 self.error = Some(e.into());
                 return;
             }
             bump(&counters.data_device_writes, 1);
-            bump(&counters.bytes_written_back, r.buf.len() as u64);
+            bump(&counters.bytes_written_back, r.blocks * bs);
         }
     }
 }
 
 impl Inner {
-    /// Step 1: up to `max_blocks` of the inode's dirty blocks, copied out.
-    /// None when nothing is dirty (the on-disk size is brought up to date).
-    /// The inode must not have a writeback in flight.
-    pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64) -> Result<Option<Job>> {
+    /// Step 1: up to `max_blocks` of the inode's dirty blocks, pinned for
+    /// the device. Clean when nothing is dirty (the on-disk size is
+    /// brought up to date). The inode must not have a writeback in flight.
+    pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64) -> Result<Prepared> {
         let bs = self.meta.geo.block_size;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
         debug_assert!(!ip.wb_busy);
-        let lblks: Vec<u64> = ip
-            .cache
-            .dirty_blocks(0, u64::MAX)
-            .take(max_blocks.max(1) as usize)
-            .collect();
+        let (lblks, busy) = ip.cache.dirty_for_writeback(max_blocks.max(1) as usize);
         if lblks.is_empty() {
+            if busy {
+                return Ok(Prepared::Busy);
+            }
             if ip.d.size != ip.size {
                 ip.d.size = ip.size;
                 ip.store(&mut cx)?;
             }
-            return Ok(None);
+            return Ok(Prepared::Clean);
         }
         bump(&cx.counters.writebacks, 1);
         ip.data_gen += 1;
@@ -208,7 +238,7 @@ impl Inner {
             ip.store(&mut cx)?;
         }
         targets.sort_unstable_by_key(|t| t.1);
-        // Copy out in merged device runs; clear dirty bits; pin folios.
+        // Gather merged device runs; clear dirty bits; pin folios.
         let mut job = Job {
             ino,
             runs: Vec::new(),
@@ -220,9 +250,8 @@ impl Inner {
             bytes: 0,
         };
         // Runs: contiguous on the device and in the file, at most
-        // MAX_IO_BLOCKS; their buffers come from the pool.
-        let (inodes, _, pool) = self.split();
-        let ip = inodes.get_mut(&ino).unwrap();
+        // MAX_IO_BLOCKS, a piece per folio they cross.
+        let ip = self.inodes.get_mut(&ino).unwrap();
         let mut i = 0;
         while i < targets.len() {
             let mut j = i + 1;
@@ -233,26 +262,29 @@ impl Inner {
             {
                 j += 1;
             }
-            let mut buf = pool.get((j - i) * bs as usize);
+            let mut pieces = Vec::new();
             let mut k = 0;
             while k < j - i {
                 let l = targets[i + k].0;
                 let (first, f) = ip.cache.find_mut(l).expect("dirty block cached");
-                // Copy whole stretches of one folio at a time.
+                // Whole stretches of one folio at a time.
                 let fi = (l - first) as usize;
                 let take = (f.nblocks - fi).min(j - i - k);
-                let src = &f.data[fi * bs as usize..(fi + take) * bs as usize];
-                buf[k * bs as usize..(k + take) * bs as usize].copy_from_slice(src);
+                pieces.push(Piece {
+                    ptr: f.data.ptr_at(fi * bs as usize),
+                    len: take * bs as usize,
+                });
                 f.clear_dirty(fi, fi + take);
                 f.wb_pending += take as u32;
                 ip.cache.note_cleaned(first);
                 k += take;
             }
-            job.bytes += buf.len() as u64;
+            job.bytes += (j - i) as u64 * bs;
             job.runs.push(Run {
                 lblk: targets[i].0,
                 pblk: targets[i].1,
-                buf,
+                blocks: (j - i) as u64,
+                pieces,
             });
             i = j;
         }
@@ -264,11 +296,11 @@ impl Inner {
         ip.open += 1;
         let n = job.blocks.len() as u64;
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
-        Ok(Some(job))
+        Ok(Prepared::Job(job))
     }
 
     /// Step 3: record what reached the device, unpin, publish the size.
-    fn wb_complete(&mut self, mut job: Job) -> Result<()> {
+    fn wb_complete(&mut self, job: Job) -> Result<()> {
         let bs = self.meta.geo.block_size;
         if job.error.is_none() {
             // Before the checksums below join a transaction, whose commit
@@ -278,7 +310,7 @@ impl Inner {
         let ino = job.ino;
         let (ip, mut cx) = self.with(ino)?;
         for r in &job.runs {
-            let n = r.buf.len() as u64 / bs;
+            let n = r.blocks;
             let mut l = r.lblk;
             while l < r.lblk + n {
                 match ip.cache.find_mut(l) {
@@ -332,7 +364,7 @@ impl Inner {
                 let hi = job
                     .runs
                     .iter()
-                    .map(|r| r.lblk * bs + r.buf.len() as u64)
+                    .map(|r| (r.lblk + r.blocks) * bs)
                     .max()
                     .unwrap_or(0);
                 // Nothing dirty left: all of the size is on the device.
@@ -351,9 +383,6 @@ impl Inner {
             ip.store_times(&mut cx)?;
         }
         let destroy = ip.open == 0 && ip.d.nlink == 0;
-        for r in job.runs.drain(..) {
-            self.pool.put(r.buf);
-        }
         if failed {
             self.wb_errors += 1;
         }
@@ -480,8 +509,15 @@ impl Shared {
         loop {
             g.meta.check_live()?;
             let chunk = left.min(JOB_BYTES / bs).max(1);
-            let Some(job) = g.guarded(|g| g.wb_prepare(ino, chunk))? else {
-                return Ok((g, bytes));
+            let job = match g.guarded(|g| g.wb_prepare(ino, chunk))? {
+                Prepared::Job(job) => job,
+                Prepared::Clean => return Ok((g, bytes)),
+                Prepared::Busy => {
+                    // A writer is copying into the folio: it marks the
+                    // blocks dirty and wakes us when done.
+                    self.wb_done.wait(&mut g);
+                    continue;
+                }
             };
             let n = job.blocks.len() as u64;
             bytes += job.bytes;
@@ -656,6 +692,9 @@ impl Shared {
             }
             if periodic && now.duration_since(last_pass) >= interval {
                 last_pass = now;
+                if id == 0 {
+                    g.pool.trim_idle();
+                }
                 // Context 0 also commits the journal on the period, so
                 // metadata is never more than about one period old.
                 if id == 0 && g.meta.has_running() {
