@@ -244,3 +244,45 @@ fn writeback_contexts_write_back_in_the_background() {
     }
     fs.unmount().unwrap();
 }
+
+/// Folio memory freed by a delete or an eviction is reused by the next
+/// writes instead of being mapped (and zeroed by the kernel) anew, within
+/// the cache limit.
+#[test]
+fn freed_folio_memory_is_reused_within_the_cache_limit() {
+    let cache = 8u64 << 20;
+    let opts = MountOptions {
+        cache_bytes: cache,
+        dirty_limit_bytes: 4 << 20,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(64 << 20, opts);
+    let root = fs.root_ino();
+    let chunk = vec![7u8; 1 << 20];
+    let write_file = |name: &[u8]| {
+        let ino = fs.create(root, name, 0o644, 0, 0).unwrap().ino;
+        for m in 0..4u64 {
+            fs.write(ino, m << 20, &chunk).unwrap();
+        }
+        fs.fsync(ino, false).unwrap();
+    };
+    write_file(b"a");
+    let mapped = fs.counters().folio_bytes_mapped;
+    assert_eq!(mapped, 4 << 20, "the first file maps its folios");
+    fs.unlink(root, b"a").unwrap();
+    write_file(b"b");
+    assert_eq!(fs.counters().folio_bytes_mapped, mapped, "reused");
+    // Past the cache limit: folios are evicted to make room for new ones,
+    // which take their memory; no more is ever mapped than the limit.
+    for i in 0..8u8 {
+        write_file(&[b'c', b'0' + i]);
+    }
+    let c = fs.counters();
+    assert!(c.folios_evicted > 0);
+    assert!(
+        c.folio_bytes_mapped <= cache,
+        "mapped {} bytes for 40 MiB written through a cache of {cache}",
+        c.folio_bytes_mapped
+    );
+    unmount_and_check(fs, dev);
+}

@@ -440,8 +440,10 @@ impl Inner {
             ip.cache.fit(lblk, max, floor, lblk + want)
         };
         let len = n * bs;
+        self.make_room(len as u64);
+        let fresh = !self.pool.has(len);
         let data = match spare {
-            Some(s) if !self.pool.has(len) => match s.take() {
+            Some(s) if fresh => match s.take() {
                 Some(b) if b.len() == len => b,
                 other => {
                     if let Some(b) = other {
@@ -452,6 +454,9 @@ impl Inner {
             },
             _ => self.pool.get(len),
         };
+        if fresh {
+            bump(&self.counters.folio_bytes_mapped, len as u64);
+        }
         let (ip, _) = self.with(ino)?;
         ip.cache
             .folios
@@ -473,11 +478,19 @@ impl Inner {
     /// Evict the least recently used clean folios while the cache is over
     /// its limit. Dirty folios are never evicted.
     pub(super) fn maybe_evict(&mut self) {
-        if self.cache_bytes <= self.opts.cache_bytes {
+        self.make_room(0);
+    }
+
+    /// Evict before `need` more bytes of folios join the cache if they
+    /// would take it over its limit, so the new folio reuses the memory
+    /// evicted (as the kernel reclaims on allocation) rather than mapping
+    /// fresh memory while the evicted goes back to the kernel.
+    fn make_room(&mut self, need: u64) {
+        if self.cache_bytes + need <= self.opts.cache_bytes {
             self.trim_pool();
             return;
         }
-        let target = self.opts.cache_bytes / 4 * 3;
+        let target = (self.opts.cache_bytes / 4 * 3).saturating_sub(need);
         let mut clean: Vec<(u64, u64, u64)> = Vec::new();
         for (&ino, ip) in &self.inodes {
             for (&first, f) in &ip.cache.folios {

@@ -194,6 +194,9 @@ counters! {
     datasync_flush_only,
     /// Clean folios evicted from the page cache.
     folios_evicted,
+    /// Bytes of fresh memory mapped for folios (the rest reuse freed
+    /// folio memory).
+    folio_bytes_mapped,
     /// Direct reads and writes asked for by the application, and bytes.
     dio_reads,
     dio_writes,
