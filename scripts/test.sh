@@ -20,6 +20,8 @@ echo "== fuzz targets compile (run them with cargo +nightly fuzz, see docs/RELIA
 cargo check --locked --manifest-path fuzz/Cargo.toml -q
 echo "== cargo test"
 cargo test --locked --release
+echo "== concurrency and crash tests with debug assertions"
+cargo test --locked -q -p foliofs --test threads_and_faults --test buffered --test crash
 echo "== CLI smoke"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin=./target/release/foliofs

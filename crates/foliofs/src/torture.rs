@@ -46,6 +46,30 @@ struct History {
     max_ver: HashMap<u64, u64>,
 }
 
+impl History {
+    /// Promise that once `flush` flushes are durable, `name` holds what
+    /// `l` holds now (indexed by name in `promise_of`).
+    fn promise(
+        &mut self,
+        promise_of: &mut HashMap<String, Vec<usize>>,
+        flush: u64,
+        name: &str,
+        l: &Live,
+    ) {
+        promise_of
+            .entry(name.to_string())
+            .or_default()
+            .push(self.promises.len());
+        self.promises.push(Promise {
+            flush,
+            name: name.to_string(),
+            id: l.id,
+            data: l.data.clone(),
+            next_mutation: u64::MAX,
+        });
+    }
+}
+
 /// A failed crash state, with what replays it.
 #[derive(Debug)]
 pub struct CrashFailure {
@@ -151,34 +175,13 @@ fn workload(seed: u64, ops: usize) -> (Arc<CrashDevice>, History) {
             55..=69 if exists => {
                 fs.fsync(ino_of(&fs, &name), rng.random_bool(0.5))
                     .expect("fsync");
-                let l = &live[&name];
-                promise_of
-                    .entry(name.clone())
-                    .or_default()
-                    .push(hist.promises.len());
-                hist.promises.push(Promise {
-                    flush: dev.flush_count(),
-                    name: name.clone(),
-                    id: l.id,
-                    data: l.data.clone(),
-                    next_mutation: u64::MAX,
-                });
+                hist.promise(&mut promise_of, dev.flush_count(), &name, &live[&name]);
                 mutated.clear();
             }
             70..=74 => {
                 fs.sync().expect("sync");
                 for (n, l) in &live {
-                    promise_of
-                        .entry(n.clone())
-                        .or_default()
-                        .push(hist.promises.len());
-                    hist.promises.push(Promise {
-                        flush: dev.flush_count(),
-                        name: n.clone(),
-                        id: l.id,
-                        data: l.data.clone(),
-                        next_mutation: u64::MAX,
-                    });
+                    hist.promise(&mut promise_of, dev.flush_count(), n, l);
                 }
                 mutated.clear();
             }

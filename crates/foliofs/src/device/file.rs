@@ -92,12 +92,7 @@ impl Device for FileDevice {
             .iter()
             .all(|b| self.aligned(b.as_ptr(), b.len(), offset));
         if !aligned || bufs.len() > IOV_MAX {
-            let mut at = offset;
-            for b in bufs {
-                self.write_at(b, at)?;
-                at += b.len() as u64;
-            }
-            return Ok(());
+            return super::write_each(self, bufs, offset);
         }
         let mut iov: Vec<libc::iovec> = bufs
             .iter()

@@ -32,12 +32,7 @@ pub trait Device: Send + Sync {
     /// Write `bufs` one after another from `offset` (a gathered write:
     /// one device request where the device can take it as one).
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        let mut at = offset;
-        for b in bufs {
-            self.write_at(b, at)?;
-            at += b.len() as u64;
-        }
-        Ok(())
+        write_each(self, bufs, offset)
     }
     /// Make every completed write durable (fdatasync for files).
     fn flush(&self) -> io::Result<()>;
@@ -46,6 +41,16 @@ pub trait Device: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Write `bufs` one after another from `offset`, a request each.
+fn write_each<D: Device + ?Sized>(dev: &D, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    let mut at = offset;
+    for b in bufs {
+        dev.write_at(b, at)?;
+        at += b.len() as u64;
+    }
+    Ok(())
 }
 
 /// A heap buffer aligned to [`IO_ALIGN`], so that O_DIRECT needs no bounce.

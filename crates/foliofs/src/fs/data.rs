@@ -159,6 +159,10 @@ impl Inode {
     }
 }
 
+/// Write steps at least this large copy without the metadata lock; the
+/// lock round trip costs more than copying less.
+const UNLOCKED_COPY_BYTES: usize = 64 << 10;
+
 /// A buffered write in progress (see `Inner::write_begin`).
 pub(super) struct WriteOp {
     offset: u64,
@@ -181,6 +185,9 @@ pub(super) struct WriteOp {
 }
 
 pub(super) enum WriteStep {
+    /// The step's bytes are in (a small step, copied under the lock).
+    Copied,
+    /// Copy these bytes without the lock, then `write_copied`.
     Copy(CopyStep),
     /// The folio is under writeback: wait for a completion, then retry.
     Wait,
@@ -552,7 +559,8 @@ impl Inner {
     }
 
     /// Zero bytes [from, to) of block `lblk` if it holds data; returns the
-    /// bytes newly dirtied.
+    /// bytes newly dirtied. The caller has waited for the inode's
+    /// writeback (stable pages: the block may be under it).
     fn zero_in_block(&mut self, ino: u64, lblk: u64, from: usize, to: usize) -> Result<u64> {
         let bs = self.meta.geo.block_size as usize;
         let (ip, mut cx) = self.with(ino)?;
@@ -574,6 +582,7 @@ impl Inner {
             f.set_uptodate(i, true);
         }
         let f = ip.cache.folios.get_mut(&first).unwrap();
+        debug_assert_eq!(f.wb_pending, 0, "zeroing a folio under writeback");
         f.block_mut(i, bs)[from..to].fill(0);
         if f.dirty(i) || !mapped_written {
             return Ok(0);
@@ -687,12 +696,19 @@ impl Inner {
         Ok(w)
     }
 
-    /// The next step of a write: the write's bytes in one folio, with
-    /// space reserved for the holes among its blocks and partial blocks
-    /// read or zeroed. The folio is pinned for the copy (`Folio::writer`)
-    /// until `write_copied`. None when the write is done; `Wait` when the
-    /// folio is under writeback (stable pages: wait, then ask again).
-    pub(super) fn write_step(&mut self, ino: u64, w: &mut WriteOp) -> Result<Option<WriteStep>> {
+    /// The next step of a write: the write's bytes in one folio (from
+    /// `src`, the bytes not yet written), with space reserved for the holes
+    /// among its blocks and partial blocks read or zeroed. A small step is
+    /// copied here (`Copied`); a large one pins the folio (`Folio::writer`)
+    /// for the caller to copy without the lock, then `write_copied`. None
+    /// when the write is done; `Wait` when the folio is under writeback
+    /// (stable pages: wait, then ask again).
+    pub(super) fn write_step(
+        &mut self,
+        ino: u64,
+        w: &mut WriteOp,
+        src: &[u8],
+    ) -> Result<Option<WriteStep>> {
         let bs = self.meta.geo.block_size;
         if w.done == w.len {
             return Ok(None);
@@ -788,10 +804,21 @@ impl Inner {
         let f = ip.cache.folios.get_mut(&first).unwrap();
         w.new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
         f.fill_dirty(blocks.start, blocks.end);
-        f.writer = true;
-        let dst = f.data.ptr_at((pos - first * bs) as usize);
+        let at = (pos - first * bs) as usize;
+        let step = if k < UNLOCKED_COPY_BYTES {
+            f.data.range_mut(at..at + k).copy_from_slice(&src[..k]);
+            w.done += k;
+            WriteStep::Copied
+        } else {
+            f.writer = true;
+            WriteStep::Copy(CopyStep {
+                first,
+                dst: f.data.ptr_at(at),
+                len: k,
+            })
+        };
         ip.cache.note_dirty(first);
-        Ok(Some(WriteStep::Copy(CopyStep { first, dst, len: k })))
+        Ok(Some(step))
     }
 
     /// A step's bytes are in its folio: unpin it.
@@ -841,10 +868,12 @@ impl Inner {
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let mut w = self.write_begin(ino, offset, data.len())?;
         loop {
-            match self.write_step(ino, &mut w) {
+            let src = &data[w.done..];
+            match self.write_step(ino, &mut w, src) {
                 Ok(None) => break,
+                Ok(Some(WriteStep::Copied)) => {}
                 Ok(Some(WriteStep::Copy(c))) => {
-                    c.copy_from(&data[w.done..]);
+                    c.copy_from(src);
                     self.write_copied(ino, &mut w, c)?;
                 }
                 Ok(Some(WriteStep::Alloc(len))) => w.spare = Some(AlignedBuf::zeroed(len)),

@@ -111,10 +111,6 @@ pub(crate) struct Knobs {
     pub wb_contexts: AtomicUsize,
 }
 
-/// Write steps at least this large copy without the metadata lock; the
-/// lock round trip costs more than copying less.
-const UNLOCKED_COPY_BYTES: usize = 64 << 10;
-
 /// Most writeback contexts (threads) a mount runs.
 pub const MAX_WB_CONTEXTS: usize = 16;
 
@@ -872,9 +868,9 @@ impl Fs {
         e
     }
 
-    /// Buffered write. Each step's copy into its folio runs without the
-    /// metadata lock when it is large (the folio pinned), so writers of
-    /// different files copy in parallel.
+    /// Buffered write. A large step's copy into its folio runs without
+    /// the metadata lock (the folio pinned), so writers of different files
+    /// copy in parallel.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let (r, over) = {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
@@ -886,15 +882,12 @@ impl Fs {
             }
             let mut w = g.guarded(|g| g.write_begin(ino, offset, data.len()))?;
             loop {
-                match g.guarded(|g| g.write_step(ino, &mut w)) {
+                let src = &data[w.done..];
+                match g.guarded(|g| g.write_step(ino, &mut w, src)) {
                     Ok(None) => break,
+                    Ok(Some(WriteStep::Copied)) => {}
                     Ok(Some(WriteStep::Copy(c))) => {
-                        let src = &data[w.done..];
-                        if c.len >= UNLOCKED_COPY_BYTES {
-                            MutexGuard::unlocked(&mut g, || c.copy_from(src));
-                        } else {
-                            c.copy_from(src);
-                        }
+                        MutexGuard::unlocked(&mut g, || c.copy_from(src));
                         g.write_copied(ino, &mut w, c)?;
                         // Writeback waiting for the pinned folio.
                         self.s.wb_done.notify_all();

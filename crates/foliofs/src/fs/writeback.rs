@@ -79,7 +79,8 @@ pub(crate) enum Prepared {
     Job(Job),
     /// Nothing dirty (the on-disk size is up to date).
     Clean,
-    /// The dirty blocks left are in a folio a writer is copying into.
+    /// Another writeback of the inode is in flight, or the dirty blocks
+    /// left are in a folio a writer is copying into: wait on `wb_done`.
     Busy,
 }
 
@@ -127,12 +128,16 @@ impl Job {
 impl Inner {
     /// Step 1: up to `max_blocks` of the inode's dirty blocks, pinned for
     /// the device. Clean when nothing is dirty (the on-disk size is
-    /// brought up to date). The inode must not have a writeback in flight.
+    /// brought up to date); Busy while another writeback of the inode is
+    /// in flight (one at a time) or when the dirty blocks left are in a
+    /// folio a writer is copying into.
     pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64) -> Result<Prepared> {
         let bs = self.meta.geo.block_size;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
-        debug_assert!(!ip.wb_busy);
+        if ip.wb_busy {
+            return Ok(Prepared::Busy);
+        }
         let (lblks, busy) = ip.cache.dirty_for_writeback(max_blocks.max(1) as usize);
         if lblks.is_empty() {
             if busy {
@@ -513,8 +518,7 @@ impl Shared {
                 Prepared::Job(job) => job,
                 Prepared::Clean => return Ok((g, bytes)),
                 Prepared::Busy => {
-                    // A writer is copying into the folio: it marks the
-                    // blocks dirty and wakes us when done.
+                    // The writer or the other writeback wakes us when done.
                     self.wb_done.wait(&mut g);
                     continue;
                 }
