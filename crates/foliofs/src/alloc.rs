@@ -5,10 +5,11 @@
 //! on-disk bitmaps and AG header counters change through the journal.
 //!
 //! A freed block is cleared on disk at once (in the running transaction)
-//! but stays set in memory until the checkpoint after the commit that freed
-//! it: until then, replay could still write an old metadata image over it,
-//! or an uncommitted free could be undone by a crash while a new owner had
-//! already written data into it.
+//! but stays set in memory until the commit that freed it is durable (a
+//! crash could undo an uncommitted free while a new owner had already
+//! written data into it), and, if the block has an image in the live
+//! journal (a metadata block), until the checkpoint that retires it
+//! (replay could write that image over the new owner's data).
 //!
 //! Lock order: the engine's metadata lock, then an AG lock; never two AG
 //! locks at once.
@@ -281,9 +282,10 @@ impl Alloc {
         Ok(())
     }
 
-    /// Runs freed by committed transactions became safe at a checkpoint.
-    pub fn release(&mut self, geo: &Geometry, runs: Vec<(u64, u64)>) {
-        for (start, len) in runs {
+    /// Take back the runs whose frees became safe to reuse (see `Meta`).
+    pub fn take_freed(&mut self, meta: &mut Meta) {
+        let geo = &meta.geo;
+        for (start, len) in meta.freed_reusable.drain(..) {
             let ag = geo.ag_of(start);
             let mut st = self.ags[ag as usize].lock();
             set_bits(&mut st.used, geo.agbno(start), len, false);

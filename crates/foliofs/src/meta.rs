@@ -55,9 +55,13 @@ pub struct Meta {
     frozen: HashMap<u64, AlignedBuf>,
     head_pos: u64,
     head_seq: u64,
-    /// Blocks freed by the running transaction, then by committed ones.
+    /// Blocks freed by the running transaction; then by committed ones
+    /// that still have an image in the live journal (replay could write
+    /// it over a new owner's data: reusable at the next checkpoint); then
+    /// reusable, for the allocator to take back (`Inner::take_freed`).
     pub freed_running: Vec<(u64, u64)>,
     pub freed_committed: Vec<(u64, u64)>,
+    pub freed_reusable: Vec<(u64, u64)>,
     shutdown: Option<String>,
     cache_limit: usize,
     pub stats: JournalStats,
@@ -209,6 +213,7 @@ impl Meta {
             frozen: HashMap::new(),
             freed_running: Vec::new(),
             freed_committed: Vec::new(),
+            freed_reusable: Vec::new(),
             shutdown: None,
             stats: JournalStats::default(),
             sealed: None,
@@ -491,7 +496,20 @@ impl Meta {
             }
             self.checkpoint.insert(b);
         }
-        self.freed_committed.extend(tx.freed);
+        // The free is durable now. Blocks no journaled image can be
+        // replayed over (data blocks, mostly) are reusable at once; the
+        // rest wait for the checkpoint that retires their images.
+        for (start, len) in tx.freed {
+            let end = start + len;
+            let imaged = self.checkpoint.range(start..end).next().is_some()
+                || self.sealed_set.range(start..end).next().is_some()
+                || self.running.range(start..end).next().is_some();
+            if imaged {
+                self.freed_committed.push((start, len));
+            } else {
+                self.freed_reusable.push((start, len));
+            }
+        }
         self.done_seq = tx.seq + 1;
         Ok(())
     }
@@ -573,9 +591,9 @@ impl Meta {
     }
 
     /// Write every committed block home, then move the journal tail to the
-    /// head. Returns the extents freed by committed transactions, which are
-    /// now safe to reuse.
-    pub fn checkpoint(&mut self) -> Result<Vec<(u64, u64)>> {
+    /// head. The extents freed by committed transactions are now safe to
+    /// reuse (`freed_reusable`).
+    pub fn checkpoint(&mut self) -> Result<()> {
         self.wait_io()?;
         self.check_live()?;
         let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
@@ -613,7 +631,8 @@ impl Meta {
         self.stats.blocks_checkpointed += blocks.len() as u64;
         self.checkpoint.clear();
         self.frozen.clear();
-        Ok(std::mem::take(&mut self.freed_committed))
+        self.freed_reusable.append(&mut self.freed_committed);
+        Ok(())
     }
 
     /// Write the superblock with the clean flag set or cleared (at unmount

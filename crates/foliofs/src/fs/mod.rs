@@ -276,6 +276,7 @@ pub(crate) struct Ctx<'a> {
 impl Ctx<'_> {
     /// Allocate, making room first if frees are only waiting for a checkpoint.
     pub fn alloc(&mut self, ag: u32, goal: Option<u64>, want: u64) -> Result<(u64, u64)> {
+        self.alloc.take_freed(self.meta);
         match self.alloc.alloc(self.meta, ag, goal, want) {
             Err(Error::NoSpace) if self.reclaimable() => {
                 self.reclaim()?;
@@ -286,20 +287,22 @@ impl Ctx<'_> {
     }
 
     pub fn reclaimable(&self) -> bool {
-        !self.meta.freed_running.is_empty() || !self.meta.freed_committed.is_empty()
+        !self.meta.freed_running.is_empty()
+            || !self.meta.freed_committed.is_empty()
+            || !self.meta.freed_reusable.is_empty()
     }
 
     /// Commit and checkpoint so that freed blocks become reusable.
     pub fn reclaim(&mut self) -> Result<()> {
         self.meta.commit()?;
-        let runs = self.meta.checkpoint()?;
-        let geo = self.meta.geo.clone();
-        self.alloc.release(&geo, runs);
+        self.meta.checkpoint()?;
+        self.alloc.take_freed(self.meta);
         Ok(())
     }
 
     /// Reserve blocks for dirty data, reclaiming first if that helps.
     pub fn reserve(&mut self, n: u64) -> Result<()> {
+        self.alloc.take_freed(self.meta);
         match self.alloc.reserve(n) {
             Err(Error::NoSpace) if self.reclaimable() => {
                 self.reclaim()?;
@@ -424,10 +427,9 @@ impl Inner {
             self.meta.commit()?;
         }
         if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
-            let runs = self.meta.checkpoint()?;
-            let geo = self.meta.geo.clone();
-            self.alloc.release(&geo, runs);
+            self.meta.checkpoint()?;
         }
+        self.alloc.take_freed(&mut self.meta);
         Ok(())
     }
 }
@@ -537,9 +539,9 @@ impl Fs {
         // Everything is written back: every reservation became blocks or
         // was given back.
         assert_eq!(g.alloc.reserved, 0, "block reservations left at unmount");
-        let runs = g.meta.checkpoint()?;
-        let geo = g.meta.geo.clone();
-        g.alloc.release(&geo, runs);
+        g.meta.checkpoint()?;
+        let g = &mut *g;
+        g.alloc.take_freed(&mut g.meta);
         g.meta.set_clean(true)?;
         Ok(())
     }

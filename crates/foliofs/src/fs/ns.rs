@@ -445,6 +445,7 @@ impl Inner {
             .freed_running
             .iter()
             .chain(&self.meta.freed_committed)
+            .chain(&self.meta.freed_reusable)
             .map(|(_, l)| l)
             .sum();
         let free = self.alloc.free_blocks() + pending;
