@@ -286,3 +286,45 @@ fn freed_folio_memory_is_reused_within_the_cache_limit() {
     );
     unmount_and_check(fs, dev);
 }
+
+/// A large write past EOF makes its folio a whole max-size one (into the
+/// blocks past EOF, which read as nothing and then as zeros once the file
+/// reaches them); a large write inside the file does not grow its folio.
+#[test]
+fn large_appending_writes_fill_whole_max_size_folios() {
+    let (dev, fs) = fresh(128 << 20, MountOptions::default());
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap();
+    let mib: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
+    fs.write(f.ino, 0, &mib).unwrap();
+    let st = fs.cache_stats();
+    assert_eq!((st.folios, st.largest_folio_bytes), (1, 2 << 20), "{st:?}");
+    let mut buf = vec![9u8; 4096];
+    assert_eq!(fs.read(f.ino, 1 << 20, &mut buf).unwrap(), 0);
+    // A small write further into the grown folio: the gap reads as zeros.
+    let at = (3 << 19) + 100;
+    fs.write(f.ino, at, b"tail").unwrap();
+    assert_eq!(fs.cache_stats().folios, 1);
+    let mut got = vec![9u8; at as usize + 4];
+    assert_eq!(fs.read(f.ino, 0, &mut got).unwrap(), got.len());
+    assert!(got[..1 << 20] == mib[..]);
+    assert!(got[1 << 20..at as usize].iter().all(|&b| b == 0));
+    assert_eq!(&got[at as usize..], b"tail");
+    for i in 1..4u64 {
+        fs.write(f.ino, i << 20, &mib).unwrap();
+    }
+    let st = fs.cache_stats();
+    assert_eq!((st.folios, st.cached_bytes), (2, 4 << 20), "{st:?}");
+    // Inside the file: a 1 MiB overwrite of a new range gets a 1 MiB folio.
+    let g = fs.create(fs.root_ino(), b"g", 0o644, 0, 0).unwrap();
+    fs.fallocate(g.ino, Falloc::Allocate { keep_size: false }, 0, 8 << 20)
+        .unwrap();
+    let before = fs.cache_stats().cached_bytes;
+    fs.write(g.ino, 4 << 20, &mib).unwrap();
+    assert_eq!(fs.cache_stats().cached_bytes - before, 1 << 20);
+    fs.fsync(f.ino, false).unwrap();
+    fs.fsync(g.ino, false).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    fs.read(f.ino, 3 << 20, &mut back).unwrap();
+    assert!(back == mib);
+    unmount_and_check(fs, dev);
+}

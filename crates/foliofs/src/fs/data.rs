@@ -168,6 +168,9 @@ pub(super) struct WriteOp {
     offset: u64,
     len: usize,
     end_blk: u64,
+    /// New folios end at or before this block: `end_blk`, or for a large
+    /// write past EOF the end of its last max-size folio window.
+    ceil_blk: u64,
     whole_folio: bool,
     by_length: bool,
     speculate: bool,
@@ -669,10 +672,25 @@ impl Inner {
         }
         let by_length = self.opts.map_by_write_length;
         let end_blk = end.div_ceil(bs);
+        // A large write extending the file (a streaming writer) makes its
+        // last folio a whole max-size one, past the write into the blocks
+        // beyond EOF, which the next write fills: the writer gets one 2 MiB
+        // folio (a huge page, see `AlignedBuf`) instead of two halves. At
+        // most the write's own size more memory, and only for large writes.
+        let max = self.max_folio_blocks() as u64;
+        let streaming = !self.opts.whole_folio_dirty
+            && len as u64 * 2 >= max * bs
+            && end > self.inodes.get(&ino).map_or(u64::MAX, |ip| ip.size);
+        let ceil_blk = if streaming {
+            end_blk.next_multiple_of(max)
+        } else {
+            end_blk
+        };
         let mut w = WriteOp {
             offset,
             len,
             end_blk,
+            ceil_blk,
             whole_folio: self.opts.whole_folio_dirty,
             by_length,
             // Speculative preallocation past EOF, unless a knob turns it
@@ -718,7 +736,7 @@ impl Inner {
         let end_blk = w.end_blk;
         // A large write grows its folio to the whole blocks it covers.
         let first =
-            match self.folio_or_alloc(ino, lblk, end_blk - lblk, lblk, Some(&mut w.spare))? {
+            match self.folio_or_alloc(ino, lblk, w.ceil_blk - lblk, lblk, Some(&mut w.spare))? {
                 Ok(first) => first,
                 Err(len) => return Ok(Some(WriteStep::Alloc(len))),
             };
