@@ -97,8 +97,10 @@ enum Cmd {
     Mount {
         image: PathBuf,
         dir: PathBuf,
-        /// Options, comma-separated: ro, allow_other, cache_size=SIZE, dirty_limit=SIZE,
-        /// dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N, no_default_permissions.
+        /// Options, comma-separated: ro, allow_other, cache_size=SIZE, page_cache=SIZE,
+        /// dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE, prealloc=on|off,
+        /// dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N, writeback_cache,
+        /// no_default_permissions.
         #[arg(short = 'o')]
         options: Vec<String>,
         /// Stay in the foreground.

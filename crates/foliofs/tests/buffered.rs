@@ -287,6 +287,73 @@ fn freed_folio_memory_is_reused_within_the_cache_limit() {
     unmount_and_check(fs, dev);
 }
 
+/// Bytes written back, polled until at least `want` or `limit` passes.
+fn written_back_within(fs: &Fs, want: u64, limit: Duration) -> u64 {
+    let t = Instant::now();
+    loop {
+        let n = fs.counters().bytes_written_back;
+        if n >= want || t.elapsed() > limit {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Write-behind: a sequential writer's whole folios behind it go to the
+/// device far below the background threshold, while the folio it is
+/// filling stays dirty; a writer that jumps about, or one with the knob
+/// off, leaves its data dirty until fsync.
+#[test]
+fn write_behind_writes_a_sequential_stream_behind_its_writer() {
+    let opts = |write_behind_bytes| MountOptions {
+        // No periodic pass and a background threshold far above the
+        // data: only write-behind can write anything back.
+        writeback_interval_ms: 0,
+        dirty_limit_bytes: 1 << 30,
+        write_behind_bytes,
+        ..Default::default()
+    };
+    let mib = vec![5u8; 1 << 20];
+    let (dev, fs) = fresh(256 << 20, opts(4 << 20));
+    let f = fs.create(fs.root_ino(), b"stream", 0o644, 0, 0).unwrap();
+    for i in 0..24u64 {
+        fs.write(f.ino, i << 20, &mib).unwrap();
+    }
+    // Half a folio more: the writer is in the middle of a 2 MiB folio.
+    fs.write(f.ino, 24 << 20, &mib).unwrap();
+    let done = written_back_within(&fs, 16 << 20, Duration::from_secs(20));
+    assert!(done >= 16 << 20, "only {done} bytes written behind");
+    // Settle, then: never the folio being filled.
+    std::thread::sleep(Duration::from_millis(100));
+    let st = fs.cache_stats();
+    assert!(st.dirty_bytes >= 1 << 20, "{st:?}");
+    assert!(fs.counters().bytes_written_back <= 24 << 20);
+    fs.fsync(f.ino, false).unwrap();
+    // The stream's data stays whole: one extent (and the speculative
+    // range past EOF, mapped unwritten, after it).
+    let e = fs.extents(f.ino).unwrap();
+    assert_eq!(e.iter().filter(|e| !e.unwritten).count(), 1, "{e:?}");
+    unmount_and_check(fs, dev);
+
+    // Jumping about: nothing is written behind.
+    let (dev, fs) = fresh(256 << 20, opts(4 << 20));
+    let f = fs.create(fs.root_ino(), b"random", 0o644, 0, 0).unwrap();
+    for i in 0..24u64 {
+        fs.write(f.ino, ((i * 7) % 24) << 20, &mib).unwrap();
+    }
+    assert_eq!(written_back_within(&fs, 1, Duration::from_millis(300)), 0);
+    unmount_and_check(fs, dev);
+
+    // The knob off: nothing either.
+    let (dev, fs) = fresh(256 << 20, opts(0));
+    let f = fs.create(fs.root_ino(), b"stream", 0o644, 0, 0).unwrap();
+    for i in 0..24u64 {
+        fs.write(f.ino, i << 20, &mib).unwrap();
+    }
+    assert_eq!(written_back_within(&fs, 1, Duration::from_millis(300)), 0);
+    unmount_and_check(fs, dev);
+}
+
 /// A large write past EOF makes its folio a whole max-size one (into the
 /// blocks past EOF, which read as nothing and then as zeros once the file
 /// reaches them); a large write inside the file does not grow its folio.

@@ -106,7 +106,9 @@ fn blocks_freed_by_an_unlink_are_reused_before_the_checkpoint_and_survive_a_cras
     fs.sync().unwrap();
     let checkpoints = fs.counters().journal.checkpoints;
     let b = fs.create(root, b"b", 0o644, 0, 0).unwrap();
-    let want: Vec<u8> = (0..24u32 << 20).map(|i| (i / 4096 * 7 + i % 251) as u8).collect();
+    let want: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i / 4096 * 7 + i % 251) as u8)
+        .collect();
     fs.write(b.ino, 0, &want).unwrap();
     fs.fsync(b.ino, false).unwrap();
     assert_eq!(

@@ -862,6 +862,11 @@ impl Inner {
         if w.done > 0 {
             ip.size = ip.size.max(w.offset + w.done as u64);
             ip.touch_mtime();
+            if w.offset != ip.stream_end {
+                ip.stream_dirty = 0;
+            }
+            ip.stream_dirty += w.new_dirty;
+            ip.stream_end = w.offset + w.done as u64;
         }
         ip.open -= 1;
         let destroy = ip.open == 0 && ip.d.nlink == 0;

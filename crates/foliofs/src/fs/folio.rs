@@ -345,14 +345,18 @@ impl Cache {
             })
     }
 
-    /// Up to `max` dirty blocks, lowest first, stopping before the first
-    /// folio a writer is copying into; and whether one stopped it.
-    pub fn dirty_for_writeback(&self, max: usize) -> (Vec<u64>, bool) {
+    /// Up to `max` dirty blocks below block `below`, lowest first, from
+    /// whole folios below it, stopping before the first folio a writer is
+    /// copying into; and whether one stopped it.
+    pub fn dirty_for_writeback(&self, max: usize, below: u64) -> (Vec<u64>, bool) {
         let mut out = Vec::new();
         for first in &self.dirty {
             let Some(f) = self.folios.get(first) else {
                 continue;
             };
+            if first + f.nblocks as u64 > below {
+                break;
+            }
             if f.writer && f.any_dirty() {
                 return (out, true);
             }

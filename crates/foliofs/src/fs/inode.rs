@@ -58,6 +58,13 @@ pub(crate) struct Inode {
     /// When the inode went from clean to dirty; Some while it is on its
     /// AG's dirty list.
     pub dirtied_at: Option<std::time::Instant>,
+    /// Where the last write ended, and the bytes that sequential writes
+    /// ending there have dirtied since writeback last took any (write-
+    /// behind).
+    pub stream_end: u64,
+    pub stream_dirty: u64,
+    /// On its AG's write-behind queue.
+    pub behind_queued: bool,
     /// Writeback errors so far, and how many `fsync(ino)` has reported
     /// (open file descriptions keep their own count).
     pub wb_errors: u64,
@@ -142,6 +149,9 @@ impl Inode {
             spec_eof: false,
             wb_busy: false,
             dirtied_at: None,
+            stream_end: 0,
+            stream_dirty: 0,
+            behind_queued: false,
             wb_errors: 0,
             wb_errors_seen: 0,
             datasync_seq: 0,

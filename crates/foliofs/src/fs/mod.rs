@@ -79,6 +79,12 @@ pub struct MountOptions {
     pub map_by_write_length: bool,
     /// Knob: no speculative preallocation past EOF.
     pub no_prealloc: bool,
+    /// Write-behind: once a file's sequential writer has dirtied this
+    /// much since its last writeback, the whole folios behind it are
+    /// written back at once, below the background threshold, so a
+    /// stream keeps the device busy instead of waiting for dirty memory
+    /// to fill (and its fsync finds little left to write). 0: off.
+    pub write_behind_bytes: u64,
 }
 
 /// An eighth of the machine's memory (256 MiB if it cannot be read).
@@ -131,6 +137,7 @@ impl Default for MountOptions {
             dirty_expire_ms: 30000,
             map_by_write_length: false,
             no_prealloc: false,
+            write_behind_bytes: 8 << 20,
         }
     }
 }
@@ -328,6 +335,8 @@ pub(crate) struct Inner {
     pub pool: folio::BufPool,
     /// Per AG: dirty inodes, oldest first (see `writeback`).
     pub dirty_queues: Vec<std::collections::VecDeque<u64>>,
+    /// Per AG: inodes whose sequential writer is due for write-behind.
+    pub behind_queues: Vec<std::collections::VecDeque<u64>>,
     /// Writeback errors on any inode so far, and how many `sync` has
     /// reported.
     pub wb_errors: u64,
@@ -466,10 +475,12 @@ impl Fs {
             counters: counters.clone(),
             pool: folio::BufPool::new(),
             dirty_queues: Vec::new(),
+            behind_queues: Vec::new(),
             wb_errors: 0,
             wb_errors_synced: 0,
         };
         inner.dirty_queues = vec![Default::default(); inner.meta.geo.ag_count as usize];
+        inner.behind_queues = inner.dirty_queues.clone();
         // The root must be a directory.
         let root = inner.meta.sb.root_ino;
         inner.load_inode(root)?;
@@ -906,6 +917,9 @@ impl Fs {
                 }
             }
             let r = g.guarded(|g| g.write_end(ino, w));
+            if g.queue_write_behind(ino) {
+                self.s.wb_kick.notify_all();
+            }
             g.maybe_commit()?;
             (r, g.dirty_bytes > g.background_bytes())
         };

@@ -34,7 +34,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// The engine's option names, for messages.
 pub const ENGINE_OPTIONS: &str = "ro, rw, cache_size=SIZE, dirty_limit=SIZE, page_cache=SIZE, \
-     wb_contexts=N, prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive";
+     wb_contexts=N, prealloc=on|off, write_behind=SIZE (0: off), dio_cap=BLOCKS, \
+     dio_lock=shared|exclusive";
 
 impl MountOptions {
     /// Apply one option. `Ok(false)`: not an engine option (the caller
@@ -47,6 +48,7 @@ impl MountOptions {
             ("cache_size", Some(v)) => self.meta_cache_bytes = size(v)?,
             ("dirty_limit", Some(v)) => self.dirty_limit_bytes = size(v)?,
             ("page_cache", Some(v)) => self.cache_bytes = size(v)?,
+            ("write_behind", Some(v)) => self.write_behind_bytes = size(v)?,
             ("wb_contexts", Some(v)) => {
                 self.writeback_contexts = v
                     .parse()
@@ -108,7 +110,10 @@ mod tests {
 
     #[test]
     fn options() {
-        let o = MountOptions::parse("wb_contexts=2, page_cache=64M,prealloc=off,ro").unwrap();
+        let o =
+            MountOptions::parse("wb_contexts=2, page_cache=64M,prealloc=off,ro,write_behind=4M")
+                .unwrap();
+        assert_eq!(o.write_behind_bytes, 4 << 20);
         assert_eq!(o.writeback_contexts, 2);
         assert_eq!(o.cache_bytes, 64 << 20);
         assert!(o.no_prealloc && o.read_only);

@@ -126,24 +126,27 @@ impl Job {
 }
 
 impl Inner {
-    /// Step 1: up to `max_blocks` of the inode's dirty blocks, pinned for
-    /// the device. Clean when nothing is dirty (the on-disk size is
-    /// brought up to date); Busy while another writeback of the inode is
-    /// in flight (one at a time) or when the dirty blocks left are in a
-    /// folio a writer is copying into.
-    pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64) -> Result<Prepared> {
+    /// Step 1: up to `max_blocks` of the inode's dirty blocks in whole
+    /// folios below block `below`, pinned for the device. Clean when
+    /// there are none (and, when nothing at all is dirty, the on-disk
+    /// size is brought up to date); Busy while another writeback of the
+    /// inode is in flight (one at a time) or when the dirty blocks left
+    /// are in a folio a writer is copying into.
+    pub(super) fn wb_prepare(&mut self, ino: u64, max_blocks: u64, below: u64) -> Result<Prepared> {
         let bs = self.meta.geo.block_size;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
         if ip.wb_busy {
             return Ok(Prepared::Busy);
         }
-        let (lblks, busy) = ip.cache.dirty_for_writeback(max_blocks.max(1) as usize);
+        let (lblks, busy) = ip
+            .cache
+            .dirty_for_writeback(max_blocks.max(1) as usize, below);
         if lblks.is_empty() {
             if busy {
                 return Ok(Prepared::Busy);
             }
-            if ip.d.size != ip.size {
+            if ip.d.size != ip.size && !ip.cache.any_dirty() {
                 ip.d.size = ip.size;
                 ip.store(&mut cx)?;
             }
@@ -151,6 +154,7 @@ impl Inner {
         }
         bump(&cx.counters.writebacks, 1);
         ip.data_gen += 1;
+        ip.stream_dirty = ip.stream_dirty.saturating_sub(lblks.len() as u64 * bs);
         // Classify: (lblk, pblk, fresh) where fresh = mapped unwritten.
         let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
         let mut holes: Vec<u64> = Vec::new();
@@ -408,17 +412,34 @@ impl Inner {
         }
     }
 
-    /// The next inode context `id` of `n` should write back: the oldest
-    /// on its AGs' lists dirtied before `expired` (or any, when over
-    /// the background threshold). Clean inodes met on the way leave the
-    /// lists.
+    /// After a write: queue the inode for write-behind if its sequential
+    /// writer has dirtied enough since its last writeback. True when it
+    /// was queued now (its context should be woken).
+    pub(super) fn queue_write_behind(&mut self, ino: u64) -> bool {
+        let threshold = self.opts.write_behind_bytes;
+        let ag = self.meta.geo.inode_ag(ino) as usize;
+        match self.inodes.get_mut(&ino) {
+            Some(ip) if threshold > 0 && !ip.behind_queued && ip.stream_dirty >= threshold => {
+                ip.behind_queued = true;
+                self.behind_queues[ag].push_back(ino);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The next inode context `id` of `n` should write back, and the
+    /// block below which to write: the oldest on its AGs' lists dirtied
+    /// before `expired` (or any, when over the background threshold),
+    /// all of it; else one due for write-behind, the whole folios behind
+    /// its writer. Clean inodes met on the way leave the lists.
     fn pick_dirty(
         &mut self,
         id: usize,
         n: usize,
         background: bool,
         expired: Option<Instant>,
-    ) -> Option<u64> {
+    ) -> Option<(u64, u64)> {
         let mut best: Option<(Instant, usize)> = None;
         for ag in (id..self.dirty_queues.len()).step_by(n) {
             while let Some(&ino) = self.dirty_queues[ag].front() {
@@ -439,8 +460,28 @@ impl Inner {
                 break;
             }
         }
-        let (_, ag) = best?;
-        self.dirty_queues[ag].pop_front()
+        if let Some((_, ag)) = best {
+            return self.dirty_queues[ag].pop_front().map(|ino| (ino, u64::MAX));
+        }
+        let bs = self.meta.geo.block_size;
+        let threshold = self.opts.write_behind_bytes;
+        for ag in (id..self.behind_queues.len()).step_by(n) {
+            while let Some(ino) = self.behind_queues[ag].pop_front() {
+                let Some(ip) = self.inodes.get_mut(&ino) else {
+                    continue;
+                };
+                ip.behind_queued = false;
+                if ip.wb_busy || threshold == 0 || ip.stream_dirty < threshold {
+                    // Its writeback is under way, or took the blocks.
+                    continue;
+                }
+                // Whole folios only: not the one the writer is filling.
+                let at = ip.stream_end / bs;
+                let below = ip.cache.find(at).map_or(at, |(first, _)| first);
+                return Some((ino, below));
+            }
+        }
+        None
     }
 
     /// After a pass over `ino`: back on its list (at the end) if still dirty.
@@ -500,9 +541,21 @@ impl Shared {
     /// writer cannot keep it going forever). Returns the bytes written.
     pub(super) fn writeback_inode<'a>(
         &'a self,
+        g: MutexGuard<'a, Inner>,
+        ino: u64,
+        max_blocks: u64,
+    ) -> Result<(MutexGuard<'a, Inner>, u64)> {
+        self.writeback_below(g, ino, max_blocks, u64::MAX)
+    }
+
+    /// `writeback_inode` of the dirty blocks in whole folios below block
+    /// `below` only (write-behind).
+    fn writeback_below<'a>(
+        &'a self,
         mut g: MutexGuard<'a, Inner>,
         ino: u64,
         max_blocks: u64,
+        below: u64,
     ) -> Result<(MutexGuard<'a, Inner>, u64)> {
         self.wait_wb_idle(&mut g, ino);
         let bs = self.block_size;
@@ -514,7 +567,7 @@ impl Shared {
         loop {
             g.meta.check_live()?;
             let chunk = left.min(JOB_BYTES / bs).max(1);
-            let job = match g.guarded(|g| g.wb_prepare(ino, chunk))? {
+            let job = match g.guarded(|g| g.wb_prepare(ino, chunk, below))? {
                 Prepared::Job(job) => job,
                 Prepared::Clean => return Ok((g, bytes)),
                 Prepared::Busy => {
@@ -676,12 +729,20 @@ impl Shared {
             let now = Instant::now();
             // Without a period, nothing ever expires.
             let expired = periodic.then(|| now.checked_sub(expire)).flatten();
-            if let Some(ino) = g.pick_dirty(id, n, background, expired) {
+            if let Some((ino, below)) = g.pick_dirty(id, n, background, expired) {
                 let start = Instant::now();
-                match self.writeback_inode(g, ino, PASS_BYTES / self.block_size) {
+                match self.writeback_below(g, ino, PASS_BYTES / self.block_size, below) {
                     Ok((g2, bytes)) => {
                         g = g2;
-                        g.requeue(ino);
+                        if below == u64::MAX {
+                            g.requeue(ino);
+                        } else if bytes == 0 {
+                            // Nothing behind the writer after all (a
+                            // truncate took it): start counting afresh.
+                            if let Some(ip) = g.inodes.get_mut(&ino) {
+                                ip.stream_dirty = 0;
+                            }
+                        }
                         self.account(id, bytes, start.elapsed());
                         if let Err(e) = g.maybe_commit() {
                             log::error!("writeback context {id}: {e}");
