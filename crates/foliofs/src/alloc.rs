@@ -224,6 +224,7 @@ impl Alloc {
         goal: Option<u64>,
         want: u64,
     ) -> Result<(u64, u64)> {
+        self.take_freed(meta);
         let geo = meta.geo.clone();
         let n = geo.ag_count;
         for k in 0..n {

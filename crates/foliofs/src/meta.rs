@@ -58,7 +58,7 @@ pub struct Meta {
     /// Blocks freed by the running transaction; then by committed ones
     /// that still have an image in the live journal (replay could write
     /// it over a new owner's data: reusable at the next checkpoint); then
-    /// reusable, for the allocator to take back (`Inner::take_freed`).
+    /// reusable, for the allocator to take back (`Alloc::take_freed`).
     pub freed_running: Vec<(u64, u64)>,
     pub freed_committed: Vec<(u64, u64)>,
     pub freed_reusable: Vec<(u64, u64)>,

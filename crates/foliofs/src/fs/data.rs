@@ -653,15 +653,15 @@ impl Inner {
         if end > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        {
+        let size = {
             let (ip, _) = self.with(ino)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
             }
-            if offset > ip.size && len > 0 {
-                let old = ip.size;
-                self.zero_eof_tail(ino, old)?;
-            }
+            ip.size
+        };
+        if offset > size && len > 0 {
+            self.zero_eof_tail(ino, size)?;
         }
         // ENOSPC pressure: speculative reservations go before a write
         // that might need the space fails.
@@ -675,12 +675,10 @@ impl Inner {
         // A large write extending the file (a streaming writer) makes its
         // last folio a whole max-size one, past the write into the blocks
         // beyond EOF, which the next write fills: the writer gets one 2 MiB
-        // folio (a huge page, see `AlignedBuf`) instead of two halves. At
-        // most the write's own size more memory, and only for large writes.
+        // folio instead of two halves. At most the write's own size more
+        // memory, and only for large writes.
         let max = self.max_folio_blocks() as u64;
-        let streaming = !self.opts.whole_folio_dirty
-            && len as u64 * 2 >= max * bs
-            && end > self.inodes.get(&ino).map_or(u64::MAX, |ip| ip.size);
+        let streaming = !self.opts.whole_folio_dirty && len as u64 * 2 >= max * bs && end > size;
         let ceil_blk = if streaming {
             end_blk.next_multiple_of(max)
         } else {
@@ -854,10 +852,14 @@ impl Inner {
 
     /// Finish a write: size, timestamps, dirty accounting; unpin the
     /// inode. The bytes written, or the error if none were.
-    pub(super) fn write_end(&mut self, ino: u64, mut w: WriteOp) -> Result<usize> {
+    /// Finish a write: the size, the dirty accounting, write-behind. The
+    /// bytes written, and whether the inode was queued for write-behind
+    /// now (its writeback context should be woken).
+    pub(super) fn write_end(&mut self, ino: u64, mut w: WriteOp) -> Result<(usize, bool)> {
         if let Some(b) = w.spare.take() {
             self.pool.put(b);
         }
+        let threshold = self.opts.write_behind_bytes;
         let (ip, cx) = self.with(ino)?;
         if w.done > 0 {
             ip.size = ip.size.max(w.offset + w.done as u64);
@@ -870,11 +872,17 @@ impl Inner {
         }
         ip.open -= 1;
         let destroy = ip.open == 0 && ip.d.nlink == 0;
+        let behind = threshold > 0 && !destroy && !ip.behind_queued && ip.stream_dirty >= threshold;
+        ip.behind_queued |= behind;
         bump(&cx.counters.bytes_written_app, w.done as u64);
         bump(&cx.counters.bytes_dirtied, w.new_dirty);
         self.dirty_bytes += w.new_dirty;
         if w.done > 0 {
             self.mark_inode_dirty(ino);
+        }
+        if behind {
+            let ag = self.meta.geo.inode_ag(ino) as usize;
+            self.behind_queues[ag].push_back(ino);
         }
         if destroy {
             self.destroy_inode(ino)?;
@@ -882,7 +890,7 @@ impl Inner {
         self.maybe_evict();
         match w.result {
             Err(e) if w.done == 0 => Err(e),
-            _ => Ok(w.done),
+            _ => Ok((w.done, behind)),
         }
     }
 
@@ -912,7 +920,7 @@ impl Inner {
                 }
             }
         }
-        self.write_end(ino, w)
+        self.write_end(ino, w).map(|(n, _)| n)
     }
 
     /// Before the size grows past `old_size`, zero the rest of the old last

@@ -283,7 +283,6 @@ pub(crate) struct Ctx<'a> {
 impl Ctx<'_> {
     /// Allocate, making room first if frees are only waiting for a checkpoint.
     pub fn alloc(&mut self, ag: u32, goal: Option<u64>, want: u64) -> Result<(u64, u64)> {
-        self.alloc.take_freed(self.meta);
         match self.alloc.alloc(self.meta, ag, goal, want) {
             Err(Error::NoSpace) if self.reclaimable() => {
                 self.reclaim()?;
@@ -294,9 +293,7 @@ impl Ctx<'_> {
     }
 
     pub fn reclaimable(&self) -> bool {
-        !self.meta.freed_running.is_empty()
-            || !self.meta.freed_committed.is_empty()
-            || !self.meta.freed_reusable.is_empty()
+        !self.meta.freed_running.is_empty() || !self.meta.freed_committed.is_empty()
     }
 
     /// Commit and checkpoint so that freed blocks become reusable.
@@ -438,6 +435,8 @@ impl Inner {
         if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
             self.meta.checkpoint()?;
         }
+        // After every operation, so free-space counts (ENOSPC pressure,
+        // reservations) see what its commits made reusable.
         self.alloc.take_freed(&mut self.meta);
         Ok(())
     }
@@ -916,10 +915,12 @@ impl Fs {
                     }
                 }
             }
-            let r = g.guarded(|g| g.write_end(ino, w));
-            if g.queue_write_behind(ino) {
-                self.s.wb_kick.notify_all();
-            }
+            let r = g.guarded(|g| g.write_end(ino, w)).map(|(n, behind)| {
+                if behind {
+                    self.s.wb_kick.notify_all();
+                }
+                n
+            });
             g.maybe_commit()?;
             (r, g.dirty_bytes > g.background_bytes())
         };

@@ -412,22 +412,6 @@ impl Inner {
         }
     }
 
-    /// After a write: queue the inode for write-behind if its sequential
-    /// writer has dirtied enough since its last writeback. True when it
-    /// was queued now (its context should be woken).
-    pub(super) fn queue_write_behind(&mut self, ino: u64) -> bool {
-        let threshold = self.opts.write_behind_bytes;
-        let ag = self.meta.geo.inode_ag(ino) as usize;
-        match self.inodes.get_mut(&ino) {
-            Some(ip) if threshold > 0 && !ip.behind_queued && ip.stream_dirty >= threshold => {
-                ip.behind_queued = true;
-                self.behind_queues[ag].push_back(ino);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// The next inode context `id` of `n` should write back, and the
     /// block below which to write: the oldest on its AGs' lists dirtied
     /// before `expired` (or any, when over the background threshold),
@@ -471,7 +455,7 @@ impl Inner {
                     continue;
                 };
                 ip.behind_queued = false;
-                if ip.wb_busy || threshold == 0 || ip.stream_dirty < threshold {
+                if ip.wb_busy || ip.stream_dirty < threshold {
                     // Its writeback is under way, or took the blocks.
                     continue;
                 }
