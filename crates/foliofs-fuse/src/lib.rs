@@ -56,16 +56,17 @@ pub struct FuseFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     writeback_cache: bool,
+    posix_acl: bool,
 }
 
-/// Engine errors to errnos, in one place. Checksum failures and shutdowns
-/// are logged here too.
+/// Engine errors to errnos, in one place. Corruption and device errors
+/// met by a request are logged here; the engine itself logs each data
+/// checksum failure and the shutdown when it happens (not every request
+/// refused after it).
 fn errno(e: Error) -> Errno {
     match &e {
-        Error::DataChecksum { .. } | Error::Corrupted { .. } | Error::Shutdown(_) => {
-            log::error!("{e}");
-        }
-        Error::Io(_) => log::warn!("{e}"),
+        Error::Corrupted { .. } => log::error!("{e}"),
+        Error::Io(_) => log::error!("{e}"),
         _ => {}
     }
     Errno::from_i32(e.errno())
@@ -131,7 +132,17 @@ impl FuseFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             writeback_cache: false,
+            posix_acl: false,
         }
+    }
+
+    /// Let the kernel enforce POSIX ACLs (FUSE_POSIX_ACL) and leave the
+    /// umask to the engine (FUSE_DONT_MASK), which applies it only where
+    /// the parent has no default ACL. The kernel then checks permissions
+    /// itself, as with `default_permissions`.
+    pub fn with_posix_acl(mut self, on: bool) -> Self {
+        self.posix_acl = on;
+        self
     }
 
     /// Let the kernel cache writes too (FUSE_WRITEBACK_CACHE): small
@@ -213,63 +224,12 @@ impl FuseFs {
         }
     }
 
-    /// Setting the access ACL sets the mode bits it implies (as chmod);
-    /// an ACL that says no more than the mode is not stored (Linux's
-    /// posix_acl_equiv_mode), others are kept as the xattr.
-    fn set_access_acl(&self, ino: u64, value: &[u8], flags: u32) -> foliofs::Result<()> {
-        let (mode, equiv) =
-            acl_mode(value).ok_or_else(|| Error::Invalid("malformed POSIX ACL".into()))?;
-        let old = self.fs.getattr(ino)?.perm;
-        self.fs.setattr(
-            ino,
-            &SetAttr {
-                mode: Some((old & !0o777) | mode),
-                ..Default::default()
-            },
-        )?;
-        if equiv {
-            match self.fs.removexattr(ino, ACL_ACCESS.as_bytes()) {
-                Ok(()) | Err(Error::NoAttr) => Ok(()),
-                Err(e) => Err(e),
-            }
-        } else {
-            self.fs.setxattr(ino, ACL_ACCESS.as_bytes(), value, flags)
-        }
-    }
-
     fn counters_json(&self) -> Vec<u8> {
         let c = self.fs.counters();
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
         v.push(b'\n');
         v
     }
-}
-
-const ACL_ACCESS: &str = "system.posix_acl_access";
-
-/// The mode bits a POSIX ACL xattr implies, and whether it is equivalent
-/// to them (only owner, group and other entries). None when malformed.
-fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
-    if v.len() < 4 || (v.len() - 4) % 8 != 0 || u32::from_le_bytes(v[..4].try_into().ok()?) != 2 {
-        return None;
-    }
-    let (mut mode, mut equiv) = (0u32, true);
-    for e in v[4..].chunks(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
-        match tag {
-            0x01 => mode |= perm << 6,
-            0x04 => mode |= perm << 3,
-            0x20 => mode |= perm,
-            0x10 => {
-                mode = (mode & !0o070) | (perm << 3);
-                equiv = false;
-            }
-            0x02 | 0x08 => equiv = false,
-            _ => return None,
-        }
-    }
-    Some((mode, equiv))
 }
 
 fn done(r: foliofs::Result<()>, reply: ReplyEmpty) {
@@ -338,6 +298,13 @@ impl Filesystem for FuseFs {
                 | InitFlags::FUSE_MAX_PAGES
                 | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         );
+        if self.posix_acl
+            && config
+                .add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK)
+                .is_err()
+        {
+            log::warn!("the kernel does not offer FUSE_POSIX_ACL: ACLs are stored, not enforced");
+        }
         if self.writeback_cache
             && config
                 .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
@@ -402,12 +369,12 @@ impl Filesystem for FuseFs {
         let Some(k) = FileType::from_mode(mode) else {
             return reply.error(Errno::EINVAL);
         };
-        let perm = mode & 0o7777 & !umask;
         let r = self.fs.mknod(
             self.ino(parent),
             name.as_bytes(),
             k,
-            perm,
+            mode & 0o7777,
+            umask,
             req.uid(),
             req.gid(),
             rdev,
@@ -424,13 +391,15 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let perm = mode & 0o7777 & !umask;
-        let r = self.fs.mkdir(
+        let r = self.fs.mknod(
             self.ino(parent),
             name.as_bytes(),
-            perm,
+            FileType::Dir,
+            mode & 0o7777,
+            umask,
             req.uid(),
             req.gid(),
+            0,
         );
         self.entry(r, reply);
     }
@@ -532,15 +501,17 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let perm = mode & 0o7777 & !umask;
         let r = self
             .fs
-            .create(
+            .mknod(
                 self.ino(parent),
                 name.as_bytes(),
-                perm,
+                FileType::File,
+                mode & 0o7777,
+                umask,
                 req.uid(),
                 req.gid(),
+                0,
             )
             .and_then(|a| self.fs.open_file(a.ino));
         match r {
@@ -644,12 +615,29 @@ impl Filesystem for FuseFs {
         done(self.fsync_fh(self.ino(ino), fh, datasync), reply)
     }
 
+    /// An open directory counts as open in the engine, so one removed or
+    /// replaced by rename while open lives until it is closed.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.getattr(self.ino(ino)) {
+        let ino = self.ino(ino);
+        match self.fs.open(ino) {
             Ok(a) if a.kind == FileType::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Ok(_) => reply.error(Errno::ENOTDIR),
+            Ok(_) => {
+                let _ = self.fs.release(ino);
+                reply.error(Errno::ENOTDIR)
+            }
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        done(self.fs.release(self.ino(ino)), reply)
     }
 
     fn readdir(
@@ -724,9 +712,6 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::EPERM);
         }
         let ino = self.ino(ino);
-        if name == ACL_ACCESS {
-            return done(self.set_access_acl(ino, value, flags as u32), reply);
-        }
         done(
             self.fs.setxattr(ino, name.as_bytes(), value, flags as u32),
             reply,
@@ -857,34 +842,5 @@ impl Filesystem for FuseFs {
             }
         }
         reply.written(done as u32)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::acl_mode;
-
-    fn acl(entries: &[(u16, u16)]) -> Vec<u8> {
-        let mut v = 2u32.to_le_bytes().to_vec();
-        for (tag, perm) in entries {
-            v.extend_from_slice(&tag.to_le_bytes());
-            v.extend_from_slice(&perm.to_le_bytes());
-            v.extend_from_slice(&u32::MAX.to_le_bytes());
-        }
-        v
-    }
-
-    #[test]
-    fn acl_to_mode() {
-        assert_eq!(
-            acl_mode(&acl(&[(1, 7), (4, 5), (0x20, 1)])),
-            Some((0o751, true))
-        );
-        assert_eq!(
-            acl_mode(&acl(&[(1, 6), (2, 4), (4, 4), (0x10, 6), (0x20, 0)])),
-            Some((0o660, false))
-        );
-        assert_eq!(acl_mode(&[1, 0, 0, 0]), None);
-        assert_eq!(acl_mode(&acl(&[(0x99, 1)])), None);
     }
 }

@@ -265,11 +265,18 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     // Xattr tree blocks.
     let xt = ip.xattr_tree(ag);
-    match xt.walk(&mut c.meta, ip.d.xattr_root, |_, _| Ok(())) {
+    let mut xattrs: Vec<(u64, Vec<u8>)> = Vec::new();
+    match xt.walk(&mut c.meta, ip.d.xattr_root, |_, n| {
+        if n.level == 0 {
+            xattrs.extend(n.entries.iter().cloned());
+        }
+        Ok(())
+    }) {
         Ok(blocks) => {
             for b in blocks {
                 c.claim(b, 1, ino, "xattr tree");
             }
+            check_xattrs(c, ino, ip.d.xattr_root, &xattrs);
         }
         Err(e) => c.err(e),
     }
@@ -346,6 +353,45 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 ip.d.nblocks
             ),
         );
+    }
+}
+
+/// Every xattr entry decodes, every continuation belongs to a head in its
+/// bucket, and every value joins whole (fragments 1..n, at most 64 KiB).
+fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) {
+    use crate::fs::xattr::{assemble, piece, Cont, Piece};
+    let mut heads = Vec::new();
+    let mut conts: HashMap<u64, Vec<Cont>> = HashMap::new();
+    for (k, v) in entries {
+        match piece(v) {
+            Some(Piece::Head { data, .. }) => heads.push((*k, data)),
+            Some(Piece::Cont { head, index, data }) => conts
+                .entry(k & !0xffff)
+                .or_default()
+                .push((head, index, data)),
+            None => c.problem(
+                "xattr",
+                root,
+                format!("inode {ino}: malformed xattr entry under key {k:#x}"),
+            ),
+        }
+    }
+    for (k, first) in &heads {
+        let list = conts.get(&(k & !0xffff)).map_or(&[][..], |v| &v[..]);
+        if let Err(why) = assemble(first, (k & 0xffff) as u16, list) {
+            c.problem("xattr", root, format!("inode {ino}: xattr {k:#x}: {why}"));
+        }
+    }
+    for (bucket, list) in &conts {
+        for (head, index, _) in list {
+            if !heads.iter().any(|(k, _)| *k == bucket | *head as u64) {
+                c.problem(
+                    "xattr",
+                    root,
+                    format!("inode {ino}: xattr fragment {index} has no head {head}"),
+                );
+            }
+        }
     }
 }
 

@@ -238,6 +238,7 @@ impl Meta {
     /// Shut the file system down: every later change fails.
     pub fn poison(&mut self, why: String) -> Error {
         if self.shutdown.is_none() {
+            log::error!("shutting down, no more changes until remounted: {why}");
             self.shutdown = Some(why.clone());
         }
         Error::Shutdown(why)

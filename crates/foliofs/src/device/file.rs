@@ -1,35 +1,102 @@
-use super::{AlignedBuf, Device, IO_ALIGN};
+use super::{lock, AlignedBuf, Device, IO_ALIGN};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::time::Duration;
 
-/// An image file or block device, opened with O_DIRECT so that the engine's
-/// own cache is the only one. Falls back to buffered I/O where the file
-/// system under the image refuses O_DIRECT (tmpfs), and says so.
 /// Most iovecs one pwritev takes (Linux's UIO_MAXIOV).
 const IOV_MAX: usize = 1024;
 
+/// An image file or block device, opened with O_DIRECT so that the engine's
+/// own cache is the only one. Falls back to buffered I/O where the file
+/// system under the image refuses O_DIRECT (tmpfs), and says so. The
+/// opener owns the image while it is open (see `device::lock`).
 pub struct FileDevice {
     file: File,
     len: u64,
     direct: bool,
 }
 
+/// How to open an image.
+#[derive(Clone, Debug)]
+pub struct DeviceOptions {
+    pub writable: bool,
+    /// Take the image's owner lock (the default). Off only to look at an
+    /// image that may be in use (`fsck -n`), knowing it may change.
+    pub lock: bool,
+    /// Carry the daemon mark: an opener that finds the image locked waits
+    /// for this owner once its mount is gone, instead of failing.
+    pub daemon: bool,
+    /// How long to wait for a daemon finishing after its unmount.
+    pub wait: Duration,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            writable: true,
+            lock: true,
+            daemon: false,
+            wait: lock::DEFAULT_WAIT,
+        }
+    }
+}
+
 impl FileDevice {
+    /// Open and own the image (see `open_with`).
     pub fn open(path: &Path, writable: bool) -> io::Result<Self> {
+        Self::open_with(
+            path,
+            &DeviceOptions {
+                writable,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Open an image. With `o.lock` the caller becomes its only owner or
+    /// gets `ErrorKind::ResourceBusy` naming the holder; a daemon that is
+    /// finishing after its unmount is waited for, up to `o.wait`.
+    pub fn open_with(path: &Path, o: &DeviceOptions) -> io::Result<Self> {
         let open = |flags: i32| {
             OpenOptions::new()
                 .read(true)
-                .write(writable)
+                .write(o.writable)
                 .custom_flags(flags)
                 .open(path)
         };
-        let (file, direct) = match open(libc::O_DIRECT) {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0)?, false),
-            Err(e) => return Err(e),
+        let block_dev = std::fs::metadata(path)?.file_type().is_block_device();
+        // Block devices also open O_EXCL, which keeps kernel mounts (and
+        // other exclusive openers) out for as long as we hold them.
+        let excl = if block_dev && o.lock { libc::O_EXCL } else { 0 };
+        let open_direct = || match open(libc::O_DIRECT | excl) {
+            Ok(f) => Ok((f, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((open(excl)?, false)),
+            Err(e) => Err(e),
         };
+        let (file, direct) = if o.lock {
+            let mut direct = true;
+            let file = lock::acquire(
+                path,
+                o.wait,
+                || {
+                    let (f, d) = match open_direct() {
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(None),
+                        r => r?,
+                    };
+                    direct = d;
+                    Ok(lock::try_own(&f)?.then_some(f))
+                },
+                || File::open(path),
+            )?;
+            (file, direct)
+        } else {
+            open_direct()?
+        };
+        if o.daemon {
+            lock::mark_daemon(&file, true)?;
+        }
         let len = device_len(&file)?;
         Ok(FileDevice { file, len, direct })
     }
@@ -39,6 +106,15 @@ impl FileDevice {
         self.direct
     }
 
+    /// Set the size of an image file (mkfs); a block device keeps its own.
+    pub fn set_len(&mut self, bytes: u64) -> io::Result<()> {
+        if self.file.metadata()?.file_type().is_file() {
+            self.file.set_len(bytes)?;
+            self.len = bytes;
+        }
+        Ok(())
+    }
+
     fn aligned(&self, ptr: *const u8, len: usize, offset: u64) -> bool {
         !self.direct || ((ptr as usize) % IO_ALIGN == 0 && len % 512 == 0 && offset % 512 == 0)
     }
@@ -46,7 +122,6 @@ impl FileDevice {
 
 fn device_len(file: &File) -> io::Result<u64> {
     let meta = file.metadata()?;
-    use std::os::unix::fs::FileTypeExt;
     if meta.file_type().is_block_device() {
         let mut size: u64 = 0;
         // BLKGETSIZE64 = _IOR(0x12, 114, size_t)

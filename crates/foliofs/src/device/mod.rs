@@ -8,11 +8,12 @@
 
 mod crash;
 mod file;
+pub mod lock;
 mod mem;
 mod overlay;
 
 pub use crash::{CrashDevice, CrashLog, FaultPlan};
-pub use file::FileDevice;
+pub use file::{DeviceOptions, FileDevice};
 pub use mem::MemDevice;
 pub use overlay::OverlayDevice;
 

@@ -207,7 +207,13 @@ impl Fs {
         bump(&self.s.counters.dio_reads, 1);
         let blocks = (n as u64).div_ceil(bs) as usize * bs as usize;
         let r = self.read_direct_pinned(ino, offset, &mut buf[..blocks]);
-        self.s.inner.lock().release(ino)?;
+        {
+            let mut g = self.s.inner.lock();
+            g.release(ino)?;
+            if r.is_ok() {
+                self.accessed(&mut g, ino)?;
+            }
+        }
         r?;
         // Bytes past the end of file in the last block are not file data.
         buf[n..blocks].fill(0);

@@ -8,34 +8,35 @@ use crate::format::superblock::Superblock;
 use crate::format::{bitmap, csum, header, magic, FORMAT_VERSION, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 use crate::geometry::Geometry;
 
-/// Open `image` to be formatted: refuse one that already holds a foliofs
-/// file system (`Error::Exists`) unless `force`, before touching it; then
-/// create it or set its size to `size` bytes when given (a block device
-/// keeps its own). Without `size` the image must exist (`Error::NotFound`).
+/// Open `image` to be formatted: own it (see `device::lock`), refuse one
+/// that already holds a foliofs file system (`Error::Exists`) unless
+/// `force`, before touching it; then set its size to `size` bytes when
+/// given (creating the file; a block device keeps its own size). Without
+/// `size` the image must exist (`Error::NotFound`).
 pub fn open_for_mkfs(
     image: &std::path::Path,
     size: Option<u64>,
     force: bool,
 ) -> Result<crate::device::FileDevice> {
     use crate::device::FileDevice;
-    if image.exists() {
-        if !force && crate::meta::read_superblock(&FileDevice::open(image, false)?).is_ok() {
-            return Err(Error::Exists);
+    if !image.exists() {
+        if size.is_none() {
+            return Err(Error::NotFound);
         }
-    } else if size.is_none() {
-        return Err(Error::NotFound);
-    }
-    if let Some(size) = size {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
+        // Created empty: nothing that was there is touched.
+        std::fs::OpenOptions::new()
+            .create_new(true)
             .write(true)
             .open(image)?;
-        if f.metadata()?.file_type().is_file() {
-            f.set_len(size)?;
-        }
     }
-    Ok(FileDevice::open(image, true)?)
+    let mut dev = FileDevice::open(image, true)?;
+    if !force && crate::meta::read_superblock(&dev).is_ok() {
+        return Err(Error::Exists);
+    }
+    if let Some(size) = size {
+        dev.set_len(size)?;
+    }
+    Ok(dev)
 }
 
 #[derive(Clone, Debug)]

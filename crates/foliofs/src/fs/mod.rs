@@ -9,6 +9,7 @@
 //! writeback, a buffered write's copy into its pinned folio, and the
 //! mapping of fresh folio memory.
 
+mod acl;
 mod data;
 mod dio;
 pub(crate) mod dir;
@@ -21,7 +22,7 @@ mod ns;
 mod options;
 pub mod types;
 mod writeback;
-mod xattr;
+pub(crate) mod xattr;
 
 pub use mkfs::{mkfs, open_for_mkfs, MkfsOptions};
 pub use options::{parse_size, ENGINE_OPTIONS};
@@ -85,6 +86,25 @@ pub struct MountOptions {
     /// stream keeps the device busy instead of waiting for dirty memory
     /// to fill (and its fsync finds little left to write). 0: off.
     pub write_behind_bytes: u64,
+    /// When reads update the access time.
+    pub atime: Atime,
+    /// Directories' access times are never updated.
+    pub no_diratime: bool,
+}
+
+/// When a read updates the access time (mount options `relatime`,
+/// `noatime`, `strictatime`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Atime {
+    /// When atime is not newer than mtime or ctime, or is a day old: a
+    /// program can tell whether a file was read since it last changed, at
+    /// the price of at most one inode update a day per file otherwise.
+    #[default]
+    Relatime,
+    /// Never.
+    Noatime,
+    /// Every read.
+    Strictatime,
 }
 
 /// An eighth of the machine's memory (256 MiB if it cannot be read).
@@ -124,6 +144,8 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             read_only: false,
+            atime: Atime::default(),
+            no_diratime: false,
             meta_cache_bytes: 64 << 20,
             dirty_limit_bytes: 0,
             cache_bytes: default_cache_bytes(),
@@ -449,7 +471,10 @@ impl Fs {
         let mut sb = meta::read_superblock(&*dev)?;
         meta::check_device_size(&*dev, &sb)?;
         if !opts.read_only {
-            meta::replay(&*dev, &mut sb)?;
+            let n = meta::replay(&*dev, &mut sb)?;
+            if n > 0 {
+                log::info!("journal replay: {n} transactions applied");
+            }
         } else if has_journal_work(&*dev, &sb)? {
             return Err(Error::Invalid(
                 "the journal needs replay; mount read-write once (or run fsck) first".into(),
@@ -684,7 +709,9 @@ impl Fs {
         r
     }
 
-    /// Create a node of any type (regular file, fifo, device, socket).
+    /// Create a node of any type (regular file, directory, fifo, device,
+    /// socket) with mode `perm` less `umask`; under a directory with a
+    /// default ACL the ACL decides instead of the umask (POSIX.1e).
     #[allow(clippy::too_many_arguments)]
     pub fn mknod(
         &self,
@@ -692,23 +719,24 @@ impl Fs {
         name: &[u8],
         kind: FileType,
         perm: u32,
+        umask: u32,
         uid: u32,
         gid: u32,
         rdev: u32,
     ) -> Result<Attr> {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
-        let r = g.guarded(|g| g.create(parent, name, kind, perm, uid, gid, rdev, None));
+        let r = g.guarded(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None));
         g.maybe_commit()?;
         r
     }
 
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.mknod(parent, name, FileType::File, perm, uid, gid, 0)
+        self.mknod(parent, name, FileType::File, perm, 0, uid, gid, 0)
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.mknod(parent, name, FileType::Dir, perm, uid, gid, 0)
+        self.mknod(parent, name, FileType::Dir, perm, 0, uid, gid, 0)
     }
 
     pub fn symlink(
@@ -727,6 +755,7 @@ impl Fs {
                 name,
                 FileType::Symlink,
                 0o777,
+                0,
                 uid,
                 gid,
                 0,
@@ -783,7 +812,39 @@ impl Fs {
 
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
     pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
-        self.s.inner.lock().readdir(ino, cookie, max)
+        let mut g = self.s.inner.lock();
+        let r = g.readdir(ino, cookie, max)?;
+        if cookie == 0 {
+            self.accessed(&mut g, ino)?;
+        }
+        Ok(r)
+    }
+
+    /// A read of `ino` happened: update its access time as the mount's
+    /// atime mode says (nothing on a read-only or shut-down mount).
+    fn accessed(&self, g: &mut MutexGuard<Inner>, ino: u64) -> Result<()> {
+        if g.opts.atime == Atime::Noatime || g.check_writable().is_err() {
+            return Ok(());
+        }
+        let now = now();
+        let strict = g.opts.atime == Atime::Strictatime;
+        let no_dir = g.opts.no_diratime;
+        let r = g.guarded(|g| {
+            let (ip, mut cx) = g.with(ino)?;
+            if no_dir && ip.is_dir() {
+                return Ok(());
+            }
+            let (a, m, c) = (ip.d.atime, ip.d.mtime, ip.d.ctime);
+            let key = |t: crate::format::inode::Timespec| (t.sec, t.nsec);
+            let stale = key(a) <= key(m) || key(a) <= key(c) || now.sec - a.sec >= 24 * 3600;
+            if !(strict || stale) || key(a) == key(now) {
+                return Ok(());
+            }
+            ip.d.atime = now;
+            ip.store(&mut cx)
+        });
+        g.maybe_commit()?;
+        r
     }
 
     /// Note an open file description; unlinked inodes live until the last
@@ -865,6 +926,10 @@ impl Fs {
                         continue;
                     }
                     return Err(self.checksum_failed(e));
+                }
+                Ok(n) => {
+                    self.accessed(&mut g, ino)?;
+                    return Ok(n);
                 }
                 r => return r,
             }

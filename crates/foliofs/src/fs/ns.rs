@@ -1,8 +1,10 @@
 //! Namespace operations.
 
+use super::acl;
 use super::dir::{check_name, COOKIE_DOT, COOKIE_DOTDOT};
 use super::inode::Fork;
 use super::types::*;
+use super::xattr::XATTR_CREATE;
 use super::Inner;
 use crate::error::{Error, Result};
 use crate::format::inode::LITERAL_SIZE;
@@ -100,9 +102,17 @@ impl Inner {
         }
         ip.touch_ctime();
         ip.store(&mut cx)?;
+        if let Some(m) = set.mode {
+            self.acl_chmod(ino, m)?;
+        }
         self.getattr(ino)
     }
 
+    /// Create a node. Its mode is `perm` less `umask`, unless the parent
+    /// has a default ACL: then the ACL, intersected with `perm`, decides
+    /// (no umask), the node gets it as its access ACL and a directory also
+    /// as its default ACL. Under a set-group-ID directory the node takes
+    /// the directory's group, and a directory the set-group-ID bit too.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &mut self,
@@ -110,6 +120,7 @@ impl Inner {
         name: &[u8],
         kind: FileType,
         perm: u32,
+        umask: u32,
         uid: u32,
         gid: u32,
         rdev: u32,
@@ -138,6 +149,30 @@ impl Inner {
                 return Err(Error::TooManyLinks);
             }
         }
+        let (mut perm, mut gid) = (perm & 0o7777, gid);
+        {
+            let (pp, _) = self.with(parent)?;
+            if pp.d.mode & S_ISGID != 0 {
+                gid = pp.d.gid;
+                if kind == FileType::Dir {
+                    perm |= S_ISGID;
+                }
+            }
+        }
+        let mut acls = Vec::new();
+        match self.default_acl(parent)? {
+            Some(default) if kind != FileType::Symlink => {
+                let mut access = default.clone();
+                perm = access.create_masq(perm);
+                if !access.is_minimal() {
+                    acls.push((acl::ACCESS, access.encode()));
+                }
+                if kind == FileType::Dir {
+                    acls.push((acl::DEFAULT, default.encode()));
+                }
+            }
+            _ => perm &= !umask,
+        }
         // New directories spread across AGs; files stay with their parent.
         let ag = if kind == FileType::Dir {
             self.alloc.next_dir_ag(self.meta.geo.ag_count)
@@ -163,6 +198,9 @@ impl Inner {
         }
         if let Some(t) = target.filter(|t| t.len() > LITERAL_SIZE) {
             self.write(ino, 0, t)?;
+        }
+        for (name, v) in acls {
+            self.xattr_put(ino, name, &v, XATTR_CREATE)?;
         }
         let (pp, mut cx) = self.with(parent)?;
         pp.dir_add(&mut cx, name, ino, kind)?;

@@ -1,7 +1,7 @@
 //! Mount options by name, as `key[=value]` strings: one parser for the
 //! FUSE mount's `-o` list, the C ABI and the fio engine.
 
-use super::{DioLock, MountOptions, MAX_WB_CONTEXTS};
+use super::{Atime, DioLock, MountOptions, MAX_WB_CONTEXTS};
 
 /// A size such as `4096`, `64K`, `512MiB` or `1G`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -35,7 +35,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The engine's option names, for messages.
 pub const ENGINE_OPTIONS: &str = "ro, rw, cache_size=SIZE, dirty_limit=SIZE, page_cache=SIZE, \
      wb_contexts=N, prealloc=on|off, write_behind=SIZE (0: off), dio_cap=BLOCKS, \
-     dio_lock=shared|exclusive";
+     dio_lock=shared|exclusive, relatime, noatime, strictatime, nodiratime";
 
 impl MountOptions {
     /// Apply one option. `Ok(false)`: not an engine option (the caller
@@ -65,6 +65,11 @@ impl MountOptions {
                     .filter(|n| *n >= 1)
                     .ok_or_else(|| format!("dio_cap={v}: want a block count >= 1"))?
             }
+            ("relatime" | "atime", None) => self.atime = Atime::Relatime,
+            ("noatime", None) => self.atime = Atime::Noatime,
+            ("strictatime", None) => self.atime = Atime::Strictatime,
+            ("nodiratime", None) => self.no_diratime = true,
+            ("diratime", None) => self.no_diratime = false,
             ("dio_lock", Some("shared")) => self.dio_lock = DioLock::SharedOverwrite,
             ("dio_lock", Some("exclusive")) => self.dio_lock = DioLock::Exclusive,
             ("prealloc" | "dio_lock" | "ro" | "rw", _) => {
@@ -120,6 +125,10 @@ mod tests {
         assert!(MountOptions::parse("wb_contexts=0").is_err());
         assert!(MountOptions::parse("dio_lock=maybe").is_err());
         assert!(MountOptions::parse("allow_other").is_err());
+        assert_eq!(MountOptions::parse("").unwrap().atime, Atime::Relatime);
+        let o = MountOptions::parse("noatime,nodiratime").unwrap();
+        assert!(o.atime == Atime::Noatime && o.no_diratime);
+        assert!(MountOptions::parse("noatime=1").is_err());
         assert_eq!(MountOptions::default().set("threads", Some("2")), Ok(false));
     }
 }

@@ -15,6 +15,7 @@ pub enum FileType {
 }
 
 pub const S_IFMT: u32 = 0o170000;
+pub const S_ISGID: u32 = 0o2000;
 
 impl FileType {
     pub fn from_mode(mode: u32) -> Option<Self> {

@@ -1,18 +1,31 @@
 //! Extended attributes: a per-inode B+tree keyed like directory entries
-//! (name hash plus collision counter). Value: name length u8, name, value.
-//! A value must fit one tree leaf: up to block size - 340 bytes
-//! (3,756 bytes at 4 KiB blocks).
+//! (name hash plus a 16-bit counter that tells colliding entries apart).
+//!
+//! A value may be up to 64 KiB (Linux's XATTR_SIZE_MAX); one tree entry
+//! holds at most a leaf's worth (block size - 340 bytes), so a larger
+//! value is split into fragments stored under free counters of the same
+//! hash bucket:
+//! - head: name length u8 (1..=255), name, the value's first bytes;
+//! - continuation: 0u8, the head's counter u16, index u16 (from 1), then
+//!   the next bytes of the value. Continuations are joined in index order.
+//!
+//! The POSIX ACL attributes (`acl.rs`) also keep the mode bits true.
 
+use super::acl::{self, Acl};
 use super::dir::name_key;
-use super::types::XATTR_NAME_MAX;
+use super::types::{FileType, XATTR_NAME_MAX};
 use super::Inner;
 use crate::btree::max_value_len;
 use crate::error::{Error, Result};
 
-type Entry = (u64, Vec<u8>);
-
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
+
+/// Largest value (XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 65536;
+
+/// A continuation's header: marker, head counter, index.
+const CONT_HEADER: usize = 5;
 
 fn check(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX || name.contains(&0) {
@@ -21,51 +34,161 @@ fn check(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// One decoded tree entry of an xattr tree.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Head {
+        name: &'a [u8],
+        data: &'a [u8],
+    },
+    Cont {
+        head: u16,
+        index: u16,
+        data: &'a [u8],
+    },
+}
+
+/// Decode one entry; `None` when it is malformed.
+pub fn piece(v: &[u8]) -> Option<Piece<'_>> {
+    match *v.first()? as usize {
+        0 if v.len() >= CONT_HEADER => Some(Piece::Cont {
+            head: u16::from_le_bytes([v[1], v[2]]),
+            index: u16::from_le_bytes([v[3], v[4]]),
+            data: &v[CONT_HEADER..],
+        }),
+        0 => None,
+        nl if v.len() > nl => Some(Piece::Head {
+            name: &v[1..1 + nl],
+            data: &v[1 + nl..],
+        }),
+        _ => None,
+    }
+}
+
+/// A continuation as (head's counter, index, data).
+pub type Cont<'a> = (u16, u16, &'a [u8]);
+
+/// Join the fragments of the value whose head has counter `head`:
+/// `conts` are the bucket's continuations. Fails when an index is
+/// missing or repeated or the value is too long.
+pub fn assemble(
+    first: &[u8],
+    head: u16,
+    conts: &[(u16, u16, &[u8])],
+) -> std::result::Result<Vec<u8>, String> {
+    let mut mine: Vec<_> = conts.iter().filter(|c| c.0 == head).collect();
+    mine.sort_by_key(|c| c.1);
+    let mut v = first.to_vec();
+    for (i, c) in mine.iter().enumerate() {
+        if c.1 as usize != i + 1 {
+            return Err(format!("fragment {} where {} was expected", c.1, i + 1));
+        }
+        v.extend_from_slice(c.2);
+    }
+    if v.len() > XATTR_VALUE_MAX {
+        return Err(format!(
+            "value of {} bytes exceeds {XATTR_VALUE_MAX}",
+            v.len()
+        ));
+    }
+    Ok(v)
+}
+
+/// An attribute found in its bucket.
+struct Found {
+    key: u64,
+    value: Vec<u8>,
+    /// Keys of its continuations.
+    conts: Vec<u64>,
+}
+
 impl Inner {
-    /// (key, value) of attribute `name`, and the keys in its hash bucket.
-    fn xattr_find(&mut self, ino: u64, name: &[u8]) -> Result<(Option<Entry>, Vec<u64>)> {
+    /// Attribute `name`, and every key in use in its hash bucket.
+    fn xattr_find(&mut self, ino: u64, name: &[u8]) -> Result<(Option<Found>, Vec<u64>)> {
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, cx) = self.with(ino)?;
         let base = name_key(name);
-        let mut keys = Vec::new();
-        let mut found = None;
-        for (k, v) in ip.xattr_tree(ag).scan(cx.meta, ip.d.xattr_root, base, 1)? {
-            if k > base | 0xffff {
-                break;
-            }
-            keys.push(k);
-            let nl = *v
-                .first()
-                .ok_or_else(|| Error::corrupted("xattr", ino, "empty xattr entry"))?
-                as usize;
-            if v.len() < 1 + nl {
-                return Err(Error::corrupted(
-                    "xattr",
-                    ino,
-                    format!("inode {ino}: xattr entry shorter than its name"),
-                ));
-            }
-            if &v[1..1 + nl] == name {
-                found = Some((k, v[1 + nl..].to_vec()));
+        let bad = |why: &str| Error::corrupted("xattr", ino, format!("inode {ino}: {why}"));
+        // The bucket, one leaf at a time (a large value's fragments fill
+        // a leaf each).
+        let tree = ip.xattr_tree(ag);
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut from = base;
+        loop {
+            let batch = tree.scan(cx.meta, ip.d.xattr_root, from, 1)?;
+            let more = batch.last().is_some_and(|(k, _)| *k < base | 0xffff);
+            entries.extend(batch.into_iter().take_while(|(k, _)| *k <= base | 0xffff));
+            match entries.last() {
+                Some((k, _)) if more => from = k + 1,
+                _ => break,
             }
         }
-        Ok((found, keys))
+        let keys = entries.iter().map(|(k, _)| *k).collect();
+        let mut head = None;
+        let mut conts = Vec::new();
+        for (k, v) in &entries {
+            match piece(v).ok_or_else(|| bad("malformed xattr entry"))? {
+                Piece::Head { name: n, data } if n == name => head = Some((*k, data)),
+                Piece::Head { .. } => {}
+                Piece::Cont { head, index, data } => conts.push((*k, head, index, data)),
+            }
+        }
+        let Some((key, first)) = head else {
+            return Ok((None, keys));
+        };
+        let c = (key & 0xffff) as u16;
+        let list: Vec<_> = conts.iter().map(|&(_, h, i, d)| (h, i, d)).collect();
+        let value = assemble(first, c, &list).map_err(|e| bad(&e))?;
+        let conts = conts.iter().filter(|x| x.1 == c).map(|x| x.0).collect();
+        Ok((Some(Found { key, value, conts }), keys))
     }
 
     pub fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         check(name)?;
         self.xattr_find(ino, name)?
             .0
-            .map(|(_, v)| v)
+            .map(|f| f.value)
             .ok_or(Error::NoAttr)
     }
 
+    /// Set an attribute. The POSIX ACLs are validated; setting the access
+    /// ACL sets the mode bits it implies and stores it only when it says
+    /// more than they do.
     pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         check(name)?;
-        if 1 + name.len() + value.len() > max_value_len(self.meta.geo.block_size) {
+        if value.len() > XATTR_VALUE_MAX {
             return Err(Error::AttrTooBig);
         }
-        let (found, keys) = self.xattr_find(ino, name)?;
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            let a = Acl::decode(value)?;
+            let (ip, mut cx) = self.with(ino)?;
+            if name == acl::DEFAULT && ip.kind() != FileType::Dir {
+                return Err(Error::Invalid("a default ACL on a non-directory".into()));
+            }
+            if name == acl::ACCESS {
+                ip.d.mode = (ip.d.mode & !0o777) | a.mode();
+                ip.touch_ctime();
+                ip.store(&mut cx)?;
+                if a.is_minimal() {
+                    return match self.removexattr(ino, name) {
+                        Err(Error::NoAttr) => Ok(()),
+                        r => r,
+                    };
+                }
+            }
+        }
+        self.xattr_put(ino, name, value, flags)
+    }
+
+    /// Store `value` under `name` as it is.
+    pub(super) fn xattr_put(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let (found, mut keys) = self.xattr_find(ino, name)?;
         if found.is_some() && flags & XATTR_CREATE != 0 {
             return Err(Error::Exists);
         }
@@ -73,22 +196,39 @@ impl Inner {
             return Err(Error::NoAttr);
         }
         let base = name_key(name);
-        let key = match found {
-            Some((k, _)) => k,
-            None => (0..=0xffffu64)
-                .map(|c| base | c)
-                .find(|k| !keys.contains(k))
-                .ok_or(Error::NoSpace)?,
-        };
-        let mut v = Vec::with_capacity(1 + name.len() + value.len());
-        v.push(name.len() as u8);
-        v.extend_from_slice(name);
-        v.extend_from_slice(value);
         let ag = self.meta.geo.inode_ag(ino);
+        let max = max_value_len(self.meta.geo.block_size);
         let (ip, mut cx) = self.with(ino)?;
+        let tree = ip.xattr_tree(ag);
         let mut root = ip.d.xattr_root;
-        ip.xattr_tree(ag)
-            .insert(cx.meta, cx.alloc, &mut root, key, &v)?;
+        // The old value's continuations go; its head key stays.
+        if let Some(f) = &found {
+            for k in &f.conts {
+                tree.remove(cx.meta, cx.alloc, &mut root, *k)?;
+            }
+            keys.retain(|k| !f.conts.contains(k));
+        }
+        let mut free = (0..=0xffffu64)
+            .map(|c| base | c)
+            .filter(|k| !keys.contains(k));
+        let key = match &found {
+            Some(f) => f.key,
+            None => free.next().ok_or(Error::NoSpace)?,
+        };
+        let first = value.len().min(max - 1 - name.len());
+        let mut head = Vec::with_capacity(1 + name.len() + first);
+        head.push(name.len() as u8);
+        head.extend_from_slice(name);
+        head.extend_from_slice(&value[..first]);
+        tree.insert(cx.meta, cx.alloc, &mut root, key, &head)?;
+        for (i, chunk) in value[first..].chunks(max - CONT_HEADER).enumerate() {
+            let k = free.next().ok_or(Error::NoSpace)?;
+            let mut v = vec![0u8];
+            v.extend_from_slice(&((key & 0xffff) as u16).to_le_bytes());
+            v.extend_from_slice(&(i as u16 + 1).to_le_bytes());
+            v.extend_from_slice(chunk);
+            tree.insert(cx.meta, cx.alloc, &mut root, k, &v)?;
+        }
         ip.d.xattr_root = root;
         ip.touch_ctime();
         ip.store(&mut cx)
@@ -105,16 +245,18 @@ impl Inner {
             let Some(last) = batch.last().map(|(k, _)| *k) else {
                 return Ok(out);
             };
-            for (_, v) in batch {
-                let nl = v.first().copied().unwrap_or(0) as usize;
-                if v.len() < 1 + nl {
-                    return Err(Error::corrupted(
-                        "xattr",
-                        ino,
-                        format!("inode {ino}: xattr entry shorter than its name"),
-                    ));
+            for (_, v) in &batch {
+                match piece(v) {
+                    Some(Piece::Head { name, .. }) => out.push(name.to_vec()),
+                    Some(Piece::Cont { .. }) => {}
+                    None => {
+                        return Err(Error::corrupted(
+                            "xattr",
+                            ino,
+                            format!("inode {ino}: malformed xattr entry"),
+                        ))
+                    }
                 }
-                out.push(v[1..1 + nl].to_vec());
             }
             if last == u64::MAX {
                 return Ok(out);
@@ -126,14 +268,77 @@ impl Inner {
     pub fn removexattr(&mut self, ino: u64, name: &[u8]) -> Result<()> {
         check(name)?;
         let (found, _) = self.xattr_find(ino, name)?;
-        let (key, _) = found.ok_or(Error::NoAttr)?;
+        let f = found.ok_or(Error::NoAttr)?;
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
         let mut root = ip.d.xattr_root;
-        ip.xattr_tree(ag)
-            .remove(cx.meta, cx.alloc, &mut root, key)?;
+        let tree = ip.xattr_tree(ag);
+        for k in std::iter::once(f.key).chain(f.conts) {
+            tree.remove(cx.meta, cx.alloc, &mut root, k)?;
+        }
         ip.d.xattr_root = root;
         ip.touch_ctime();
         ip.store(&mut cx)
+    }
+
+    /// chmod of a node with an access ACL: its owner, mask and other
+    /// entries follow the new mode.
+    pub(super) fn acl_chmod(&mut self, ino: u64, mode: u32) -> Result<()> {
+        let v = match self.getxattr(ino, acl::ACCESS) {
+            Ok(v) => v,
+            Err(Error::NoAttr) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut a = Acl::decode(&v)?;
+        a.chmod(mode);
+        self.xattr_put(ino, acl::ACCESS, &a.encode(), XATTR_REPLACE)
+    }
+
+    /// The default ACL of directory `dir`, if it has one.
+    pub(super) fn default_acl(&mut self, dir: u64) -> Result<Option<Acl>> {
+        match self.getxattr(dir, acl::DEFAULT) {
+            Ok(v) => Acl::decode(&v).map(Some),
+            Err(Error::NoAttr) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_decode_and_refuse_short_entries() {
+        assert_eq!(
+            piece(b"\x03abcxyz"),
+            Some(Piece::Head {
+                name: b"abc",
+                data: b"xyz"
+            })
+        );
+        assert_eq!(
+            piece(&[0, 7, 0, 2, 0, 9]),
+            Some(Piece::Cont {
+                head: 7,
+                index: 2,
+                data: &[9]
+            })
+        );
+        assert_eq!(piece(b"\x05ab"), None);
+        assert_eq!(piece(&[0, 1]), None);
+        assert_eq!(piece(&[]), None);
+    }
+
+    #[test]
+    fn assembly_needs_every_fragment_in_order() {
+        let conts: Vec<(u16, u16, &[u8])> = vec![(3, 2, b"cc"), (3, 1, b"bb"), (4, 1, b"zz")];
+        assert_eq!(assemble(b"aa", 3, &conts).unwrap(), b"aabbcc");
+        assert_eq!(assemble(b"aa", 5, &conts).unwrap(), b"aa");
+        let gap: Vec<(u16, u16, &[u8])> = vec![(3, 2, b"cc")];
+        assert!(assemble(b"aa", 3, &gap).is_err());
+        let big = vec![0u8; XATTR_VALUE_MAX];
+        let over: Vec<(u16, u16, &[u8])> = vec![(0, 1, b"x")];
+        assert!(assemble(&big, 0, &over).is_err());
     }
 }
