@@ -8,12 +8,9 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 if command -v apt-get >/dev/null; then
   $SUDO apt-get update -qq
   # fuse3: fusermount3 and /etc/fuse.conf; build-essential/pkg-config: native crates.
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential pkg-config fuse3 fonts-dejavu-core >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential pkg-config fuse3 fonts-dejavu-core curl ca-certificates >/dev/null
 fi
-if ! command -v cargo >/dev/null; then
-  echo "setup: cargo not found: install Rust 1.85 or newer (rustup) and run again" >&2
-  exit 1
-fi
+. scripts/rust.sh
 cargo build --release --locked -p foliofs-cli
 # The command, and the helper that lets mount(8) and /etc/fstab use type fuse.foliofs.
 $SUDO install -m 0755 target/release/foliofs /usr/local/bin/foliofs

@@ -5,12 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr diffutils tar jq dpkg-dev fonts-dejavu-core"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
 fi
-command -v cargo >/dev/null || { echo "test: cargo not found (Rust 1.85+ needed)" >&2; exit 1; }
+. scripts/rust.sh
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -3,6 +3,7 @@
 mod bench;
 mod chart;
 mod fsx;
+mod logging;
 mod mount;
 mod target;
 
@@ -90,23 +91,31 @@ enum Cmd {
         /// Also verify every data block's checksum.
         #[arg(long)]
         data: bool,
+        /// Check without owning the image, even while it is mounted (results
+        /// may then be stale); never writes.
+        #[arg(short = 'n', long = "read-only", conflicts_with = "repair")]
+        read_only: bool,
         #[arg(long)]
         json: bool,
     },
-    /// Mount a file system with FUSE (in the background unless -f).
+    /// Mount a file system with FUSE (in the background unless -f). Exit 32 on failure.
     Mount {
         image: PathBuf,
         dir: PathBuf,
-        /// Options, comma-separated: ro, allow_other, cache_size=SIZE, page_cache=SIZE,
-        /// dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE, prealloc=on|off,
-        /// dio_cap=BLOCKS, dio_lock=shared|exclusive, threads=N, writeback_cache,
-        /// no_default_permissions.
+        /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE,
+        /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
+        /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
+        /// noatime, strictatime, nodiratime, threads=N, writeback_cache,
+        /// no_default_permissions, log=FILE, log_level=LEVEL.
         #[arg(short = 'o')]
         options: Vec<String>,
-        /// Stay in the foreground.
+        /// Stay in the foreground (messages on stderr).
         #[arg(short, long)]
         foreground: bool,
     },
+    /// Unmount a foliofs mount and wait until its daemon has written everything
+    /// and left the image clean. Exit 0 when clean, 32 otherwise.
+    Umount { dir: PathBuf },
     /// Run the seed workloads in A/B pairs on a fresh image (W1..W5 or all).
     Bench(bench::BenchArgs),
     /// Reliability harnesses: long seeded runs that check every result.
@@ -142,9 +151,19 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 }
 
 pub(crate) fn open(image: &Path, writable: bool) -> Result<Arc<FileDevice>> {
-    Ok(Arc::new(FileDevice::open(image, writable).with_context(
-        || format!("cannot open {}", image.display()),
-    )?))
+    Ok(Arc::new(
+        FileDevice::open(image, writable).map_err(|e| open_error(image, e))?,
+    ))
+}
+
+/// An error opening an image, for people: a busy image already names
+/// itself and its holder.
+pub(crate) fn open_error(image: &Path, e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::ResourceBusy {
+        anyhow::anyhow!("{e}")
+    } else {
+        anyhow::anyhow!("cannot open {}: {e}", image.display())
+    }
 }
 
 fn mkfs_cmd(
@@ -163,6 +182,7 @@ fn mkfs_cmd(
             "{} does not exist: give --size to create an image file",
             image.display()
         ),
+        Err(foliofs::Error::Io(e)) => return Err(open_error(image, e)),
         r => r.with_context(|| format!("cannot prepare {}", image.display()))?,
     };
     let pb = bar(0, "mkfs");
@@ -200,8 +220,30 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn fsck_cmd(image: &Path, repair: bool, data: bool, json: bool) -> Result<i32> {
-    let dev = open(image, repair)?;
+fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool) -> Result<i32> {
+    let dev = if read_only {
+        // Look without owning: warn when someone else has the image.
+        if let Ok(Some(h)) = foliofs::device::lock::probe(image) {
+            log::warn!(
+                "{} is in use by {h}: it may change while it is checked, so \
+                 problems reported may be stale",
+                image.display()
+            );
+        }
+        Arc::new(
+            FileDevice::open_with(
+                image,
+                &foliofs::device::DeviceOptions {
+                    writable: false,
+                    lock: false,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| open_error(image, e))?,
+        )
+    } else {
+        open(image, repair)?
+    };
     let pb = bar(0, "inodes");
     let r = fsck(
         dev,
@@ -250,7 +292,8 @@ fn fsck_cmd(image: &Path, repair: bool, data: bool, json: bool) -> Result<i32> {
 }
 
 fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
-    let dev = open(image, false)?;
+    let dev = open(image, false)
+        .map_err(|e| e.context("a mounted image's counters: foliofs stat --mount DIR"))?;
     let fs = Fs::mount(
         dev,
         MountOptions {
@@ -344,9 +387,16 @@ fn main() -> ExitCode {
         let args: Vec<String> = std::env::args().skip(1).collect();
         let r = mount::helper_args(&args)
             .and_then(|(img, dir, opts, fg)| mount_cmd(&img, &dir, &opts, fg, ready));
-        return finish(r.map(|()| 0));
+        return finish(r.map(|()| 0), MOUNT_FAILED);
     }
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Mount { .. }) {
+        let _ = logging::init(&logging::Sink::Stderr, log::LevelFilter::Warn);
+    }
+    let fail = match cli.cmd {
+        Cmd::Mount { .. } | Cmd::Umount { .. } => MOUNT_FAILED,
+        _ => 8,
+    };
     let r = match cli.cmd {
         Cmd::Mkfs {
             image,
@@ -375,8 +425,10 @@ fn main() -> ExitCode {
             image,
             repair,
             data,
+            read_only,
             json,
-        } => fsck_cmd(&image, repair, data, json),
+        } => fsck_cmd(&image, repair, data, read_only, json),
+        Cmd::Umount { dir } => mount::umount(&dir),
         Cmd::Stat {
             mount: Some(dir), ..
         } => mounted_counters(&dir).map(|_| 0),
@@ -426,8 +478,11 @@ fn main() -> ExitCode {
             Ok(0)
         }),
     };
-    finish(r)
+    finish(r, fail)
 }
+
+/// mount(8)'s exit code for a failed mount; umount(8) uses it too.
+const MOUNT_FAILED: u8 = 32;
 
 /// `foliofs torture crash`: rounds of the crash harness until `states`
 /// states (or `rounds` rounds) are checked.
@@ -467,12 +522,13 @@ fn torture_crash(
     Ok(0)
 }
 
-fn finish(r: Result<i32>) -> ExitCode {
+/// The exit code: the command's own, or `fail` after printing the error.
+fn finish(r: Result<i32>, fail: u8) -> ExitCode {
     match r {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("foliofs: {e:#}");
-            ExitCode::from(8)
+            ExitCode::from(fail)
         }
     }
 }
@@ -485,10 +541,30 @@ fn mount_cmd(
     ready: Option<std::os::fd::OwnedFd>,
 ) -> Result<()> {
     let o = mount::parse_options(options)?;
+    // A daemon (started by `spawn`, holding the ready pipe) logs to
+    // syslog; in the foreground, to stderr; -o log=FILE wins over both.
+    let sink = match (&o.log_file, foreground) {
+        (Some(f), _) => logging::Sink::File(f.clone()),
+        (None, true) if ready.is_some() => logging::Sink::Syslog,
+        (None, true) => logging::Sink::Stderr,
+        (None, false) => logging::Sink::Stderr,
+    };
+    let level = if foreground {
+        o.log_level
+    } else {
+        log::LevelFilter::Warn
+    };
+    match logging::init(&sink, level) {
+        // No syslog socket: stderr (the spawner warned about it).
+        Err(_) if sink == logging::Sink::Syslog => {
+            let _ = logging::init(&logging::Sink::Stderr, level);
+        }
+        r => r?,
+    }
     if foreground {
         mount::serve(image, dir, &o, ready)
     } else {
-        mount::spawn(image, dir, options)
+        mount::spawn(image, dir, options, &o)
     }
 }
 

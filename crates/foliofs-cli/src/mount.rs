@@ -1,13 +1,28 @@
-//! `foliofs mount IMAGE DIR [-o OPTIONS] [-f]`, and the same as the
-//! `mount.fuse.foliofs` helper that mount(8) and /etc/fstab call.
+//! `foliofs mount IMAGE DIR [-o OPTIONS] [-f]`, the same as the
+//! `mount.fuse.foliofs` helper that mount(8) and /etc/fstab call, and
+//! `foliofs umount DIR`.
 //!
 //! Without -f the command starts a copy of itself in the background
 //! (`--foreground`, its own session) and returns once that copy has
 //! mounted, or prints why it could not. The mounted process unmounts
 //! cleanly on SIGTERM, SIGINT or SIGHUP, and when the mount point is
 //! unmounted from outside, writing everything back first.
+//!
+//! The daemon owns the image from before it mounts until after its last
+//! write and close (see `foliofs::device::lock`): a second mount, fsck or
+//! mkfs of a mounted image fails at once, and one that comes right after
+//! umount(8) waits for the daemon to finish instead of reading a
+//! half-written image. `foliofs umount DIR` unmounts and returns only once
+//! the daemon has finished and the image is clean.
+//!
+//! A mount made by root serves every user (allow_other), with the kernel
+//! checking permissions and POSIX ACLs (default_permissions), as fuse2fs
+//! does; `-o noallow_other` keeps it to root.
 
+use crate::logging;
 use anyhow::{bail, Context, Result};
+use foliofs::device::lock;
+use foliofs::device::{DeviceOptions, FileDevice};
 use foliofs::fs::ENGINE_OPTIONS;
 use foliofs::{Fs, MountOptions};
 use foliofs_fuse::FuseFs;
@@ -18,17 +33,31 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Parsed `-o` options.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub engine: MountOptions,
-    pub allow_other: bool,
+    /// None: on for root (the mount serves every user), off otherwise.
+    pub allow_other: Option<bool>,
     pub allow_root: bool,
     pub default_permissions: bool,
     pub threads: usize,
     /// The kernel's FUSE writeback cache (`-o writeback_cache`).
     pub writeback_cache: bool,
+    /// `-o log=FILE`: the daemon logs there instead of syslog/stderr.
+    pub log_file: Option<PathBuf>,
+    pub log_level: log::LevelFilter,
+}
+
+impl Options {
+    /// allow_other as it applies to this process: root mounts serve every
+    /// user unless told otherwise.
+    pub fn allow_other(&self) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        self.allow_other.unwrap_or(unsafe { libc::geteuid() } == 0) && !self.allow_root
+    }
 }
 
 /// Options mount(8) passes along that mean nothing to foliofs.
@@ -42,13 +71,8 @@ const IGNORED: &[&str] = &[
     "owner",
     "_netdev",
     "nofail",
-    "relatime",
-    "norelatime",
-    "strictatime",
-    "noatime",
-    "atime",
-    "nodiratime",
     "lazytime",
+    "nolazytime",
     "dev",
     "nodev",
     "suid",
@@ -67,11 +91,13 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         .clamp(2, 16);
     let mut o = Options {
         engine: MountOptions::default(),
-        allow_other: false,
+        allow_other: None,
         allow_root: false,
         default_permissions: true,
         threads,
         writeback_cache: false,
+        log_file: None,
+        log_level: log::LevelFilter::Info,
     };
     for opt in list
         .iter()
@@ -88,7 +114,10 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             Err(e) => bail!("-o {e}"),
         }
         match (k, v) {
-            ("allow_other", None) => o.allow_other = true,
+            ("allow_other", None) => o.allow_other = Some(true),
+            ("noallow_other", None) => o.allow_other = Some(false),
+            ("log", Some(f)) if !f.is_empty() => o.log_file = Some(absolute(Path::new(f))?),
+            ("log_level", Some(l)) => o.log_level = logging::parse_level(l)?,
             ("allow_root", None) => o.allow_root = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
@@ -105,30 +134,53 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
             _ => bail!(
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
-                 allow_root, default_permissions, no_default_permissions, writeback_cache, \
-                 no_writeback_cache, threads=N)"
+                 noallow_other, allow_root, default_permissions, no_default_permissions, \
+                 writeback_cache, no_writeback_cache, threads=N, log=FILE, \
+                 log_level=error|warn|info|debug)"
             ),
         }
     }
-    if o.allow_other && o.allow_root {
+    if o.allow_other == Some(true) && o.allow_root {
         bail!("allow_other and allow_root exclude each other");
     }
     Ok(o)
 }
 
+/// `p` made absolute against the current directory (the daemon may run
+/// elsewhere), without requiring it to exist.
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("{}", p.display()))
+}
+
 /// Mount in this process and serve until unmounted. `ready` (a pipe) hears
-/// "ok" once the mount is up, or the error that stopped it.
+/// "ok" once the mount is up, or the error that stopped it. The image is
+/// owned (locked) from before the mount until this returns, after the
+/// daemon's last write and close.
 pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> Result<()> {
     let mut ready = ready.map(std::fs::File::from);
+    let dir = &dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let r = (|| -> Result<_> {
         let meta =
             std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
         if !meta.is_dir() {
             bail!("mount point {} is not a directory", dir.display());
         }
-        let dev = crate::open(image, !o.engine.read_only)?;
+        // The mount's source names the image by its absolute path, so that
+        // openers of the image find the mount (see `device::lock`).
+        let image = image
+            .canonicalize()
+            .with_context(|| format!("cannot open {}", image.display()))?;
+        let dev = FileDevice::open_with(
+            &image,
+            &DeviceOptions {
+                writable: !o.engine.read_only,
+                daemon: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| crate::open_error(&image, e))?;
         let fs = Arc::new(
-            Fs::mount(dev, o.engine.clone())
+            Fs::mount(Arc::new(dev), o.engine.clone())
                 .with_context(|| format!("cannot mount {}", image.display()))?,
         );
         let mut cfg = Config::default();
@@ -144,7 +196,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         if o.default_permissions {
             cfg.mount_options.push(MountOption::DefaultPermissions);
         }
-        cfg.acl = if o.allow_other {
+        cfg.acl = if o.allow_other() {
             SessionACL::All
         } else if o.allow_root {
             SessionACL::RootAndOwner
@@ -154,16 +206,26 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         cfg.n_threads = Some(o.threads);
         cfg.clone_fd = true;
         let session = fuser::Session::new(
-            FuseFs::new(fs.clone()).with_writeback_cache(o.writeback_cache),
+            FuseFs::new(fs.clone())
+                .with_writeback_cache(o.writeback_cache)
+                .with_posix_acl(o.default_permissions),
             dir,
             &cfg,
         )
         .with_context(|| format!("cannot mount on {}", dir.display()))?;
+        log::info!(
+            "mounted {} on {} ({}{})",
+            image.display(),
+            dir.display(),
+            if o.engine.read_only { "ro" } else { "rw" },
+            if o.allow_other() { ", allow_other" } else { "" }
+        );
         Ok((fs, session))
     })();
     let (fs, mut session) = match r {
         Ok(v) => v,
         Err(e) => {
+            log::error!("{e:#}");
             if let Some(p) = ready.as_mut() {
                 let _ = writeln!(p, "{e:#}");
             }
@@ -191,14 +253,107 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         Ok(fs) => fs,
         Err(_) => bail!("file system still referenced after the session ended"),
     };
-    fs.unmount().context("unmount")?;
+    // Write everything back and mark the image clean; the image is closed
+    // (and its lock released) when `fs` is dropped at the end of this.
+    match fs.unmount() {
+        Ok(()) => log::info!("unmounted {}: written back, clean", dir.display()),
+        Err(e) => {
+            log::error!("unmount of {} failed: {e}", dir.display());
+            return Err(e).context("unmount");
+        }
+    }
     served.context("FUSE session")?;
     Ok(())
 }
 
+/// How long `foliofs umount` waits for the daemon to finish.
+pub const UMOUNT_WAIT: Duration = lock::DEFAULT_WAIT;
+
+/// `foliofs umount DIR`: unmount a foliofs mount and return once its daemon
+/// has written everything, closed the image and left it clean. Ok(0) when
+/// clean; an error (exit 32, as umount(8)) otherwise.
+pub fn umount(dir: &Path) -> Result<i32> {
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("{}", dir.display()))?;
+    let Some(m) = lock::fuse_mounts()
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == dir)
+    else {
+        bail!("{} is not a FUSE mount", dir.display());
+    };
+    let image = PathBuf::from(&m.source);
+    let holder = match lock::probe(&image) {
+        Ok(Some(h)) if h.daemon => h,
+        _ => bail!(
+            "{} is not a foliofs mount (its source {} is not an image held by a foliofs daemon)",
+            dir.display(),
+            m.source
+        ),
+    };
+    detach(&dir)?;
+    // The image's lock is released after the daemon's last write and
+    // close: owning it proves the daemon has finished.
+    let dev = FileDevice::open_with(
+        &image,
+        &DeviceOptions {
+            writable: false,
+            wait: UMOUNT_WAIT,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| crate::open_error(&image, e))?;
+    let sb = foliofs::meta::read_superblock(&dev)
+        .with_context(|| format!("reading {} after the unmount", image.display()))?;
+    if m.read_only || sb.flags & foliofs::format::superblock::FLAG_CLEAN != 0 {
+        return Ok(0);
+    }
+    bail!(
+        "{} was unmounted, but its daemon ({holder}) did not finish cleanly: \
+         {} needs journal replay (see the daemon's log; fsck or the next mount replays it)",
+        dir.display(),
+        image.display()
+    )
+}
+
+/// Unmount DIR: umount2(2) as root, fusermount3 otherwise.
+fn detach(dir: &Path) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            bail!(
+                "cannot unmount {}: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        return Ok(());
+    }
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(dir)
+        .status()
+        .context("cannot run fusermount3 (Debian package fuse3)")?;
+    if !st.success() {
+        bail!("fusermount3 -u {} failed ({st})", dir.display());
+    }
+    Ok(())
+}
+
 /// Start `foliofs mount --foreground` in the background and wait until it
-/// reports the mount up (or fails).
-pub fn spawn(image: &Path, dir: &Path, opts: &[String]) -> Result<()> {
+/// reports the mount up (or fails). Its messages go to syslog, or to
+/// `-o log=FILE`; without either it says so here, once.
+pub fn spawn(image: &Path, dir: &Path, opts: &[String], o: &Options) -> Result<()> {
+    if o.log_file.is_none() && !logging::syslog_available() {
+        log::warn!(
+            "no syslog socket (/dev/log): the mount daemon's messages are dropped; \
+             use -o log=FILE to keep them"
+        );
+    }
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -291,7 +446,10 @@ mod tests {
         assert_eq!(w.engine.cache_bytes, 64 << 20);
         assert!(w.engine.no_prealloc);
         assert!(parse_options(&["wb_contexts=0".into()]).is_err());
-        assert!(o.engine.read_only && o.allow_other && o.default_permissions);
+        assert!(o.engine.read_only && o.allow_other() && o.default_permissions);
+        let n = parse_options(&["noallow_other,noatime,log_level=debug".into()]).unwrap();
+        assert!(!n.allow_other(), "noallow_other turns it off, root or not");
+        assert_eq!(n.engine.atime, foliofs::fs::Atime::Noatime);
         assert_eq!(o.engine.dio_max_blocks, 1);
         assert_eq!(o.engine.dirty_limit_bytes, 8 << 20);
         assert!(parse_options(&["bogus".into()]).is_err());

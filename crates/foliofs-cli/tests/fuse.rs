@@ -568,3 +568,411 @@ fn helper_daemon_and_sigterm() {
     assert!(std::fs::write(m2.path("nope"), b"x").is_err());
     m2.unmount_and_check();
 }
+
+/// `foliofs mount IMG DIR` (daemonized): returns once the mount is up.
+fn mount_daemon(img: &Path, dir: &Path, opts: &str) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("mount").arg(img).arg(dir);
+    if !opts.is_empty() {
+        cmd.args(["-o", opts]);
+    }
+    run(&mut cmd);
+    assert!(is_mounted(dir));
+}
+
+fn as_nobody(script: &str) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "nobody", "--", "sh", "-c", script])
+        .current_dir("/")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn one_owner_per_image() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("owner", "");
+    let other = m.dir.parent().unwrap().join("mnt2");
+    std::fs::create_dir_all(&other).unwrap();
+    let canon_dir = m.dir.canonicalize().unwrap();
+    // A second mount: refused at once, exit 32, naming image and holder.
+    let out = Command::new(BIN)
+        .arg("mount")
+        .arg(&m.img)
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(32), "second mount: {err}");
+    assert!(
+        err.contains("in use by pid") && err.contains(&canon_dir.display().to_string()),
+        "{err}"
+    );
+    assert!(!is_mounted(&other));
+    // fsck of the mounted image: refused, exit 8; mkfs too.
+    let out = Command::new(BIN).arg("fsck").arg(&m.img).output().unwrap();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by pid"));
+    let out = Command::new(BIN)
+        .args(["mkfs", "-f"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // fsck -n runs, with a warning that its results may be stale.
+    let out = Command::new(BIN)
+        .args(["fsck", "-n"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stale"));
+    std::fs::write(m.path("still"), b"here").unwrap();
+    m.unmount_and_check();
+    // Once unmounted, the image is free again.
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("still")).unwrap(), b"here");
+    m.unmount_and_check();
+}
+
+/// What scripts and test suites do: umount(8), then mount at once.
+#[test]
+fn umount_then_mount_at_once_200_cycles() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("cycle", "");
+    m.unmount_and_check();
+    let (img, dir) = (m.img.clone(), m.dir.clone());
+    mount_daemon(&img, &dir, "");
+    for i in 0..200u32 {
+        let files: Vec<(PathBuf, Vec<u8>)> = (0..4u32)
+            .map(|j| {
+                let data: Vec<u8> = (0..20_000 + 997 * j)
+                    .map(|k| (k.wrapping_mul(31) ^ i ^ (j << 3)) as u8)
+                    .collect();
+                (dir.join(format!("d{i}-f{j}")), data)
+            })
+            .collect();
+        std::fs::create_dir(dir.join(format!("sub{i}"))).unwrap();
+        for (p, d) in &files {
+            std::fs::write(p, d).unwrap();
+        }
+        run(Command::new("umount").arg(&dir));
+        mount_daemon(&img, &dir, "");
+        for (p, d) in &files {
+            assert_eq!(&std::fs::read(p).unwrap(), d, "cycle {i}: {}", p.display());
+            std::fs::remove_file(p).unwrap();
+        }
+        std::fs::remove_dir(dir.join(format!("sub{i}"))).unwrap();
+    }
+    // `foliofs umount` returns only when the daemon has finished: fsck at
+    // once finds a clean image.
+    run(Command::new(BIN).arg("umount").arg(&dir));
+    assert!(!is_mounted(&dir));
+    fsck(&img);
+    let out = Command::new(BIN).arg("umount").arg(&dir).output().unwrap();
+    assert!(!out.status.success(), "umount of what is not mounted fails");
+}
+
+#[test]
+fn root_mount_serves_other_users_by_default() {
+    if !fuse_ready(&["runuser"]) {
+        return;
+    }
+    // No allow_other given: a root mount allows other users (the kernel
+    // checks permissions); noallow_other turns that off.
+    let mut m = Mounted::new("others", "");
+    std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(m.path("open"), b"readable").unwrap();
+    std::fs::set_permissions(m.path("open"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(m.path("closed"), b"secret").unwrap();
+    std::fs::set_permissions(m.path("closed"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let d = m.dir.display().to_string();
+    let out = as_nobody(&format!("cat {d}/open"));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"readable");
+    assert!(!as_nobody(&format!("cat {d}/closed")).status.success());
+    m.remount("noallow_other");
+    assert!(!as_nobody(&format!("cat {d}/open")).status.success());
+    m.unmount_and_check();
+}
+
+#[test]
+fn xattr_of_64k_through_setfattr_and_a_remount() {
+    if !fuse_ready(&["setfattr", "getfattr", "base64"]) {
+        return;
+    }
+    let mut m = Mounted::new("xattr64k", "");
+    let f = m.path("f");
+    std::fs::write(&f, b"x").unwrap();
+    let value: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let b64 = |v: &[u8]| {
+        let mut c = Command::new("base64")
+            .arg("-w0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(v).unwrap();
+        String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let set = |name: &str, v: &[u8]| {
+        Command::new("setfattr")
+            .args(["-n", name, "-v", &format!("0s{}", b64(v))])
+            .arg(&f)
+            .output()
+            .unwrap()
+    };
+    let get = |name: &str| {
+        let out = Command::new("getfattr")
+            .args(["--only-values", "-n", name])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "getfattr {name}: {out:?}");
+        out.stdout
+    };
+    let same = |got: Vec<u8>, want: &[u8]| {
+        assert!(
+            got == want,
+            "value of {} bytes read back as {} bytes, or differs",
+            want.len(),
+            got.len()
+        )
+    };
+    assert!(set("user.big", &value).status.success());
+    assert!(set("user.small", b"tiny").status.success());
+    same(get("user.big"), &value);
+    // One byte over XATTR_SIZE_MAX is refused (by the kernel or by us).
+    let mut over = value.clone();
+    over.push(1);
+    assert!(!set("user.over", &over).status.success());
+    // Shrink and grow again: no fragment of the old value survives.
+    assert!(set("user.big", &value[..5000]).status.success());
+    same(get("user.big"), &value[..5000]);
+    assert!(set("user.big", &value).status.success());
+    m.remount("");
+    same(get("user.big"), &value);
+    same(get("user.small"), b"tiny");
+    let names = run(Command::new("getfattr")
+        .args(["-d", "-m", "user\\."])
+        .arg(&f));
+    assert!(names.contains("user.big") && names.contains("user.small") && !names.contains("over"));
+    run(Command::new("setfattr").args(["-x", "user.big"]).arg(&f));
+    m.unmount_and_check();
+}
+
+#[test]
+fn replaced_by_rename_while_open() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::io::{Read, Seek};
+    let mut m = Mounted::new("rename-open", "");
+    std::fs::write(m.path("a"), b"new contents").unwrap();
+    std::fs::write(m.path("b"), vec![7u8; 300_000]).unwrap();
+    let mut f = std::fs::File::open(m.path("b")).unwrap();
+    let ino = f.metadata().unwrap().ino();
+    std::fs::rename(m.path("a"), m.path("b")).unwrap();
+    // The descriptor still has the replaced file: fstat and read work.
+    let st = f.metadata().unwrap();
+    assert_eq!((st.ino(), st.len(), st.nlink()), (ino, 300_000, 0));
+    let mut all = Vec::new();
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut all).unwrap();
+    assert_eq!(all, vec![7u8; 300_000]);
+    assert_eq!(std::fs::read(m.path("b")).unwrap(), b"new contents");
+    // The same for a directory replaced while open.
+    std::fs::create_dir(m.path("d1")).unwrap();
+    std::fs::create_dir(m.path("d2")).unwrap();
+    let d = std::fs::File::open(m.path("d2")).unwrap();
+    std::fs::rename(m.path("d1"), m.path("d2")).unwrap();
+    assert!(d.metadata().unwrap().is_dir());
+    drop(d);
+    drop(f);
+    // Freed at last close: fsck (in unmount_and_check) finds no leak,
+    // and the space is back.
+    m.unmount_and_check();
+}
+
+#[test]
+fn atime_follows_relatime_noatime_and_strictatime() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let atime = |p: &Path| {
+        let st = std::fs::metadata(p).unwrap();
+        (st.atime(), st.atime_nsec())
+    };
+    let set_times = |p: &Path, a: i64, mt: i64| {
+        let ts = [
+            libc::timespec {
+                tv_sec: a,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: mt,
+                tv_nsec: 0,
+            },
+        ];
+        // SAFETY: a valid path and two timespecs.
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, cstr(p).as_ptr(), ts.as_ptr(), 0) };
+        assert_eq!(r, 0);
+    };
+    let read = |p: &Path| {
+        // Through the engine each time: drop the kernel's cached pages.
+        let f = std::fs::File::open(p).unwrap();
+        // SAFETY: advice on an open descriptor.
+        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 4) };
+        drop(f);
+        std::fs::read(p).unwrap()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut m = Mounted::new("atime", "");
+    let f = m.path("f");
+    std::fs::write(&f, b"data").unwrap();
+    // relatime: atime older than mtime is updated by a read...
+    set_times(&f, now - 100, now - 50);
+    read(&f);
+    let a1 = atime(&f);
+    assert!(a1.0 >= now - 1, "relatime updates a stale atime: {a1:?}");
+    // ...but a recent atime newer than mtime and ctime is left alone.
+    set_times(&f, now - 10, now - 3600);
+    // (utimensat set ctime to now, so atime is older than ctime: read
+    // once to settle, then check the next read keeps it.)
+    read(&f);
+    let a2 = atime(&f);
+    std::thread::sleep(Duration::from_millis(1100));
+    read(&f);
+    assert_eq!(atime(&f), a2, "relatime leaves a fresh atime");
+    // An atime a day old is updated even when newer than mtime.
+    set_times(&f, now - 2 * 86400, now - 3 * 86400);
+    std::thread::sleep(Duration::from_millis(1100));
+    read(&f);
+    assert!(atime(&f).0 >= now, "a day-old atime is updated");
+    m.remount("noatime");
+    set_times(&f, now - 100, now - 50);
+    read(&f);
+    assert_eq!(atime(&f).0, now - 100, "noatime never updates");
+    m.remount("strictatime");
+    read(&f);
+    let s1 = atime(&f);
+    assert!(s1.0 >= now);
+    std::thread::sleep(Duration::from_millis(1100));
+    read(&f);
+    assert!(atime(&f) > s1, "strictatime updates on every read");
+    m.unmount_and_check();
+}
+
+#[test]
+fn posix_acls_are_enforced_and_inherited() {
+    if !fuse_ready(&["runuser", "setfacl", "getfacl"]) {
+        return;
+    }
+    let mut m = Mounted::new("acl", "");
+    std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = m.path("secret");
+    std::fs::write(&f, b"for nobody").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cat = format!("cat {}", f.display());
+    assert!(!as_nobody(&cat).status.success(), "0600: nobody is refused");
+    run(Command::new("setfacl").args(["-m", "u:nobody:r"]).arg(&f));
+    let out = as_nobody(&cat);
+    assert!(
+        out.status.success(),
+        "a named-user entry grants read: {out:?}"
+    );
+    assert_eq!(out.stdout, b"for nobody");
+    // The mask shows as the group bits, and limits the named entry.
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o640);
+    run(Command::new("setfacl").args(["-m", "m::-"]).arg(&f));
+    assert!(!as_nobody(&cat).status.success(), "the mask denies");
+    // chmod moves the mask, as on ext4.
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert!(
+        as_nobody(&cat).status.success(),
+        "chmod g+r restores the mask"
+    );
+    // A default ACL is inherited, with no umask applied.
+    let d = m.path("shared");
+    std::fs::create_dir(&d).unwrap();
+    run(Command::new("setfacl")
+        .args(["-d", "-m", "u:nobody:rwx"])
+        .arg(&d));
+    run(Command::new("sh").args([
+        "-c",
+        &format!(
+            "umask 077 && echo x > {0}/new && mkdir {0}/sub",
+            d.display()
+        ),
+    ]));
+    let acl = run(Command::new("getfacl").arg(d.join("new")));
+    assert!(acl.contains("user:nobody:rwx\t#effective:rw-"), "{acl}");
+    assert_eq!(
+        std::fs::metadata(d.join("new")).unwrap().mode() & 0o777,
+        0o664,
+        "the default ACL, not the umask, decides"
+    );
+    let sub = run(Command::new("getfacl").arg(d.join("sub")));
+    assert!(sub.contains("default:user:nobody:rwx"), "{sub}");
+    let w = as_nobody(&format!("echo more >> {}/new", d.display()));
+    assert!(w.status.success(), "{w:?}");
+    m.remount("");
+    assert!(as_nobody(&cat).status.success(), "ACLs survive a remount");
+    m.unmount_and_check();
+}
+
+#[test]
+fn a_flipped_data_byte_is_logged_with_inode_offset_and_address() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::io::{Read, Seek, Write};
+    let mut m = Mounted::new("csumlog", "");
+    let log = m.dir.parent().unwrap().join("daemon.log");
+    let marker = b"foliofs-flip-me!";
+    let block: Vec<u8> = marker.iter().copied().cycle().take(4096).collect();
+    let mut data = vec![0x5au8; 8192];
+    data.extend_from_slice(&block);
+    std::fs::write(m.path("victim"), &data).unwrap();
+    let ino = std::fs::metadata(m.path("victim")).unwrap().ino();
+    m.unmount_and_check();
+    // Find the third block on the device and flip one of its bytes.
+    let mut img = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&m.img)
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut addr = None;
+    let mut pos = 0u64;
+    while addr.is_none() {
+        let n = img.read(&mut buf).unwrap();
+        assert!(n > 0, "data block not found in the image");
+        addr = (0..n / 4096)
+            .find(|i| buf[i * 4096..(i + 1) * 4096] == block[..])
+            .map(|i| pos / 4096 + i as u64);
+        pos += n as u64;
+    }
+    let addr = addr.unwrap();
+    img.seek(std::io::SeekFrom::Start(addr * 4096 + 100))
+        .unwrap();
+    img.write_all(b"X").unwrap();
+    drop(img);
+    m.mount(&format!("log={}", log.display()));
+    let e = std::fs::read(m.path("victim")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let want = format!("inode {ino} offset 8192 device block {addr}");
+    let lines: Vec<_> = text.lines().filter(|l| l.contains(&want)).collect();
+    assert!(!lines.is_empty(), "no log line with {want:?} in:\n{text}");
+    assert!(lines[0].contains("checksum"), "{}", lines[0]);
+    drop(m);
+}
