@@ -35,7 +35,7 @@ use crate::format::inode::FLAG_PREALLOC;
 /// Largest file offset: keeps block arithmetic far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
 /// Largest device I/O writeback and reads issue (1 MiB at 4 KiB blocks).
-const MAX_IO_BLOCKS: u64 = 256;
+pub(super) const MAX_IO_BLOCKS: u64 = 256;
 
 impl Inode {
     /// Read `count` mapped blocks starting at file block `lblk` (device

@@ -693,6 +693,17 @@ impl Fs {
         self.s.inner.lock().getattr(ino)
     }
 
+    /// One metadata change: under the metadata lock, on a writable file
+    /// system, shut down if it fails half way (`Inner::guarded`), then
+    /// commit if the running transaction is due.
+    fn mutate<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+        let mut g = self.s.inner.lock();
+        g.check_writable()?;
+        let r = g.guarded(f);
+        g.maybe_commit()?;
+        r
+    }
+
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
         // A size change is a truncate: exclusive, after in-flight I/O.
         let _io = set
@@ -724,11 +735,7 @@ impl Fs {
         gid: u32,
         rdev: u32,
     ) -> Result<Attr> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None))
     }
 
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
@@ -747,9 +754,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| {
+        self.mutate(|g| {
             g.create(
                 parent,
                 name,
@@ -761,9 +766,7 @@ impl Fs {
                 0,
                 Some(target),
             )
-        });
-        g.maybe_commit()?;
-        r
+        })
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -771,27 +774,15 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.link(ino, parent, name));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.link(ino, parent, name))
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.unlink(parent, name, false));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.unlink(parent, name, false))
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.unlink(parent, name, true));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.unlink(parent, name, true))
     }
 
     /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE flags.
@@ -803,11 +794,7 @@ impl Fs {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.rename(parent, name, new_parent, new_name, flags));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.rename(parent, name, new_parent, new_name, flags))
     }
 
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
@@ -1079,11 +1066,7 @@ impl Fs {
 
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if not.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.setxattr(ino, name, value, flags));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.setxattr(ino, name, value, flags))
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
@@ -1091,11 +1074,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        let mut g = self.s.inner.lock();
-        g.check_writable()?;
-        let r = g.guarded(|g| g.removexattr(ino, name));
-        g.maybe_commit()?;
-        r
+        self.mutate(|g| g.removexattr(ino, name))
     }
 
     // ---- path helpers for tools and tests ----

@@ -36,8 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Largest device write writeback issues (1 MiB at 4 KiB blocks).
-const MAX_IO_BLOCKS: u64 = 256;
+use super::data::MAX_IO_BLOCKS;
 /// Most bytes one pass of a writeback context takes from one inode before
 /// moving to the next (fairness between files).
 const PASS_BYTES: u64 = 16 << 20;
