@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
@@ -22,6 +22,15 @@ echo "== cargo test"
 cargo test --locked --release
 echo "== concurrency and crash tests with debug assertions"
 cargo test --locked -q -p foliofs --test threads_and_faults --test buffered --test crash
+echo "== pjdfstest (POSIX suite) through a FUSE mount, as root and its dummy users"
+if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ]; then
+  cargo build --locked --release -p foliofs-cli -q
+  bash scripts/pjdfstest.sh
+elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
+  echo "pjdfstest: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing" >&2; exit 1
+else
+  echo "SKIPPED: pjdfstest needs /dev/fuse and root"
+fi
 echo "== CLI smoke"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin=./target/release/foliofs
