@@ -160,8 +160,17 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     let mut ready = ready.map(std::fs::File::from);
     let dir = &dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let r = (|| -> Result<_> {
-        let meta =
-            std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+        let meta = std::fs::metadata(dir).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENOTCONN) {
+                anyhow::anyhow!(
+                    "mount point {}: a dead FUSE mount (its daemon exited without \
+                     unmounting): unmount it first (umount or foliofs umount)",
+                    dir.display()
+                )
+            } else {
+                anyhow::Error::new(e).context(format!("mount point {}", dir.display()))
+            }
+        })?;
         if !meta.is_dir() {
             bail!("mount point {} is not a directory", dir.display());
         }
@@ -285,7 +294,17 @@ pub fn umount(dir: &Path) -> Result<i32> {
     };
     let image = PathBuf::from(&m.source);
     let holder = match lock::probe(&image) {
-        Ok(Some(h)) if h.daemon => h,
+        Ok(Some(h)) if h.daemon => h.to_string(),
+        // Its daemon is gone (killed): the kernel mount is left dead.
+        Ok(h) if h.as_ref().is_none_or(|h| h.pid.is_none()) && foliofs_image(&image) => {
+            detach(&dir)?;
+            bail!(
+                "{} was a dead mount: its daemon had exited without unmounting; \
+                 unmounted it; the next mount (or fsck) of {} replays its journal",
+                dir.display(),
+                image.display()
+            );
+        }
         _ => bail!(
             "{} is not a foliofs mount (its source {} is not an image held by a foliofs daemon)",
             dir.display(),
@@ -315,6 +334,19 @@ pub fn umount(dir: &Path) -> Result<i32> {
         dir.display(),
         image.display()
     )
+}
+
+/// Whether `path` holds a foliofs superblock (read without taking it).
+fn foliofs_image(path: &Path) -> bool {
+    FileDevice::open_with(
+        path,
+        &DeviceOptions {
+            writable: false,
+            lock: false,
+            ..Default::default()
+        },
+    )
+    .is_ok_and(|d| foliofs::meta::read_superblock(&d).is_ok())
 }
 
 /// Unmount DIR: umount2(2) as root, fusermount3 otherwise.

@@ -976,3 +976,44 @@ fn a_flipped_data_byte_is_logged_with_inode_offset_and_address() {
     assert!(lines[0].contains("checksum"), "{}", lines[0]);
     drop(m);
 }
+
+/// A killed daemon leaves a dead mount: mount refuses it with a hint,
+/// `foliofs umount` detaches it and says so (exit 32), and the next mount
+/// replays the journal with every fsynced byte.
+#[test]
+fn a_killed_daemon_is_cleaned_up_by_foliofs_umount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::io::Write;
+    let mut m = Mounted::new("killed", "");
+    let mut f = std::fs::File::create(m.path("kept")).unwrap();
+    f.write_all(b"fsynced before the kill").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = Command::new(BIN)
+        .arg("mount")
+        .arg(&m.img)
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(32));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dead FUSE mount"));
+    let out = Command::new(BIN)
+        .arg("umount")
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(32), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replays its journal"));
+    assert!(!is_mounted(&m.dir));
+    m.mount("");
+    assert_eq!(
+        std::fs::read(m.path("kept")).unwrap(),
+        b"fsynced before the kill"
+    );
+    m.unmount_and_check();
+}
