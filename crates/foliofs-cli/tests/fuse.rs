@@ -486,18 +486,10 @@ fn permissions_for_another_user() {
     }
     let mut m = Mounted::new("perm", "allow_other");
     std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(m.path("rootfile"), b"secret").unwrap();
-    std::fs::set_permissions(m.path("rootfile"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    write_with_mode(&m.path("rootfile"), b"secret", 0o644);
     std::fs::create_dir(m.path("private")).unwrap();
     std::fs::set_permissions(m.path("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::write(m.path("private/x"), b"x").unwrap();
-    let as_nobody = |script: &str| {
-        Command::new("runuser")
-            .args(["-u", "nobody", "--", "sh", "-c", script])
-            .current_dir("/")
-            .output()
-            .unwrap()
-    };
     let d = m.dir.display().to_string();
     assert!(as_nobody(&format!("cat {d}/rootfile")).status.success());
     assert!(!as_nobody(&format!("echo x >> {d}/rootfile"))
@@ -578,6 +570,11 @@ fn mount_daemon(img: &Path, dir: &Path, opts: &str) {
     }
     run(&mut cmd);
     assert!(is_mounted(dir));
+}
+
+fn write_with_mode(p: &Path, data: &[u8], mode: u32) {
+    std::fs::write(p, data).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 fn as_nobody(script: &str) -> std::process::Output {
@@ -686,10 +683,8 @@ fn root_mount_serves_other_users_by_default() {
     // checks permissions); noallow_other turns that off.
     let mut m = Mounted::new("others", "");
     std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(m.path("open"), b"readable").unwrap();
-    std::fs::set_permissions(m.path("open"), std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::write(m.path("closed"), b"secret").unwrap();
-    std::fs::set_permissions(m.path("closed"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    write_with_mode(&m.path("open"), b"readable", 0o644);
+    write_with_mode(&m.path("closed"), b"secret", 0o600);
     let d = m.dir.display().to_string();
     let out = as_nobody(&format!("cat {d}/open"));
     assert!(out.status.success(), "{out:?}");

@@ -18,6 +18,24 @@ use std::sync::Arc;
 mod common;
 use common::{crash_fs, env_u64, fsck_clean};
 
+/// Cut power before every flush of `log` (two torn variants each): every
+/// state mounts, unmounts and passes fsck. Returns the last state's image.
+fn mount_every_cut(log: &foliofs::device::CrashLog, seed: u64) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut last = None;
+    log.for_each_cut(2, &mut rng, |e, img| {
+        let d = Arc::new(MemDevice::from_image(img.clone()));
+        let fs = Fs::mount(d.clone(), MountOptions::default())
+            .unwrap_or_else(|err| panic!("mount after epoch {e}: {err}"));
+        fs.unmount().unwrap();
+        fsck_clean(d, &format!("crash before flush {e}"));
+        if e + 1 == log.epochs.len() {
+            last = Some(img);
+        }
+    });
+    last.expect("no flush recorded")
+}
+
 #[test]
 fn crash_at_every_flush_with_torn_writes() {
     let seed = env_u64("FOLIOFS_SEED", 7);
@@ -126,19 +144,7 @@ fn blocks_freed_by_an_unlink_are_reused_before_the_checkpoint_and_survive_a_cras
     assert!(reused > 1000, "only {reused} of the freed blocks reused");
     let log = dev.log();
     drop(fs);
-    let mut rng = SmallRng::seed_from_u64(3);
-    let mut last = None;
-    log.for_each_cut(2, &mut rng, |e, img| {
-        let d = Arc::new(MemDevice::from_image(img.clone()));
-        let fs = Fs::mount(d.clone(), MountOptions::default())
-            .unwrap_or_else(|err| panic!("mount after epoch {e}: {err}"));
-        fs.unmount().unwrap();
-        fsck_clean(d, &format!("crash before flush {e}"));
-        if e + 1 == log.epochs.len() {
-            last = Some(img);
-        }
-    });
-    let d = Arc::new(MemDevice::from_image(last.unwrap()));
+    let d = Arc::new(MemDevice::from_image(mount_every_cut(&log, 3)));
     let fs = Fs::mount(d, MountOptions::default()).unwrap();
     let ino = fs.lookup(root, b"b").unwrap().ino;
     let mut got = vec![0u8; want.len()];
@@ -172,19 +178,7 @@ fn a_file_replaced_by_rename_while_open_is_freed_after_a_crash() {
     fs.sync().unwrap();
     let log = dev.log();
     drop(fs); // the power goes before the last close
-    let mut rng = SmallRng::seed_from_u64(5);
-    let mut last = None;
-    log.for_each_cut(2, &mut rng, |e, img| {
-        let d = Arc::new(MemDevice::from_image(img.clone()));
-        let fs = Fs::mount(d.clone(), MountOptions::default())
-            .unwrap_or_else(|err| panic!("mount after epoch {e}: {err}"));
-        fs.unmount().unwrap();
-        fsck_clean(d, &format!("crash before flush {e}"));
-        if e + 1 == log.epochs.len() {
-            last = Some(img);
-        }
-    });
-    let d = Arc::new(MemDevice::from_image(last.unwrap()));
+    let d = Arc::new(MemDevice::from_image(mount_every_cut(&log, 5)));
     let fs = Fs::mount(d.clone(), MountOptions::default()).unwrap();
     let b = fs.lookup(root, b"b").unwrap();
     assert_eq!(b.ino, new.ino);

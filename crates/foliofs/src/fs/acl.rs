@@ -214,16 +214,21 @@ mod tests {
         .is_err());
     }
 
-    #[test]
-    fn chmod_moves_the_mask_not_the_group() {
-        let mut a = Acl::decode(&acl(&[
+    /// rwx owner, rwx for user 1000, r-x group and other, rwx mask.
+    fn named_user_1000() -> Acl {
+        Acl::decode(&acl(&[
             (1, 7, U),
             (2, 7, 1000),
             (4, 5, U),
             (0x10, 7, U),
             (0x20, 5, U),
         ]))
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn chmod_moves_the_mask_not_the_group() {
+        let mut a = named_user_1000();
         a.chmod(0o640);
         assert_eq!(a.mode(), 0o640);
         assert_eq!(a.perm(GROUP_OBJ), Some(5), "the group entry itself stays");
@@ -232,14 +237,7 @@ mod tests {
 
     #[test]
     fn inheritance_intersects_with_the_create_mode() {
-        let mut d = Acl::decode(&acl(&[
-            (1, 7, U),
-            (2, 7, 1000),
-            (4, 5, U),
-            (0x10, 7, U),
-            (0x20, 5, U),
-        ]))
-        .unwrap();
+        let mut d = named_user_1000();
         // open(O_CREAT, 0666): no execute anywhere, the mask loses it.
         assert_eq!(d.create_masq(0o100666), 0o100664);
         assert_eq!(d.perm(MASK), Some(6));
