@@ -10,6 +10,7 @@
 //! mapping of fresh folio memory.
 
 mod acl;
+mod counters;
 mod data;
 mod dio;
 pub(crate) mod dir;
@@ -24,8 +25,9 @@ pub mod types;
 mod writeback;
 pub(crate) mod xattr;
 
+pub use counters::*;
 pub use mkfs::{mkfs, open_for_mkfs, MkfsOptions};
-pub use options::{parse_size, ENGINE_OPTIONS};
+pub use options::{parse_size, Atime, DioLock, MountOptions, ENGINE_OPTIONS, MAX_WB_CONTEXTS};
 pub use types::*;
 
 use crate::alloc::Alloc;
@@ -37,97 +39,9 @@ use data::WriteStep;
 use inode::Inode;
 use iolock::{IoLocks, Mode};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-
-/// Mount-time settings.
-#[derive(Clone, Debug)]
-pub struct MountOptions {
-    pub read_only: bool,
-    /// Metadata cache size.
-    pub meta_cache_bytes: u64,
-    /// Dirty data held before writers are made to wait for writeback
-    /// (background writeback starts at half). 0, the default: a quarter
-    /// of the page cache, as the kernel's dirty_ratio is a share of memory.
-    pub dirty_limit_bytes: u64,
-    /// Page cache size: clean folios beyond it are evicted (dirty ones
-    /// never). Default: an eighth of RAM.
-    pub cache_bytes: u64,
-    /// Largest folio (default 2 MiB).
-    pub max_folio_bytes: u64,
-    /// Knob: every folio this size, whatever the I/O (benchmarks).
-    pub fixed_folio_bytes: Option<u64>,
-    /// Knob: a write dirties its whole folio, not just its blocks (the
-    /// behaviour before per-block dirty tracking; benchmarks).
-    pub whole_folio_dirty: bool,
-    /// Largest device request a direct I/O issues, in blocks (>= 1).
-    pub dio_max_blocks: u64,
-    /// Lock mode for direct overwrites.
-    pub dio_lock: DioLock,
-    /// Writeback contexts (threads); each inode belongs to the one of its
-    /// AG. 0: one per AG, up to `MAX_WB_CONTEXTS`. Knob: 1.
-    pub writeback_contexts: usize,
-    /// How often the writeback contexts wake to write back old dirty data
-    /// and commit the journal (0: never; only thresholds, sync and fsync).
-    pub writeback_interval_ms: u64,
-    /// Dirty data older than this is written back by the periodic pass.
-    pub dirty_expire_ms: u64,
-    /// Knob: map and reserve by the write's byte range, as the seed's
-    /// regression did, instead of whole blocks with speculative
-    /// preallocation past EOF.
-    pub map_by_write_length: bool,
-    /// Knob: no speculative preallocation past EOF.
-    pub no_prealloc: bool,
-    /// Write-behind: once a file's sequential writer has dirtied this
-    /// much since its last writeback, the whole folios behind it are
-    /// written back at once, below the background threshold, so a
-    /// stream keeps the device busy instead of waiting for dirty memory
-    /// to fill (and its fsync finds little left to write). 0: off.
-    pub write_behind_bytes: u64,
-    /// When reads update the access time.
-    pub atime: Atime,
-    /// Directories' access times are never updated.
-    pub no_diratime: bool,
-}
-
-/// When a read updates the access time (mount options `relatime`,
-/// `noatime`, `strictatime`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Atime {
-    /// When atime is not newer than mtime or ctime, or is a day old: a
-    /// program can tell whether a file was read since it last changed, at
-    /// the price of at most one inode update a day per file otherwise.
-    #[default]
-    Relatime,
-    /// Never.
-    Noatime,
-    /// Every read.
-    Strictatime,
-}
-
-/// An eighth of the machine's memory (256 MiB if it cannot be read).
-fn default_cache_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024 / 8)
-        })
-        .unwrap_or(256 << 20)
-}
-
-/// How direct writes that only overwrite take the inode I/O lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum DioLock {
-    /// Shared, so overwrites of one file run in parallel (the default).
-    SharedOverwrite,
-    /// Exclusive for every direct write (the behaviour before the
-    /// technique; a benchmark knob).
-    Exclusive,
-}
 
 /// Knobs that can change while mounted.
 pub(crate) struct Knobs {
@@ -135,163 +49,6 @@ pub(crate) struct Knobs {
     pub dio_exclusive: AtomicBool,
     /// Writeback contexts in use (1 ..= MAX_WB_CONTEXTS).
     pub wb_contexts: AtomicUsize,
-}
-
-/// Most writeback contexts (threads) a mount runs.
-pub const MAX_WB_CONTEXTS: usize = 16;
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            read_only: false,
-            atime: Atime::default(),
-            no_diratime: false,
-            meta_cache_bytes: 64 << 20,
-            dirty_limit_bytes: 0,
-            cache_bytes: default_cache_bytes(),
-            max_folio_bytes: 2 << 20,
-            fixed_folio_bytes: None,
-            whole_folio_dirty: false,
-            dio_max_blocks: 256,
-            dio_lock: DioLock::SharedOverwrite,
-            writeback_contexts: 0,
-            writeback_interval_ms: 5000,
-            dirty_expire_ms: 30000,
-            map_by_write_length: false,
-            no_prealloc: false,
-            write_behind_bytes: 8 << 20,
-        }
-    }
-}
-
-/// Declares the event counters once: the atomics the engine bumps and the
-/// plain snapshot readers get.
-macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// Event counters, readable at any time without the metadata lock.
-        #[derive(Debug, Default)]
-        pub struct Counters {
-            $($(#[$doc])* pub $name: AtomicU64,)*
-            /// Direct I/O device requests by size: bucket k counts requests
-            /// of 2^k .. 2^(k+1)-1 blocks.
-            pub dio_request_blocks: [AtomicU64; DIO_HIST_BUCKETS],
-        }
-
-        #[derive(Clone, Debug, Serialize)]
-        pub struct CounterSnapshot {
-            $($(#[$doc])* pub $name: u64,)*
-            pub dio_request_blocks: Vec<u64>,
-            pub journal: meta::JournalStats,
-        }
-
-        impl Counters {
-            fn snapshot(&self, journal: meta::JournalStats) -> CounterSnapshot {
-                CounterSnapshot {
-                    $($name: self.$name.load(Ordering::Relaxed),)*
-                    dio_request_blocks: self
-                        .dio_request_blocks
-                        .iter()
-                        .map(|a| a.load(Ordering::Relaxed))
-                        .collect(),
-                    journal,
-                }
-            }
-        }
-    };
-}
-
-/// Buckets of the direct I/O request-size histogram (1 .. 2^15+ blocks).
-pub const DIO_HIST_BUCKETS: usize = 16;
-
-counters! {
-    bytes_written_app,
-    bytes_read_app,
-    bytes_dirtied,
-    bytes_written_back,
-    data_device_writes,
-    data_device_reads,
-    /// Data blocks whose checksum did not match (EIO returned).
-    csum_failures,
-    mapping_lookups,
-    writebacks,
-    overwrite_intents,
-    /// fdatasync calls that only flushed the data (no journal commit).
-    datasync_flush_only,
-    /// Clean folios evicted from the page cache.
-    folios_evicted,
-    /// Bytes of fresh memory mapped for folios (the rest reuse freed
-    /// folio memory).
-    folio_bytes_mapped,
-    /// Direct reads and writes asked for by the application, and bytes.
-    dio_reads,
-    dio_writes,
-    dio_read_bytes,
-    dio_write_bytes,
-    /// Device requests issued by direct I/O.
-    dio_read_requests,
-    dio_write_requests,
-    /// Direct writes done as overwrites under the shared lock, and those
-    /// that took the exclusive lock.
-    dio_overwrites_shared,
-    dio_writes_exclusive,
-    /// Checksum mismatches retried because a direct write was racing.
-    dio_read_retries,
-    lock_shared,
-    lock_exclusive,
-    lock_shared_waits,
-    lock_exclusive_waits,
-    lock_shared_wait_ns,
-    lock_exclusive_wait_ns,
-    /// Blocks reserved by speculative preallocation past EOF, allocated
-    /// from it at writeback, and given back (close, ENOSPC, truncate,
-    /// unmount).
-    prealloc_reserved,
-    prealloc_allocated,
-    prealloc_trimmed,
-    /// Writers throttled for dirty memory, and the time they waited.
-    throttle_waits,
-    throttle_wait_ns,
-}
-
-impl Counters {
-    pub(crate) fn dio_request(&self, blocks: u64) {
-        let k = (63 - blocks.max(1).leading_zeros() as usize).min(DIO_HIST_BUCKETS - 1);
-        bump(&self.dio_request_blocks[k], 1);
-    }
-}
-
-pub(crate) fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct CacheStats {
-    pub folios: u64,
-    pub folios_with_state: u64,
-    pub cached_bytes: u64,
-    pub dirty_bytes: u64,
-    pub largest_folio_bytes: u64,
-}
-
-/// What one writeback context has done.
-#[derive(Clone, Debug, Serialize)]
-pub struct WritebackContextStats {
-    pub context: usize,
-    /// Bytes written back and passes (inodes taken from its lists).
-    pub bytes: u64,
-    pub passes: u64,
-    /// Bytes per second, a moving average over passes of 1 MiB or more.
-    pub bandwidth: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct AgUsage {
-    pub agno: u32,
-    pub blocks: u64,
-    pub metadata_blocks: u64,
-    pub free_blocks: u64,
-    pub inodes: u64,
-    pub free_inodes: u64,
 }
 
 /// What the engine's parts borrow together: metadata cache/journal,
@@ -814,19 +571,19 @@ impl Fs {
             return Ok(());
         }
         let now = now();
-        let strict = g.opts.atime == Atime::Strictatime;
-        let no_dir = g.opts.no_diratime;
+        let (strict, no_dir) = (g.opts.atime == Atime::Strictatime, g.opts.no_diratime);
+        let ip = g.with(ino)?.0;
+        if no_dir && ip.is_dir() {
+            return Ok(());
+        }
+        let key = |t: crate::format::inode::Timespec| (t.sec, t.nsec);
+        let (a, m, c) = (key(ip.d.atime), key(ip.d.mtime), key(ip.d.ctime));
+        let stale = a <= m || a <= c || now.sec - ip.d.atime.sec >= 24 * 3600;
+        if !(strict || stale) || a == key(now) {
+            return Ok(());
+        }
         let r = g.guarded(|g| {
             let (ip, mut cx) = g.with(ino)?;
-            if no_dir && ip.is_dir() {
-                return Ok(());
-            }
-            let (a, m, c) = (ip.d.atime, ip.d.mtime, ip.d.ctime);
-            let key = |t: crate::format::inode::Timespec| (t.sec, t.nsec);
-            let stale = key(a) <= key(m) || key(a) <= key(c) || now.sec - a.sec >= 24 * 3600;
-            if !(strict || stale) || key(a) == key(now) {
-                return Ok(());
-            }
             ip.d.atime = now;
             ip.store(&mut cx)
         });

@@ -1,7 +1,122 @@
-//! Mount options by name, as `key[=value]` strings: one parser for the
-//! FUSE mount's `-o` list, the C ABI and the fio engine.
+//! Mount options: the settings, their defaults, and one parser for them
+//! by name (`key[=value]`), shared by the FUSE mount's `-o` list, the C ABI
+//! and the fio engine.
 
-use super::{Atime, DioLock, MountOptions, MAX_WB_CONTEXTS};
+use serde::Serialize;
+
+/// Mount-time settings.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub read_only: bool,
+    /// Metadata cache size.
+    pub meta_cache_bytes: u64,
+    /// Dirty data held before writers are made to wait for writeback
+    /// (background writeback starts at half). 0, the default: a quarter
+    /// of the page cache, as the kernel's dirty_ratio is a share of memory.
+    pub dirty_limit_bytes: u64,
+    /// Page cache size: clean folios beyond it are evicted (dirty ones
+    /// never). Default: an eighth of RAM.
+    pub cache_bytes: u64,
+    /// Largest folio (default 2 MiB).
+    pub max_folio_bytes: u64,
+    /// Knob: every folio this size, whatever the I/O (benchmarks).
+    pub fixed_folio_bytes: Option<u64>,
+    /// Knob: a write dirties its whole folio, not just its blocks (the
+    /// behaviour before per-block dirty tracking; benchmarks).
+    pub whole_folio_dirty: bool,
+    /// Largest device request a direct I/O issues, in blocks (>= 1).
+    pub dio_max_blocks: u64,
+    /// Lock mode for direct overwrites.
+    pub dio_lock: DioLock,
+    /// Writeback contexts (threads); each inode belongs to the one of its
+    /// AG. 0: one per AG, up to `MAX_WB_CONTEXTS`. Knob: 1.
+    pub writeback_contexts: usize,
+    /// How often the writeback contexts wake to write back old dirty data
+    /// and commit the journal (0: never; only thresholds, sync and fsync).
+    pub writeback_interval_ms: u64,
+    /// Dirty data older than this is written back by the periodic pass.
+    pub dirty_expire_ms: u64,
+    /// Knob: map and reserve by the write's byte range, as the seed's
+    /// regression did, instead of whole blocks with speculative
+    /// preallocation past EOF.
+    pub map_by_write_length: bool,
+    /// Knob: no speculative preallocation past EOF.
+    pub no_prealloc: bool,
+    /// Write-behind: once a file's sequential writer has dirtied this
+    /// much since its last writeback, the whole folios behind it are
+    /// written back at once, below the background threshold, so a
+    /// stream keeps the device busy instead of waiting for dirty memory
+    /// to fill (and its fsync finds little left to write). 0: off.
+    pub write_behind_bytes: u64,
+    /// When reads update the access time.
+    pub atime: Atime,
+    /// Directories' access times are never updated.
+    pub no_diratime: bool,
+}
+
+/// When a read updates the access time (mount options `relatime`,
+/// `noatime`, `strictatime`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Atime {
+    /// When atime is not newer than mtime or ctime, or is a day old: a
+    /// program can tell whether a file was read since it last changed, at
+    /// the price of at most one inode update a day per file otherwise.
+    #[default]
+    Relatime,
+    /// Never.
+    Noatime,
+    /// Every read.
+    Strictatime,
+}
+
+/// An eighth of the machine's memory (256 MiB if it cannot be read).
+fn default_cache_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024 / 8)
+        })
+        .unwrap_or(256 << 20)
+}
+
+/// How direct writes that only overwrite take the inode I/O lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum DioLock {
+    /// Shared, so overwrites of one file run in parallel (the default).
+    SharedOverwrite,
+    /// Exclusive for every direct write (the behaviour before the
+    /// technique; a benchmark knob).
+    Exclusive,
+}
+
+/// Most writeback contexts (threads) a mount runs.
+pub const MAX_WB_CONTEXTS: usize = 16;
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            atime: Atime::default(),
+            no_diratime: false,
+            meta_cache_bytes: 64 << 20,
+            dirty_limit_bytes: 0,
+            cache_bytes: default_cache_bytes(),
+            max_folio_bytes: 2 << 20,
+            fixed_folio_bytes: None,
+            whole_folio_dirty: false,
+            dio_max_blocks: 256,
+            dio_lock: DioLock::SharedOverwrite,
+            writeback_contexts: 0,
+            writeback_interval_ms: 5000,
+            dirty_expire_ms: 30000,
+            map_by_write_length: false,
+            no_prealloc: false,
+            write_behind_bytes: 8 << 20,
+        }
+    }
+}
 
 /// A size such as `4096`, `64K`, `512MiB` or `1G`.
 pub fn parse_size(s: &str) -> Result<u64, String> {

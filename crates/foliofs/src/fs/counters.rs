@@ -1,0 +1,136 @@
+//! Event counters (bumped without the metadata lock, read as a snapshot)
+//! and the statistics the engine reports.
+
+use crate::meta;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Declares the event counters once: the atomics the engine bumps and the
+/// plain snapshot readers get.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Event counters, readable at any time without the metadata lock.
+        #[derive(Debug, Default)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+            /// Direct I/O device requests by size: bucket k counts requests
+            /// of 2^k .. 2^(k+1)-1 blocks.
+            pub dio_request_blocks: [AtomicU64; DIO_HIST_BUCKETS],
+        }
+
+        #[derive(Clone, Debug, Serialize)]
+        pub struct CounterSnapshot {
+            $($(#[$doc])* pub $name: u64,)*
+            pub dio_request_blocks: Vec<u64>,
+            pub journal: meta::JournalStats,
+        }
+
+        impl Counters {
+            pub(super) fn snapshot(&self, journal: meta::JournalStats) -> CounterSnapshot {
+                CounterSnapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    dio_request_blocks: self
+                        .dio_request_blocks
+                        .iter()
+                        .map(|a| a.load(Ordering::Relaxed))
+                        .collect(),
+                    journal,
+                }
+            }
+        }
+    };
+}
+
+/// Buckets of the direct I/O request-size histogram (1 .. 2^15+ blocks).
+pub const DIO_HIST_BUCKETS: usize = 16;
+
+counters! {
+    bytes_written_app,
+    bytes_read_app,
+    bytes_dirtied,
+    bytes_written_back,
+    data_device_writes,
+    data_device_reads,
+    /// Data blocks whose checksum did not match (EIO returned).
+    csum_failures,
+    mapping_lookups,
+    writebacks,
+    overwrite_intents,
+    /// fdatasync calls that only flushed the data (no journal commit).
+    datasync_flush_only,
+    /// Clean folios evicted from the page cache.
+    folios_evicted,
+    /// Bytes of fresh memory mapped for folios (the rest reuse freed
+    /// folio memory).
+    folio_bytes_mapped,
+    /// Direct reads and writes asked for by the application, and bytes.
+    dio_reads,
+    dio_writes,
+    dio_read_bytes,
+    dio_write_bytes,
+    /// Device requests issued by direct I/O.
+    dio_read_requests,
+    dio_write_requests,
+    /// Direct writes done as overwrites under the shared lock, and those
+    /// that took the exclusive lock.
+    dio_overwrites_shared,
+    dio_writes_exclusive,
+    /// Checksum mismatches retried because a direct write was racing.
+    dio_read_retries,
+    lock_shared,
+    lock_exclusive,
+    lock_shared_waits,
+    lock_exclusive_waits,
+    lock_shared_wait_ns,
+    lock_exclusive_wait_ns,
+    /// Blocks reserved by speculative preallocation past EOF, allocated
+    /// from it at writeback, and given back (close, ENOSPC, truncate,
+    /// unmount).
+    prealloc_reserved,
+    prealloc_allocated,
+    prealloc_trimmed,
+    /// Writers throttled for dirty memory, and the time they waited.
+    throttle_waits,
+    throttle_wait_ns,
+}
+
+impl Counters {
+    pub(crate) fn dio_request(&self, blocks: u64) {
+        let k = (63 - blocks.max(1).leading_zeros() as usize).min(DIO_HIST_BUCKETS - 1);
+        bump(&self.dio_request_blocks[k], 1);
+    }
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheStats {
+    pub folios: u64,
+    pub folios_with_state: u64,
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
+    pub largest_folio_bytes: u64,
+}
+
+/// What one writeback context has done.
+#[derive(Clone, Debug, Serialize)]
+pub struct WritebackContextStats {
+    pub context: usize,
+    /// Bytes written back and passes (inodes taken from its lists).
+    pub bytes: u64,
+    pub passes: u64,
+    /// Bytes per second, a moving average over passes of 1 MiB or more.
+    pub bandwidth: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgUsage {
+    pub agno: u32,
+    pub blocks: u64,
+    pub metadata_blocks: u64,
+    pub free_blocks: u64,
+    pub inodes: u64,
+    pub free_inodes: u64,
+}
