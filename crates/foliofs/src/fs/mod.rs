@@ -12,17 +12,14 @@
 mod acl;
 mod counters;
 mod data;
-mod dio;
+use data::{contexts, folio, iolock};
 pub(crate) mod dir;
-mod folio;
 pub(crate) mod fork;
 pub(crate) mod inode;
-mod iolock;
 mod mkfs;
 mod ns;
 mod options;
 pub mod types;
-mod writeback;
 pub(crate) mod xattr;
 
 pub use counters::*;
@@ -144,7 +141,7 @@ pub(crate) struct Shared {
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
-    pub wb_stats: Vec<writeback::ContextStats>,
+    pub wb_stats: Vec<contexts::ContextStats>,
     /// Set at unmount: the writeback threads exit.
     pub stopping: AtomicBool,
 }
@@ -302,7 +299,7 @@ impl Fs {
                 wb_done: Condvar::new(),
                 wb_kick: Condvar::new(),
                 wb_stats: (0..MAX_WB_CONTEXTS)
-                    .map(|_| writeback::ContextStats::default())
+                    .map(|_| contexts::ContextStats::default())
                     .collect(),
                 stopping: AtomicBool::new(false),
             }),

@@ -12,7 +12,7 @@
 //! Nothing takes an I/O lock while holding the metadata lock, and no
 //! operation holds two I/O locks.
 
-use super::{bump, Counters};
+use crate::fs::{bump, Counters};
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
 use std::collections::HashMap;

@@ -23,13 +23,13 @@
 //! with the old checksum: `Inode::data_gen` and the in-flight list tell a
 //! race from corruption, and the read is retried.
 
-use super::data::MAX_FILE_SIZE;
-use super::inode::{DioWrite, Inode};
-use super::iolock::Mode;
-use super::{bump, Ctx, Fs, Inner};
+use super::MAX_FILE_SIZE;
 use crate::alloc::{clear_csums, get_csums, set_csums};
 use crate::error::{Error, Result};
 use crate::format::data_crc;
+use crate::fs::inode::{DioWrite, Inode};
+use crate::fs::iolock::Mode;
+use crate::fs::{bump, Ctx, Fs, Inner};
 use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
 
@@ -107,7 +107,7 @@ impl Fs {
     /// counted and the caller drops its locks and reads again. False, and
     /// the mismatch is corruption, once that has happened RACE_RETRIES
     /// times.
-    pub(super) fn race_explains(
+    pub(in crate::fs) fn race_explains(
         &self,
         g: &mut Inner,
         ino: u64,

@@ -1,0 +1,52 @@
+//! The buffered data path: dirty blocks live in each inode's folio cache
+//! (`folio`) and are written back by the writeback contexts, fsync, sync,
+//! memory pressure and unmount (`writeback`).
+//!
+//! write, one step per folio: find or make the folio (fresh memory mapped
+//!        without the metadata lock) -> wait while it is under writeback
+//!        (stable pages) -> reserve space for holes -> read or zero partial
+//!        blocks -> mark the blocks dirty and pin the folio -> copy (large
+//!        steps without the metadata lock) -> unpin
+//! writeback: classify dirty blocks -> log overwrite intents -> allocate
+//!        holes as unwritten extents -> write merged device runs from the
+//!        folios -> flush -> record checksums, convert to written, publish
+//!        the size
+//!
+//! Ordering rules that make crashes safe:
+//! - newly allocated blocks are mapped unwritten until their data is on the
+//!   device, so a crash never exposes what was there before;
+//! - an in-place overwrite first commits "no checksum" for its blocks, so a
+//!   torn overwrite reads back (old, new or mixed sectors) without a false
+//!   EIO; the new checksum is committed after the data is flushed;
+//! - the on-disk size only covers data already on the device.
+
+pub(super) mod contexts;
+mod delalloc;
+pub(super) mod dio;
+pub(super) mod folio;
+pub(super) mod iolock;
+mod pagecache;
+mod read;
+mod size;
+mod write;
+pub(super) mod writeback;
+
+pub(in crate::fs) use write::WriteStep;
+
+/// Largest file offset: keeps block arithmetic far from overflow.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+
+/// Largest device I/O writeback and reads issue (1 MiB at 4 KiB blocks).
+pub(in crate::fs) const MAX_IO_BLOCKS: u64 = 256;
+
+/// Sorted values -> runs of consecutive values (start, count).
+pub(in crate::fs) fn runs(v: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &x in v {
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == x => *n += 1,
+            _ => out.push((x, 1)),
+        }
+    }
+    out
+}

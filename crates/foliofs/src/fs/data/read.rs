@@ -1,0 +1,153 @@
+//! Buffered reads: fill a folio's missing blocks from the device in
+//! merged runs (verifying each block's checksum), zeroes for holes and
+//! unwritten extents, then copy out.
+
+use super::MAX_IO_BLOCKS;
+use crate::alloc::get_csums;
+use crate::device::AlignedBuf;
+use crate::error::{Error, Result};
+use crate::format::data_crc;
+use crate::fs::inode::Inode;
+use crate::fs::{bump, Ctx, Inner};
+
+impl Inode {
+    /// Read `count` mapped blocks starting at file block `lblk` (device
+    /// block `pblk`) into `out`, verifying their checksums.
+    pub(super) fn read_mapped(
+        &self,
+        cx: &mut Ctx,
+        lblk: u64,
+        pblk: u64,
+        count: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let bs = cx.meta.geo.block_size;
+        cx.meta.dev.read_at(out, pblk * bs)?;
+        bump(&cx.counters.data_device_reads, 1);
+        let mut crcs = Vec::with_capacity(count as usize);
+        get_csums(cx.meta, pblk, count, &mut crcs)?;
+        for (i, stored) in crcs.iter().enumerate() {
+            let blk = &out[i * bs as usize..(i + 1) * bs as usize];
+            if *stored != 0 && data_crc(blk) != *stored {
+                return Err(Error::DataChecksum {
+                    ino: self.d.ino,
+                    offset: (lblk + i as u64) * bs,
+                    addr: pblk + i as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The current contents of file block `lblk` (cached, on disk, or zeros).
+    pub(super) fn block_contents(&self, cx: &mut Ctx, lblk: u64) -> Result<Box<[u8]>> {
+        let bs = cx.meta.geo.block_size as usize;
+        if let Some(b) = self.cache.block(lblk, bs) {
+            return Ok(b.into());
+        }
+        let mut buf = vec![0u8; bs].into_boxed_slice();
+        if let Some(e) = self.ext_find(cx, lblk)? {
+            if !e.unwritten {
+                let mut a = AlignedBuf::zeroed(bs);
+                self.read_mapped(cx, lblk, e.pblk + (lblk - e.lblk), 1, &mut a)?;
+                buf.copy_from_slice(&a);
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Bring the blocks of the folio at `first` that are not uptodate up
+    /// to date from the device (zeros for holes and unwritten blocks), one
+    /// device read per mapped run.
+    pub(super) fn fill_folio(&mut self, cx: &mut Ctx, first: u64) -> Result<()> {
+        let bs = cx.meta.geo.block_size as usize;
+        let n = self.cache.folios[&first].nblocks as u64;
+        let exts = self.ext_range(cx, first, first + n)?;
+        bump(&cx.counters.mapping_lookups, 1);
+        let mut io = AlignedBuf::zeroed(0);
+        for e in exts.iter().filter(|e| !e.unwritten) {
+            let from = e.lblk.max(first);
+            let to = e.end().min(first + n);
+            let mut l = from;
+            while l < to {
+                let f = &self.cache.folios[&first];
+                if f.uptodate((l - first) as usize) {
+                    l += 1;
+                    continue;
+                }
+                let mut k = l + 1;
+                while k < to && !f.uptodate((k - first) as usize) && k - l < MAX_IO_BLOCKS {
+                    k += 1;
+                }
+                let len = ((k - l) as usize) * bs;
+                if io.len() < len {
+                    io = AlignedBuf::zeroed(len);
+                }
+                self.read_mapped(cx, l, e.pblk + (l - e.lblk), k - l, &mut io[..len])?;
+                let f = self.cache.folios.get_mut(&first).unwrap();
+                let at = (l - first) as usize * bs;
+                f.data.range_mut(at..at + len).copy_from_slice(&io[..len]);
+                for i in l..k {
+                    f.set_uptodate((i - first) as usize, true);
+                }
+                l = k;
+            }
+        }
+        // Whatever is left is a hole or unwritten: zeros.
+        let f = self.cache.folios.get_mut(&first).unwrap();
+        for i in 0..n as usize {
+            if !f.uptodate(i) {
+                f.block_mut(i, bs).fill(0);
+                f.set_uptodate(i, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    pub fn read(&mut self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let bs = self.meta.geo.block_size;
+        let max = self.max_folio_blocks() as u64;
+        let (ip, _) = self.with(ino)?;
+        if ip.is_dir() {
+            return Err(Error::IsDir);
+        }
+        if offset >= ip.size {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(ip.size - offset) as usize;
+        let (first_blk, end_blk) = (offset / bs, (offset + n as u64).div_ceil(bs));
+        // Readahead: a sequential reader's folios double in size.
+        let window = if first_blk == ip.ra_next && first_blk > 0 {
+            (ip.ra_blocks * 2).clamp(4, max)
+        } else {
+            (end_blk - first_blk).clamp(4, max)
+        };
+        ip.ra_blocks = window;
+        ip.ra_next = end_blk;
+        let eof_blk = ip.size.div_ceil(bs);
+        let mut done = 0usize;
+        while done < n {
+            let pos = offset + done as u64;
+            let lblk = pos / bs;
+            let want = window.max(end_blk - lblk).min(eof_blk - lblk).max(1);
+            let first = self.folio_for(ino, lblk, want, lblk / max * max)?;
+            let (ip, mut cx) = self.with(ino)?;
+            let i = (lblk - first) as usize;
+            let f = &ip.cache.folios[&first];
+            let at = i * bs as usize + (pos % bs) as usize;
+            let k = (f.data.len() - at).min(n - done);
+            let last = (at + k - 1) / bs as usize;
+            if (i..=last).any(|b| !f.uptodate(b)) {
+                ip.fill_folio(&mut cx, first)?;
+            }
+            let f = &ip.cache.folios[&first];
+            buf[done..done + k].copy_from_slice(f.data.range(at..at + k));
+            done += k;
+        }
+        bump(&self.counters.bytes_read_app, n as u64);
+        self.maybe_evict();
+        Ok(n)
+    }
+}

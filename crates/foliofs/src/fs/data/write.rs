@@ -1,0 +1,371 @@
+//! Buffered writes, one step per folio: find or make the folio (fresh
+//! memory mapped without the metadata lock) -> wait while it is under
+//! writeback (stable pages) -> reserve space for holes (`delalloc`) ->
+//! read or zero partial blocks -> mark the blocks dirty and pin the folio
+//! -> copy (large steps without the metadata lock) -> unpin. `Fs::write`
+//! drives the steps; `Inner::write` is the same loop for callers that
+//! already hold the lock.
+
+use super::delalloc::PREALLOC_MIN;
+use super::MAX_FILE_SIZE;
+use crate::device::AlignedBuf;
+use crate::error::{Error, Result};
+use crate::fs::fork::Extent;
+use crate::fs::{bump, Inner};
+
+/// Write steps at least this large copy without the metadata lock; the
+/// lock round trip costs more than copying less.
+pub(super) const UNLOCKED_COPY_BYTES: usize = 64 << 10;
+
+/// A buffered write in progress (see `Inner::write_begin`).
+pub(in crate::fs) struct WriteOp {
+    offset: u64,
+    len: usize,
+    end_blk: u64,
+    /// New folios end at or before this block: `end_blk`, or for a large
+    /// write past EOF the end of its last max-size folio window.
+    ceil_blk: u64,
+    whole_folio: bool,
+    by_length: bool,
+    speculate: bool,
+    /// Extents of [from, to), looked up when a block about to turn dirty
+    /// has no known mapping (dirty, preallocated, or in the inode's
+    /// mapping hint), or once per write when mapping by write length.
+    mapping: Option<(u64, u64, Vec<Extent>)>,
+    /// Bytes copied so far.
+    pub done: usize,
+    new_dirty: u64,
+    /// Why the write stopped early, if it did.
+    pub result: Result<()>,
+    /// Fresh memory for the next new folio, mapped without the lock.
+    pub spare: Option<AlignedBuf>,
+}
+
+pub(in crate::fs) enum WriteStep {
+    /// The step's bytes are in (a small step, copied under the lock).
+    Copied,
+    /// Copy these bytes without the lock, then `write_copied`.
+    Copy(CopyStep),
+    /// The folio is under writeback: wait for a completion, then retry.
+    Wait,
+    /// A new folio needs this many bytes of fresh memory: map them into
+    /// `WriteOp::spare` (without the lock), then retry.
+    Alloc(usize),
+}
+
+/// The copy of one write step into its pinned folio.
+pub(in crate::fs) struct CopyStep {
+    first: u64,
+    dst: *mut u8,
+    /// Bytes this step copies.
+    pub len: usize,
+}
+
+impl CopyStep {
+    /// Copy the step's bytes, the first `len` of `src`. Needs no lock:
+    /// the folio is pinned (`Folio::writer`), so it is neither evicted
+    /// nor written back meanwhile, and the inode's I/O lock, held
+    /// exclusive by the writer, keeps readers, other writers, truncate
+    /// and close away from it.
+    pub fn copy_from(&self, src: &[u8]) {
+        assert!(src.len() >= self.len, "write step past the caller's buffer");
+        // SAFETY: `dst` points into the folio's memory with at least
+        // `len` bytes left (`write_step`), which stays allocated and is
+        // touched by no one else while pinned (above).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.dst, self.len) };
+    }
+}
+
+impl Inner {
+    /// Start a buffered write of `len` bytes at `offset`: checks, the
+    /// zeroed tail of the old last block, ENOSPC pressure. The inode is
+    /// pinned (like an open file) until `write_end`, since the copies
+    /// run without the metadata lock. The caller has waited for the
+    /// inode's writeback when `offset` is past EOF (the tail block may be
+    /// under writeback, and must not change under it).
+    pub(in crate::fs) fn write_begin(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<WriteOp> {
+        let bs = self.meta.geo.block_size;
+        let end = offset.checked_add(len as u64).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let size = {
+            let (ip, _) = self.with(ino)?;
+            if ip.is_dir() {
+                return Err(Error::IsDir);
+            }
+            ip.size
+        };
+        if offset > size && len > 0 {
+            self.zero_eof_tail(ino, size)?;
+        }
+        // ENOSPC pressure: speculative reservations go before a write
+        // that might need the space fails.
+        if self.alloc.speculative > 0
+            && self.alloc.available() < end.div_ceil(bs) - offset / bs + PREALLOC_MIN
+        {
+            self.release_all_prealloc();
+        }
+        let by_length = self.opts.map_by_write_length;
+        let end_blk = end.div_ceil(bs);
+        // A large write extending the file (a streaming writer) makes its
+        // last folio a whole max-size one, past the write into the blocks
+        // beyond EOF, which the next write fills: the writer gets one 2 MiB
+        // folio instead of two halves. At most the write's own size more
+        // memory, and only for large writes.
+        let max = self.max_folio_blocks() as u64;
+        let streaming = !self.opts.whole_folio_dirty && len as u64 * 2 >= max * bs && end > size;
+        let ceil_blk = if streaming {
+            end_blk.next_multiple_of(max)
+        } else {
+            end_blk
+        };
+        let mut w = WriteOp {
+            offset,
+            len,
+            end_blk,
+            ceil_blk,
+            whole_folio: self.opts.whole_folio_dirty,
+            by_length,
+            // Speculative preallocation past EOF, unless a knob turns it
+            // off; mapping by write length only sees it for writes of
+            // whole blocks (the seed's regression: 1-byte writes never
+            // preallocate).
+            speculate: !self.opts.no_prealloc && (!by_length || len as u64 >= bs),
+            mapping: None,
+            done: 0,
+            new_dirty: 0,
+            result: Ok(()),
+            spare: None,
+        };
+        let (ip, mut cx) = self.with(ino)?;
+        if by_length && len > 0 {
+            bump(&cx.counters.mapping_lookups, 1);
+            let from = offset / bs;
+            w.mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
+        }
+        ip.open += 1;
+        Ok(w)
+    }
+
+    /// The next step of a write: the write's bytes in one folio (from
+    /// `src`, the bytes not yet written), with space reserved for the holes
+    /// among its blocks and partial blocks read or zeroed. A small step is
+    /// copied here (`Copied`); a large one pins the folio (`Folio::writer`)
+    /// for the caller to copy without the lock, then `write_copied`. None
+    /// when the write is done; `Wait` when the folio is under writeback
+    /// (stable pages: wait, then ask again).
+    pub(in crate::fs) fn write_step(
+        &mut self,
+        ino: u64,
+        w: &mut WriteOp,
+        src: &[u8],
+    ) -> Result<Option<WriteStep>> {
+        let bs = self.meta.geo.block_size;
+        if w.done == w.len {
+            return Ok(None);
+        }
+        let pos = w.offset + w.done as u64;
+        let lblk = pos / bs;
+        let end_blk = w.end_blk;
+        // A large write grows its folio to the whole blocks it covers.
+        let first =
+            match self.folio_or_alloc(ino, lblk, w.ceil_blk - lblk, lblk, Some(&mut w.spare))? {
+                Ok(first) => first,
+                Err(len) => return Ok(Some(WriteStep::Alloc(len))),
+            };
+        let (ip, mut cx) = self.with(ino)?;
+        let f = &ip.cache.folios[&first];
+        if f.wb_pending > 0 {
+            return Ok(Some(WriteStep::Wait));
+        }
+        let i = (lblk - first) as usize;
+        let nblocks = f.nblocks;
+        let folio_end = (first + nblocks as u64) * bs;
+        let k = ((folio_end - pos) as usize).min(w.len - w.done);
+        let step_end = pos + k as u64;
+        let j = (step_end.div_ceil(bs) - first) as usize;
+        // Block b is wholly overwritten by this step: it needs no read
+        // and no zeroing first.
+        let covered = |b: usize| {
+            let at = (first + b as u64) * bs;
+            at >= pos && at + bs <= step_end
+        };
+        let blocks = if w.whole_folio && !f.any_dirty() {
+            0..nblocks
+        } else {
+            i..j
+        };
+        // Blocks about to turn dirty: holes among them reserve space.
+        let eof_blk = ip.size.div_ceil(bs);
+        let mut holes = 0u64;
+        for b in blocks.clone() {
+            let l = first + b as u64;
+            if ip.cache.folios[&first].dirty(b) || ip.in_prealloc(l) || ip.hint_mapped(l) {
+                continue;
+            }
+            if w.mapping
+                .as_ref()
+                .is_none_or(|(from, to, _)| l < *from || l >= *to)
+            {
+                bump(&cx.counters.mapping_lookups, 1);
+                let to = end_blk.max(first + nblocks as u64).max(l + 1);
+                w.mapping = Some((l, to, ip.ext_range(&mut cx, l, to)?));
+            }
+            let exts = &w.mapping.as_ref().unwrap().2;
+            if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
+                if !w.by_length {
+                    ip.map_hint = (e.lblk, e.end());
+                }
+                continue;
+            }
+            // A new range replaces an old one only if none of the blocks
+            // turning dirty in this step are in the old one (they are not
+            // marked dirty yet, so giving it up now would lose their
+            // reservation).
+            let lo = first + blocks.start as u64;
+            let may_start = ip.prealloc.is_none_or(|(_, b)| b == l || b <= lo);
+            if w.speculate && l >= eof_blk && may_start && ip.start_prealloc(&mut cx, l)? {
+                continue;
+            }
+            holes += 1;
+        }
+        cx.reserve(holes)?;
+        ip.delalloc += holes;
+        // Partial blocks (and, whole-folio, the rest of the folio) are
+        // read or zeroed before they turn dirty. Blocks wholly past EOF
+        // read as zeros (a truncate frees or zeroes what was there):
+        // zeroed here, no mapping lookup, no device read.
+        let f = ip.cache.folios.get_mut(&first).unwrap();
+        for b in blocks.clone() {
+            if first + b as u64 >= eof_blk && !f.uptodate(b) && !covered(b) {
+                f.block_mut(b, bs as usize).fill(0);
+                f.set_uptodate(b, true);
+            }
+        }
+        if blocks.clone().any(|b| !f.uptodate(b) && !covered(b)) {
+            if let Err(e) = ip.fill_folio(&mut cx, first) {
+                cx.alloc.unreserve(holes);
+                ip.delalloc -= holes;
+                return Err(e);
+            }
+        }
+        // The blocks turn dirty now, so their reservations are counted
+        // as every other dirty block's while the copy runs; writeback
+        // leaves the pinned folio alone until the copy is done.
+        let f = ip.cache.folios.get_mut(&first).unwrap();
+        w.new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+        f.fill_dirty(blocks.start, blocks.end);
+        let at = (pos - first * bs) as usize;
+        let step = if k < UNLOCKED_COPY_BYTES {
+            f.data.range_mut(at..at + k).copy_from_slice(&src[..k]);
+            w.done += k;
+            WriteStep::Copied
+        } else {
+            f.writer = true;
+            WriteStep::Copy(CopyStep {
+                first,
+                dst: f.data.ptr_at(at),
+                len: k,
+            })
+        };
+        ip.cache.note_dirty(first);
+        Ok(Some(step))
+    }
+
+    /// A step's bytes are in its folio: unpin it.
+    pub(in crate::fs) fn write_copied(
+        &mut self,
+        ino: u64,
+        w: &mut WriteOp,
+        c: CopyStep,
+    ) -> Result<()> {
+        let (ip, _) = self.with(ino)?;
+        let f = ip
+            .cache
+            .folios
+            .get_mut(&c.first)
+            .expect("a folio pinned by a writer stays cached");
+        f.writer = false;
+        w.done += c.len;
+        Ok(())
+    }
+
+    /// Finish a write: size, timestamps, dirty accounting; unpin the
+    /// inode. The bytes written, or the error if none were.
+    /// Finish a write: the size, the dirty accounting, write-behind. The
+    /// bytes written, and whether the inode was queued for write-behind
+    /// now (its writeback context should be woken).
+    pub(in crate::fs) fn write_end(&mut self, ino: u64, mut w: WriteOp) -> Result<(usize, bool)> {
+        if let Some(b) = w.spare.take() {
+            self.pool.put(b);
+        }
+        let threshold = self.opts.write_behind_bytes;
+        let (ip, cx) = self.with(ino)?;
+        if w.done > 0 {
+            ip.size = ip.size.max(w.offset + w.done as u64);
+            ip.touch_mtime();
+            if w.offset != ip.stream_end {
+                ip.stream_dirty = 0;
+            }
+            ip.stream_dirty += w.new_dirty;
+            ip.stream_end = w.offset + w.done as u64;
+        }
+        ip.open -= 1;
+        let destroy = ip.open == 0 && ip.d.nlink == 0;
+        let behind = threshold > 0 && !destroy && !ip.behind_queued && ip.stream_dirty >= threshold;
+        ip.behind_queued |= behind;
+        bump(&cx.counters.bytes_written_app, w.done as u64);
+        bump(&cx.counters.bytes_dirtied, w.new_dirty);
+        self.dirty_bytes += w.new_dirty;
+        if w.done > 0 {
+            self.mark_inode_dirty(ino);
+        }
+        if behind {
+            let ag = self.meta.geo.inode_ag(ino) as usize;
+            self.behind_queues[ag].push_back(ino);
+        }
+        if destroy {
+            self.destroy_inode(ino)?;
+        }
+        self.maybe_evict();
+        match w.result {
+            Err(e) if w.done == 0 => Err(e),
+            _ => Ok((w.done, behind)),
+        }
+    }
+
+    /// A whole buffered write under the metadata lock (symlink targets,
+    /// written into inodes nothing else can see yet).
+    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let mut w = self.write_begin(ino, offset, data.len())?;
+        loop {
+            let src = &data[w.done..];
+            match self.write_step(ino, &mut w, src) {
+                Ok(None) => break,
+                Ok(Some(WriteStep::Copied)) => {}
+                Ok(Some(WriteStep::Copy(c))) => {
+                    c.copy_from(src);
+                    self.write_copied(ino, &mut w, c)?;
+                }
+                Ok(Some(WriteStep::Alloc(len))) => w.spare = Some(AlignedBuf::zeroed(len)),
+                Ok(Some(WriteStep::Wait)) => {
+                    w.result = Err(Error::Invalid(format!(
+                        "inode {ino} is under writeback while it is created"
+                    )));
+                    break;
+                }
+                Err(e) => {
+                    w.result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.write_end(ino, w).map(|(n, _)| n)
+    }
+}
