@@ -28,11 +28,11 @@ pub use options::{parse_size, Atime, DioLock, MountOptions, ENGINE_OPTIONS, MAX_
 pub use types::*;
 
 use crate::alloc::Alloc;
-use crate::device::{AlignedBuf, Device};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::meta::{self, Meta};
-use data::WriteStep;
+use data::Locked;
 use inode::Inode;
 use iolock::{IoLocks, Mode};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -698,35 +698,14 @@ impl Fs {
                 // The old last block is zeroed past EOF: stable pages.
                 self.s.wait_wb_idle(&mut g, ino);
             }
-            let mut w = g.guarded(|g| g.write_begin(ino, offset, data.len()))?;
-            loop {
-                let src = &data[w.done..];
-                match g.guarded(|g| g.write_step(ino, &mut w, src)) {
-                    Ok(None) => break,
-                    Ok(Some(WriteStep::Copied)) => {}
-                    Ok(Some(WriteStep::Copy(c))) => {
-                        MutexGuard::unlocked(&mut g, || c.copy_from(src));
-                        g.write_copied(ino, &mut w, c)?;
-                        // Writeback waiting for the pinned folio.
-                        self.s.wb_done.notify_all();
-                    }
-                    Ok(Some(WriteStep::Wait)) => self.s.wb_done.wait(&mut g),
-                    Ok(Some(WriteStep::Alloc(len))) => {
-                        let b = MutexGuard::unlocked(&mut g, || AlignedBuf::zeroed(len));
-                        w.spare = Some(b);
-                    }
-                    Err(e) => {
-                        w.result = Err(e);
-                        break;
-                    }
-                }
-            }
-            let r = g.guarded(|g| g.write_end(ino, w)).map(|(n, behind)| {
+            let mut h = Locked { g, s: &self.s };
+            let r = data::drive(&mut h, ino, offset, data).map(|(n, behind)| {
                 if behind {
                     self.s.wb_kick.notify_all();
                 }
                 n
             });
+            let mut g = h.g;
             g.maybe_commit()?;
             (r, g.dirty_bytes > g.background_bytes())
         };

@@ -5,6 +5,13 @@
 //! on sync. Writers above the dirty threshold are throttled in proportion
 //! to how far over they are (balance_dirty_pages-style) and wait for
 //! writeback at the hard limit.
+//!
+//! Invariants (seeds/parallel-writeback.txt): each inode belongs to
+//! exactly one context, chosen by its AG, so delayed allocation still
+//! merges a file's dirty ranges into long extents and allocation stays in
+//! the AG the context serves; dirty memory is bounded by throttling in
+//! proportion, never by an unbounded queue; sync waits on every context,
+//! and fsync of one inode is independent of the others.
 
 use crate::fs::{bump, Fs, Inner, Result, Shared};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,10 +5,14 @@
 //! allocates one contiguous extent. Close, truncate, ENOSPC and unmount
 //! give back what was not used.
 //!
-//! Invariant (the seed's): a tiny append costs no mapping lookup and no
-//! allocation of its own; after the last close no reserved or allocated
-//! block is left past EOF, and the allocator's reservations always equal
-//! the delayed blocks of every inode plus the speculative ranges
+//! Invariants (seeds/xfs-subblock-prealloc.txt): the mapping step works
+//! in whole blocks, so a stream of 1-byte appends does one mapping lookup
+//! per block or per preallocated range, never one per write; ENOSPC is
+//! reported at write time, never as a lost write at writeback; blocks
+//! reserved or preallocated but not yet written read as zeros (unwritten
+//! extents), after a crash too; no reservation outlives the last writable
+//! close, ENOSPC pressure or unmount; and the allocator's reservations are
+//! always each inode's delayed blocks plus the speculative ranges
 //! (`check_reservations`).
 
 use crate::error::{Error, Result};

@@ -22,6 +22,22 @@
 //! Readers racing a direct overwrite of the same blocks may see new data
 //! with the old checksum: `Inode::data_gen` and the in-flight list tell a
 //! race from corruption, and the read is retried.
+//!
+//! Invariants (seeds/btrfs-large-dio-reads.txt): a read fetches the
+//! checksums of its whole range in one pass and issues as few device
+//! requests as the extents allow, up to `dio_max_blocks`; every block is
+//! verified before the read returns, and a mismatch is EIO, counted and
+//! logged with inode, offset and device address, never wrong data; the
+//! checksum array of one request is bounded by the cap. Dirty cached data
+//! in the range is written back first; a direct write invalidates cached
+//! folios in its range.
+//!
+//! Invariants (seeds/ext4-shared-dio-lock.txt, with `iolock`): a direct
+//! write takes the inode lock shared only as a pure overwrite (aligned,
+//! inside the file, every block allocated and written); anything else
+//! takes it exclusive, which also waits out in-flight direct I/O; the
+//! size on disk moves only after an extending write's data is on the
+//! device.
 
 use super::MAX_FILE_SIZE;
 use crate::alloc::{clear_csums, get_csums, set_csums};

@@ -9,6 +9,13 @@
 //! writeback takes the blocks for the device; the device write reads the
 //! folio's own memory, so a writer waits for it before changing the folio
 //! (stable pages) and its blocks turn dirty again to be written again.
+//!
+//! Invariants (seeds/iomap-per-block-dirty.txt): dirty bits are cleared
+//! when the I/O is submitted, and the folio stays under writeback (pinned)
+//! until every submitted byte completes; a folio that is dirty or under
+//! writeback is never evicted; a write that fails part-way leaves no dirty
+//! bit over bytes it did not copy; a 4 KiB write into a 2 MiB folio makes
+//! 4 KiB dirty, not 2 MiB.
 
 use crate::device::AlignedBuf;
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,6 +2,22 @@
 //! (`folio`) and are written back by the writeback contexts, fsync, sync,
 //! memory pressure and unmount (`writeback`).
 //!
+//! The verbs, a file each:
+//! - `folio`: technique 1, the per-block state of a folio (uptodate, dirty);
+//! - `pagecache`: finding and making folios, the memory pool, eviction;
+//! - `read`: buffered reads (fill a folio from the device, verify, copy);
+//! - `write`: buffered writes, one step per folio (the driver is
+//!   `Fs::write`, which drops the metadata lock for large copies);
+//! - `delalloc`: technique 5, reservation, post-EOF speculative
+//!   preallocation, its growth, trimming and release, allocation of
+//!   delayed ranges;
+//! - `size`: truncate, fallocate, zeroing, seek data/hole, extent listing;
+//! - `writeback`: prepare / submit / complete, fsync and sync;
+//! - `contexts`: technique 4, the per-AG writeback contexts, write-behind
+//!   and dirty throttling;
+//! - `dio` with `iolock`: techniques 2 and 3, checksummed direct I/O with
+//!   large requests and the shared inode lock for overwrites.
+//!
 //! write, one step per folio: find or make the folio (fresh memory mapped
 //!        without the metadata lock) -> wait while it is under writeback
 //!        (stable pages) -> reserve space for holes -> read or zero partial
@@ -31,7 +47,7 @@ mod size;
 mod write;
 pub(super) mod writeback;
 
-pub(in crate::fs) use write::WriteStep;
+pub(in crate::fs) use write::{drive, Locked};
 
 /// Largest file offset: keeps block arithmetic far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;

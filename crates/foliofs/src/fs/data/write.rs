@@ -11,7 +11,9 @@ use super::MAX_FILE_SIZE;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::fs::fork::Extent;
-use crate::fs::{bump, Inner};
+use crate::fs::{bump, Inner, Shared};
+use parking_lot::MutexGuard;
+use std::ops::{Deref, DerefMut};
 
 /// Write steps at least this large copy without the metadata lock; the
 /// lock round trip costs more than copying less.
@@ -342,30 +344,111 @@ impl Inner {
 
     /// A whole buffered write under the metadata lock (symlink targets,
     /// written into inodes nothing else can see yet).
+    /// A whole buffered write by a caller already inside an operation
+    /// (a long symlink's target): the same driver, without letting go of
+    /// the lock.
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let mut w = self.write_begin(ino, offset, data.len())?;
-        loop {
-            let src = &data[w.done..];
-            match self.write_step(ino, &mut w, src) {
-                Ok(None) => break,
-                Ok(Some(WriteStep::Copied)) => {}
-                Ok(Some(WriteStep::Copy(c))) => {
-                    c.copy_from(src);
-                    self.write_copied(ino, &mut w, c)?;
-                }
-                Ok(Some(WriteStep::Alloc(len))) => w.spare = Some(AlignedBuf::zeroed(len)),
-                Ok(Some(WriteStep::Wait)) => {
-                    w.result = Err(Error::Invalid(format!(
-                        "inode {ino} is under writeback while it is created"
-                    )));
-                    break;
-                }
-                Err(e) => {
-                    w.result = Err(e);
-                    break;
-                }
-            }
-        }
-        self.write_end(ino, w).map(|(n, _)| n)
+        let mut inner = self;
+        drive(&mut inner, ino, offset, data).map(|(n, _)| n)
     }
+}
+
+/// The metadata lock as the write driver holds it. The real lock
+/// (`Locked`) lets go for large copies and fresh memory and waits for
+/// writeback; `&mut Inner`, for a caller inside an operation, does all
+/// under the lock and cannot wait.
+pub(in crate::fs) trait Held: DerefMut<Target = Inner> {
+    /// Run one metadata step (shut down if it fails half way).
+    fn step<T>(&mut self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T>;
+    fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R;
+    /// Wait for a writeback completion.
+    fn wait_writeback(&mut self, ino: u64) -> Result<()>;
+    /// A pinned folio was released: wake writeback waiting for it.
+    fn copied(&mut self);
+}
+
+impl Held for &mut Inner {
+    fn step<T>(&mut self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
+        f(self)
+    }
+    fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    fn wait_writeback(&mut self, ino: u64) -> Result<()> {
+        Err(Error::Invalid(format!(
+            "inode {ino} is under writeback while it is created"
+        )))
+    }
+    fn copied(&mut self) {}
+}
+
+/// The metadata lock of a mounted file system, as `Fs::write` holds it.
+pub(in crate::fs) struct Locked<'a> {
+    pub g: MutexGuard<'a, Inner>,
+    pub s: &'a Shared,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.g
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.g
+    }
+}
+
+impl Held for Locked<'_> {
+    fn step<T>(&mut self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
+        self.g.guarded(f)
+    }
+    fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        MutexGuard::unlocked(&mut self.g, f)
+    }
+    fn wait_writeback(&mut self, _ino: u64) -> Result<()> {
+        self.s.wb_done.wait(&mut self.g);
+        Ok(())
+    }
+    fn copied(&mut self) {
+        self.s.wb_done.notify_all();
+    }
+}
+
+/// The buffered-write driver, the one loop: begin, then a step per folio
+/// (copying, waiting or mapping memory as the step asks), then end.
+/// Returns the bytes written and whether write-behind should be kicked.
+pub(in crate::fs) fn drive<H: Held>(
+    h: &mut H,
+    ino: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<(usize, bool)> {
+    let mut w = h.step(|g| g.write_begin(ino, offset, data.len()))?;
+    loop {
+        let src = &data[w.done..];
+        let r = match h.step(|g| g.write_step(ino, &mut w, src)) {
+            Ok(None) => break,
+            Ok(Some(WriteStep::Copied)) => Ok(()),
+            Ok(Some(WriteStep::Copy(c))) => {
+                h.unlocked(|| c.copy_from(src));
+                let r = h.write_copied(ino, &mut w, c);
+                h.copied();
+                r
+            }
+            Ok(Some(WriteStep::Wait)) => h.wait_writeback(ino),
+            Ok(Some(WriteStep::Alloc(len))) => {
+                w.spare = Some(h.unlocked(|| AlignedBuf::zeroed(len)));
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            w.result = Err(e);
+            break;
+        }
+    }
+    h.step(|g| g.write_end(ino, w))
 }
