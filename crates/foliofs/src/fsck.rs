@@ -689,7 +689,7 @@ fn check_data(c: &mut Checker) {
     let mut buf = AlignedBuf::zeroed(bs);
     for (b, ino) in owned {
         let mut crc = Vec::new();
-        if let Err(e) = crate::alloc::get_csums(&mut c.meta, b, 1, &mut crc) {
+        if let Err(e) = crate::csums::get_csums(&mut c.meta, b, 1, &mut crc) {
             c.err(e);
             continue;
         }

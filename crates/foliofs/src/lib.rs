@@ -15,6 +15,7 @@
 
 pub mod alloc;
 pub mod btree;
+pub mod csums;
 pub mod device;
 pub mod error;
 pub mod format;

@@ -40,7 +40,7 @@
 //! device.
 
 use super::MAX_FILE_SIZE;
-use crate::alloc::{clear_csums, get_csums, set_csums};
+use crate::csums::{clear_csums, get_csums, set_csums};
 use crate::error::{Error, Result};
 use crate::format::data_crc;
 use crate::fs::inode::{DioWrite, Inode};

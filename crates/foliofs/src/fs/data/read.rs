@@ -3,7 +3,7 @@
 //! unwritten extents, then copy out.
 
 use super::MAX_IO_BLOCKS;
-use crate::alloc::get_csums;
+use crate::csums::get_csums;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::data_crc;

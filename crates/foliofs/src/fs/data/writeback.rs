@@ -20,7 +20,7 @@
 
 use super::runs;
 use super::MAX_IO_BLOCKS;
-use crate::alloc::{clear_csums, set_csums};
+use crate::csums::{clear_csums, set_csums};
 use crate::device::Device;
 use crate::format::data_crc;
 use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
