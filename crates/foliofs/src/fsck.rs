@@ -12,12 +12,11 @@ use crate::device::{AlignedBuf, Device, OverlayDevice};
 use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
+use crate::format::dirent as dir;
+use crate::format::extent::Extent;
 use crate::format::inode::{DiskInode, FLAG_ORPHAN, INODE_SIZE};
+use crate::format::inode::{FileType, Fork};
 use crate::format::{bitmap, data_crc, magic};
-use crate::fs::dir;
-use crate::fs::fork::Extent;
-use crate::fs::inode::{Fork, Inode};
-use crate::fs::types::FileType;
 use crate::meta::{self, Meta};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
@@ -252,21 +251,25 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         return;
     }
     let d = DiskInode::decode(&slot, ino, blk, &uuid).unwrap();
-    let ip = match Inode::from_disk(d, blk) {
-        Ok(i) => i,
+    let fork = match d.decode_fork(blk) {
+        Ok(f) => f,
         Err(e) => return c.err(e),
     };
-    let kind = ip.kind();
+    // decode_fork checked the type.
+    let kind = FileType::from_mode(d.mode).unwrap_or(FileType::File);
     let ag = geo.inode_ag(ino);
-    c.inodes
-        .insert(ino, (kind, ip.d.nlink, ip.d.parent, ip.d.flags));
+    c.inodes.insert(ino, (kind, d.nlink, d.parent, d.flags));
     if kind == FileType::Dir {
         c.dirs.push(ino);
     }
     // Xattr tree blocks.
-    let xt = ip.xattr_tree(ag);
+    let xt = Tree {
+        owner: ino,
+        tt: TreeType::Xattr,
+        ag,
+    };
     let mut xattrs: Vec<(u64, Vec<u8>)> = Vec::new();
-    match xt.walk(&mut c.meta, ip.d.xattr_root, |_, n| {
+    match xt.walk(&mut c.meta, d.xattr_root, |_, n| {
         if n.level == 0 {
             xattrs.extend(n.entries.iter().cloned());
         }
@@ -276,17 +279,25 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
             for b in blocks {
                 c.claim(b, 1, ino, "xattr tree");
             }
-            check_xattrs(c, ino, ip.d.xattr_root, &xattrs);
+            check_xattrs(c, ino, d.xattr_root, &xattrs);
         }
         Err(e) => c.err(e),
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
-    match &ip.fork {
+    match &fork {
         Fork::Inline(v) => entries = v.clone(),
         Fork::Tree => {
-            let t = ip.tree(ag);
-            match t.walk(&mut c.meta, ip.d.fork_root, |_, n| {
+            let t = Tree {
+                owner: ino,
+                tt: if kind == FileType::Dir {
+                    TreeType::Dir
+                } else {
+                    TreeType::Extents
+                },
+                ag,
+            };
+            match t.walk(&mut c.meta, d.fork_root, |_, n| {
                 entries.extend(n.entries.iter().cloned());
                 Ok(())
             }) {
@@ -325,7 +336,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let mut nblocks = 0;
     let mut prev_end = 0;
     for (k, v) in entries {
-        match Extent::decode_geo(ino, k, &v, &geo) {
+        match Extent::decode(ino, k, &v, &geo) {
             Ok(e) => {
                 if e.lblk < prev_end {
                     c.problem(
@@ -344,13 +355,13 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
             Err(e) => c.err(e),
         }
     }
-    if nblocks != ip.d.nblocks {
+    if nblocks != d.nblocks {
         c.problem(
             "inode",
             blk,
             format!(
                 "inode {ino}: block count {} but extents map {nblocks}",
-                ip.d.nblocks
+                d.nblocks
             ),
         );
     }
@@ -359,7 +370,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
 /// Every xattr entry decodes, every continuation belongs to a head in its
 /// bucket, and every value joins whole (fragments 1..n, at most 64 KiB).
 fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) {
-    use crate::fs::xattr::{assemble, piece, Cont, Piece};
+    use crate::format::xattr::{assemble, piece, Cont, Piece};
     let mut heads = Vec::new();
     let mut conts: HashMap<u64, Vec<Cont>> = HashMap::new();
     for (k, v) in entries {

@@ -37,6 +37,7 @@
 
 use super::*;
 use crate::error::{Error, Result};
+use serde::Serialize;
 
 pub const INODE_SIZE: usize = 512;
 pub const LITERAL_OFFSET: usize = 160;
@@ -48,6 +49,71 @@ pub const FLAG_ORPHAN: u32 = 1;
 /// fallocate allocated space for this file: blocks past EOF are the
 /// user's, not speculative, and are not trimmed on close.
 pub const FLAG_PREALLOC: u32 = 2;
+
+/// A node's type, from the S_IFMT bits of its mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FileType {
+    File,
+    Dir,
+    Symlink,
+    CharDev,
+    BlockDev,
+    Fifo,
+    Socket,
+}
+
+pub const S_IFMT: u32 = 0o170000;
+pub const S_ISGID: u32 = 0o2000;
+
+impl FileType {
+    pub fn from_mode(mode: u32) -> Option<Self> {
+        Some(match mode & S_IFMT {
+            0o100000 => FileType::File,
+            0o040000 => FileType::Dir,
+            0o120000 => FileType::Symlink,
+            0o020000 => FileType::CharDev,
+            0o060000 => FileType::BlockDev,
+            0o010000 => FileType::Fifo,
+            0o140000 => FileType::Socket,
+            _ => return None,
+        })
+    }
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::File => 0o100000,
+            FileType::Dir => 0o040000,
+            FileType::Symlink => 0o120000,
+            FileType::CharDev => 0o020000,
+            FileType::BlockDev => 0o060000,
+            FileType::Fifo => 0o010000,
+            FileType::Socket => 0o140000,
+        }
+    }
+    /// The d_type value stored in directory entries.
+    pub fn dtype(self) -> u8 {
+        match self {
+            FileType::File => 8,
+            FileType::Dir => 4,
+            FileType::Symlink => 10,
+            FileType::CharDev => 2,
+            FileType::BlockDev => 6,
+            FileType::Fifo => 1,
+            FileType::Socket => 12,
+        }
+    }
+    pub fn from_dtype(t: u8) -> Option<Self> {
+        Some(match t {
+            8 => FileType::File,
+            4 => FileType::Dir,
+            10 => FileType::Symlink,
+            2 => FileType::CharDev,
+            6 => FileType::BlockDev,
+            1 => FileType::Fifo,
+            12 => FileType::Socket,
+            _ => return None,
+        })
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Timespec {
@@ -229,6 +295,64 @@ impl DiskInode {
 pub const EXTENT_SIZE: usize = 24;
 /// Smallest inline directory entry: key, ino, type, namelen, one byte.
 pub const DIRENT_MIN: usize = 19;
+
+/// The data fork: inline entries, a B+tree (root in `d.fork_root`), or an
+/// inline symlink target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fork {
+    Inline(Vec<(u64, Vec<u8>)>),
+    Tree,
+    Symlink(Vec<u8>),
+}
+
+/// Bytes inline entries take in the literal area (key u64, length u16,
+/// value each).
+pub fn inline_len(entries: &[(u64, Vec<u8>)]) -> usize {
+    entries.iter().map(|(_, v)| 10 + v.len()).sum()
+}
+
+impl DiskInode {
+    /// The data fork the literal area holds, checked against the mode.
+    pub fn decode_fork(&self, blk: u64) -> Result<Fork> {
+        let bad = |r: &str| Error::corrupted("inode", blk, format!("inode {}: {r}", self.ino));
+        let fork = match self.fork {
+            ForkFormat::Extents | ForkFormat::DirInline => {
+                let mut entries = Vec::with_capacity(self.fork_count as usize);
+                let mut p = 0usize;
+                for _ in 0..self.fork_count {
+                    if p + 10 > LITERAL_SIZE {
+                        return Err(bad("inline entries overrun the literal area"));
+                    }
+                    let k = get_u64(&self.literal, p);
+                    let vlen = get_u16(&self.literal, p + 8) as usize;
+                    if p + 10 + vlen > LITERAL_SIZE {
+                        return Err(bad("inline entry overruns the literal area"));
+                    }
+                    if entries
+                        .last()
+                        .is_some_and(|(pk, _): &(u64, Vec<u8>)| *pk >= k)
+                    {
+                        return Err(bad("inline entries out of order"));
+                    }
+                    entries.push((k, self.literal[p + 10..p + 10 + vlen].to_vec()));
+                    p += 10 + vlen;
+                }
+                Fork::Inline(entries)
+            }
+            ForkFormat::ExtentTree | ForkFormat::DirTree => Fork::Tree,
+            ForkFormat::Symlink => Fork::Symlink(self.literal[..self.fork_count as usize].to_vec()),
+        };
+        let is_dir = self.mode & S_IFMT == 0o040000;
+        let dir_fork = matches!(self.fork, ForkFormat::DirInline | ForkFormat::DirTree);
+        if is_dir != dir_fork {
+            return Err(bad("fork format does not match the file type"));
+        }
+        if FileType::from_mode(self.mode).is_none() {
+            return Err(bad("bad file type in mode"));
+        }
+        Ok(fork)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -10,10 +10,13 @@ pub mod ag_header;
 pub mod bitmap;
 pub mod btree_node;
 pub mod csum;
+pub mod dirent;
+pub mod extent;
 pub mod header;
 pub mod inode;
 pub mod journal;
 pub mod superblock;
+pub mod xattr;
 
 pub use header::{BlockHeader, HEADER_SIZE};
 

@@ -1,78 +1,14 @@
 //! The data fork as an ordered key/value map, inline in the inode until it
 //! outgrows the literal area, then a B+tree; and the extent map on top.
 //!
-//! Extent value (16 bytes): device block u64, length u32, flags u32
-//! (bit 0: unwritten, reads as zeros). Key: first file block.
+//! The extent encoding is `format::extent`.
 
 use super::inode::{inline_len, Fork, Inode};
 use super::{bump, Ctx};
 use crate::error::{Error, Result};
 use crate::format::inode::LITERAL_SIZE;
 
-pub const EXT_UNWRITTEN: u32 = 1;
-/// Longest extent: keeps `len` in a u32 with room to merge.
-pub const MAX_EXTENT_LEN: u64 = 1 << 30;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Extent {
-    pub lblk: u64,
-    pub pblk: u64,
-    pub len: u64,
-    pub unwritten: bool,
-}
-
-impl Extent {
-    pub fn end(&self) -> u64 {
-        self.lblk + self.len
-    }
-    fn value(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(16);
-        v.extend_from_slice(&self.pblk.to_le_bytes());
-        v.extend_from_slice(&(self.len as u32).to_le_bytes());
-        v.extend_from_slice(&(if self.unwritten { EXT_UNWRITTEN } else { 0 }).to_le_bytes());
-        v
-    }
-    fn decode(ino: u64, key: u64, v: &[u8], cx: &Ctx) -> Result<Self> {
-        Self::decode_geo(ino, key, v, &cx.meta.geo)
-    }
-
-    pub(crate) fn decode_geo(
-        ino: u64,
-        key: u64,
-        v: &[u8],
-        geo: &crate::geometry::Geometry,
-    ) -> Result<Self> {
-        if v.len() != 16 {
-            return Err(Error::corrupted(
-                "extent",
-                ino,
-                format!("inode {ino}: extent value of {} bytes", v.len()),
-            ));
-        }
-        let e = Extent {
-            lblk: key,
-            pblk: u64::from_le_bytes(v[..8].try_into().unwrap()),
-            len: u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64,
-            unwritten: u32::from_le_bytes(v[12..16].try_into().unwrap()) & EXT_UNWRITTEN != 0,
-        };
-        if e.len == 0
-            || !geo.is_data_block(e.pblk)
-            || !geo.is_data_block(e.pblk + e.len - 1)
-            || geo.ag_of(e.pblk) != geo.ag_of(e.pblk + e.len - 1)
-            || e.lblk.checked_add(e.len).is_none()
-        {
-            return Err(Error::corrupted(
-                "extent",
-                e.pblk,
-                format!(
-                    "inode {ino}: extent at file block {} ({} blocks) outside the data area",
-                    e.lblk, e.len
-                ),
-            ));
-        }
-        Ok(e)
-    }
-}
+pub use crate::format::extent::{Extent, MAX_EXTENT_LEN};
 
 impl Inode {
     fn ag(&self, cx: &Ctx) -> u32 {
@@ -165,7 +101,7 @@ impl Inode {
         bump(&cx.counters.mapping_lookups, 1);
         match self.kv_le(cx, lblk)? {
             Some((k, v)) => {
-                let e = Extent::decode(self.d.ino, k, &v, cx)?;
+                let e = Extent::decode(self.d.ino, k, &v, &cx.meta.geo)?;
                 Ok((e.end() > lblk).then_some(e))
             }
             None => Ok(None),
@@ -191,7 +127,7 @@ impl Inode {
                 if *k >= to {
                     return Ok(out);
                 }
-                out.push(Extent::decode(self.d.ino, *k, v, cx)?);
+                out.push(Extent::decode(self.d.ino, *k, v, &cx.meta.geo)?);
             }
             key = batch.last().unwrap().0 + 1;
             if matches!(self.fork, Fork::Inline(_)) {

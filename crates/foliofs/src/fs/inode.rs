@@ -11,16 +11,9 @@ use crate::btree::Tree;
 use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
+pub(crate) use crate::format::inode::{inline_len, Fork};
 use crate::format::inode::{DiskInode, ForkFormat, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE};
-use crate::format::{get_u16, get_u64, magic};
-
-/// The data fork: inline entries, a B+tree (root in `d.fork_root`), or an
-/// inline symlink target.
-pub(crate) enum Fork {
-    Inline(Vec<(u64, Vec<u8>)>),
-    Tree,
-    Symlink(Vec<u8>),
-}
+use crate::format::magic;
 
 pub(crate) struct Inode {
     pub d: DiskInode,
@@ -86,48 +79,9 @@ pub(crate) struct DioWrite {
 }
 
 /// Bytes an inline entry takes in the literal area.
-pub(crate) fn inline_len(entries: &[(u64, Vec<u8>)]) -> usize {
-    entries.iter().map(|(_, v)| 10 + v.len()).sum()
-}
-
 impl Inode {
     pub(crate) fn from_disk(d: DiskInode, blk: u64) -> Result<Self> {
-        let bad = |r: &str| Error::corrupted("inode", blk, format!("inode {}: {r}", d.ino));
-        let fork = match d.fork {
-            ForkFormat::Extents | ForkFormat::DirInline => {
-                let mut entries = Vec::with_capacity(d.fork_count as usize);
-                let mut p = 0usize;
-                for _ in 0..d.fork_count {
-                    if p + 10 > LITERAL_SIZE {
-                        return Err(bad("inline entries overrun the literal area"));
-                    }
-                    let k = get_u64(&d.literal, p);
-                    let vlen = get_u16(&d.literal, p + 8) as usize;
-                    if p + 10 + vlen > LITERAL_SIZE {
-                        return Err(bad("inline entry overruns the literal area"));
-                    }
-                    if entries
-                        .last()
-                        .is_some_and(|(pk, _): &(u64, Vec<u8>)| *pk >= k)
-                    {
-                        return Err(bad("inline entries out of order"));
-                    }
-                    entries.push((k, d.literal[p + 10..p + 10 + vlen].to_vec()));
-                    p += 10 + vlen;
-                }
-                Fork::Inline(entries)
-            }
-            ForkFormat::ExtentTree | ForkFormat::DirTree => Fork::Tree,
-            ForkFormat::Symlink => Fork::Symlink(d.literal[..d.fork_count as usize].to_vec()),
-        };
-        let is_dir = d.mode & super::types::S_IFMT == 0o040000;
-        let dir_fork = matches!(d.fork, ForkFormat::DirInline | ForkFormat::DirTree);
-        if is_dir != dir_fork {
-            return Err(bad("fork format does not match the file type"));
-        }
-        if FileType::from_mode(d.mode).is_none() {
-            return Err(bad("bad file type in mode"));
-        }
+        let fork = d.decode_fork(blk)?;
         Ok(Inode::new(d, fork))
     }
 

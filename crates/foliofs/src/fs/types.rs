@@ -1,71 +1,8 @@
 //! Public value types of the engine API.
 
-use crate::format::inode::Timespec;
+pub use crate::format::dirent::NAME_MAX;
+pub use crate::format::inode::{FileType, Timespec, S_IFMT, S_ISGID};
 use serde::Serialize;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum FileType {
-    File,
-    Dir,
-    Symlink,
-    CharDev,
-    BlockDev,
-    Fifo,
-    Socket,
-}
-
-pub const S_IFMT: u32 = 0o170000;
-pub const S_ISGID: u32 = 0o2000;
-
-impl FileType {
-    pub fn from_mode(mode: u32) -> Option<Self> {
-        Some(match mode & S_IFMT {
-            0o100000 => FileType::File,
-            0o040000 => FileType::Dir,
-            0o120000 => FileType::Symlink,
-            0o020000 => FileType::CharDev,
-            0o060000 => FileType::BlockDev,
-            0o010000 => FileType::Fifo,
-            0o140000 => FileType::Socket,
-            _ => return None,
-        })
-    }
-    pub fn mode_bits(self) -> u32 {
-        match self {
-            FileType::File => 0o100000,
-            FileType::Dir => 0o040000,
-            FileType::Symlink => 0o120000,
-            FileType::CharDev => 0o020000,
-            FileType::BlockDev => 0o060000,
-            FileType::Fifo => 0o010000,
-            FileType::Socket => 0o140000,
-        }
-    }
-    /// The d_type value stored in directory entries.
-    pub fn dtype(self) -> u8 {
-        match self {
-            FileType::File => 8,
-            FileType::Dir => 4,
-            FileType::Symlink => 10,
-            FileType::CharDev => 2,
-            FileType::BlockDev => 6,
-            FileType::Fifo => 1,
-            FileType::Socket => 12,
-        }
-    }
-    pub fn from_dtype(t: u8) -> Option<Self> {
-        Some(match t {
-            8 => FileType::File,
-            4 => FileType::Dir,
-            10 => FileType::Symlink,
-            2 => FileType::CharDev,
-            6 => FileType::BlockDev,
-            1 => FileType::Fifo,
-            12 => FileType::Socket,
-            _ => return None,
-        })
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Attr {
@@ -153,6 +90,5 @@ pub struct ExtentInfo {
     pub unwritten: bool,
 }
 
-pub const NAME_MAX: usize = 255;
 pub const SYMLINK_MAX: usize = 4095;
 pub const XATTR_NAME_MAX: usize = 255;
