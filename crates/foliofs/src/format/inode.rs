@@ -29,10 +29,11 @@
 //! 136 parent     u64  directories: the parent directory
 //! 144 fork_root  u64  root block when fork is a B+tree
 //! 152 (reserved) 8
-//! 160 literal    352  inline extents (24 bytes each: lblk u64, pblk u64,
-//!                     len u32, flags u32), inline directory entries
-//!                     (key u64, ino u64, type u8, namelen u8, name), or the
-//!                     symlink target
+//! 160 literal    352  inline fork entries (fork_count of them: key u64,
+//!                     value length u16, value; an extent's key and value
+//!                     as `format::extent` (26 bytes each), a directory
+//!                     entry's as `format::dirent`), or the symlink target
+//!                     (fork_count bytes)
 //! ```
 
 use super::*;
