@@ -35,16 +35,7 @@ pub fn set_bit(block: &mut [u8], i: u32, v: bool) {
 }
 
 pub fn init(block: &mut [u8], magic: u32, blkno: u64, uuid: [u8; 16], agno: u32, first: u64) {
-    block.fill(0);
-    BlockHeader {
-        magic,
-        blkno,
-        uuid,
-        owner: agno as u64,
-        lsn: 0,
-    }
-    .encode(block);
-    put_u64(block, 48, first);
+    header::init_ag_array(block, magic, blkno, uuid, agno, first);
 }
 
 pub fn first(block: &[u8]) -> u64 {

@@ -30,16 +30,7 @@ pub fn set(block: &mut [u8], i: u32, crc: u32) {
 }
 
 pub fn init(block: &mut [u8], blkno: u64, uuid: [u8; 16], agno: u32, first: u64) {
-    block.fill(0);
-    BlockHeader {
-        magic: magic::CSUM,
-        blkno,
-        uuid,
-        owner: agno as u64,
-        lsn: 0,
-    }
-    .encode(block);
-    put_u64(block, 48, first);
+    header::init_ag_array(block, magic::CSUM, blkno, uuid, agno, first);
 }
 
 #[cfg(test)]

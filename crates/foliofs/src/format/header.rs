@@ -45,6 +45,28 @@ impl BlockHeader {
     }
 }
 
+/// A zeroed per-AG array block (bitmap or checksum block): header with
+/// owner `agno`, then at @48 the index of the first item it covers.
+pub fn init_ag_array(
+    block: &mut [u8],
+    magic: u32,
+    blkno: u64,
+    uuid: [u8; 16],
+    agno: u32,
+    first: u64,
+) {
+    block.fill(0);
+    BlockHeader {
+        magic,
+        blkno,
+        uuid,
+        owner: agno as u64,
+        lsn: 0,
+    }
+    .encode(block);
+    put_u64(block, 48, first);
+}
+
 /// Stamp the checksum of a block whose header and body are encoded.
 pub fn stamp(buf: &mut [u8]) {
     let crc = crc_with_hole(buf, CRC_OFF);

@@ -175,35 +175,30 @@ pub fn mkfs(
     for ag in 0..geo.ag_count {
         let len = geo.ag_len(ag);
         let data_start = geo.data_start_agbno(ag);
-        // Block bitmap: the metadata run (and AG 0's journal) is in use.
-        for i in 0..geo.bmap_blocks {
-            let blk = geo.bmap_start(ag) + i;
-            let first = i * geo.bits_per_bmap;
-            bitmap::init(&mut buf, magic::BLOCK_BITMAP, blk, uuid, ag, first);
-            for bit in 0..geo.bits_per_bmap {
-                let agbno = first + bit;
-                // Bits past the AG's end count as used so they are never handed out.
-                if agbno < data_start || agbno >= len {
-                    bitmap::set_bit(&mut buf, bit as u32, true);
+        // Block bitmap: the metadata run (and AG 0's journal) is in use;
+        // bits past the AG's end count as used so they are never handed out.
+        let (bmap, imap) = (geo.bmap_start(ag), geo.imap_start(ag));
+        let mut write_bitmap = |start: u64, blocks: u64, magic: u32, used: &dyn Fn(u64) -> bool| {
+            for i in 0..blocks {
+                let first = i * geo.bits_per_bmap;
+                bitmap::init(&mut buf, magic, start + i, uuid, ag, first);
+                for bit in 0..geo.bits_per_bmap {
+                    if used(first + bit) {
+                        bitmap::set_bit(&mut buf, bit as u32, true);
+                    }
                 }
+                header::stamp(&mut buf);
+                write(start + i, &buf)?;
             }
-            header::stamp(&mut buf);
-            write(blk, &buf)?;
-        }
+            Ok::<(), Error>(())
+        };
+        write_bitmap(bmap, geo.bmap_blocks, magic::BLOCK_BITMAP, &|b| {
+            b < data_start || b >= len
+        })?;
         let used_inodes = if ag == 0 { 2 } else { 0 }; // inode 0 reserved, 1 = root
-        for i in 0..geo.imap_blocks {
-            let blk = geo.imap_start(ag) + i;
-            let first = i * geo.bits_per_bmap;
-            bitmap::init(&mut buf, magic::INODE_BITMAP, blk, uuid, ag, first);
-            for bit in 0..geo.bits_per_bmap {
-                let idx = first + bit;
-                if idx < used_inodes || idx >= geo.inodes_per_ag {
-                    bitmap::set_bit(&mut buf, bit as u32, true);
-                }
-            }
-            header::stamp(&mut buf);
-            write(blk, &buf)?;
-        }
+        write_bitmap(imap, geo.imap_blocks, magic::INODE_BITMAP, &|i| {
+            i < used_inodes || i >= geo.inodes_per_ag
+        })?;
         for i in 0..geo.csum_blocks {
             let blk = geo.csum_start(ag) + i;
             csum::init(&mut buf, blk, uuid, ag, i * geo.csums_per_block);
