@@ -14,6 +14,7 @@
 //! Lock order: the engine's metadata lock, then an AG lock; never two AG
 //! locks at once.
 
+use crate::books::take;
 use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::{bitmap, magic};
@@ -212,7 +213,7 @@ impl Alloc {
 
     pub fn unreserve(&mut self, n: u64) {
         assert!(self.reserved >= n, "unreserve {n} of {}", self.reserved);
-        self.reserved -= n;
+        take(&mut self.reserved, n, "reserved blocks");
     }
 
     /// Allocate up to `want` contiguous blocks, preferring AG `ag` at or
@@ -243,7 +244,7 @@ impl Alloc {
                     continue;
                 };
                 set_bits(&mut st.used, s, len, true);
-                st.free -= len;
+                take(&mut st.free, len, "AG free blocks");
                 (geo.ag_start(a) + s, len)
             };
             self.mark_on_disk(meta, run.0, run.1, true)?;
@@ -342,7 +343,7 @@ impl Alloc {
                     continue;
                 };
                 set_bits(&mut st.inodes, i, 1, true);
-                st.free_inodes -= 1;
+                take(&mut st.free_inodes, 1, "AG free inodes");
                 i
             };
             let ino = a as u64 * geo.inodes_per_ag + idx;

@@ -14,6 +14,7 @@
 //! ```
 
 pub mod alloc;
+pub(crate) mod books;
 pub mod btree;
 pub mod csums;
 pub mod device;

@@ -7,6 +7,7 @@
 use super::folio::Cache;
 use super::types::FileType;
 use super::{Ctx, Inner};
+use crate::books::take;
 use crate::btree::Tree;
 use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
@@ -253,7 +254,7 @@ impl Inner {
                 }
                 keep
             });
-            self.cache_bytes -= freed;
+            take(&mut self.cache_bytes, freed, "cached bytes");
         }
         self.inodes.insert(ino, ip);
         Ok(())
@@ -379,7 +380,7 @@ impl Inner {
     /// Last reference to an open file description went away.
     pub fn release(&mut self, ino: u64) -> Result<()> {
         let (ip, _) = self.with(ino)?;
-        ip.open = ip.open.saturating_sub(1);
+        take(&mut ip.open, 1, "inode opens");
         if ip.open == 0 && ip.d.nlink == 0 {
             self.check_writable()?;
             self.destroy_inode(ino)?;

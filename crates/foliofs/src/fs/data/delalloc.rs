@@ -15,6 +15,7 @@
 //! always each inode's delayed blocks plus the speculative ranges
 //! (`check_reservations`).
 
+use crate::books::take;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
 use crate::fs::fork::Extent;
@@ -121,7 +122,7 @@ impl Inode {
         let dirty = self.cache.dirty_blocks(a, b).count() as u64;
         self.delalloc += dirty;
         cx.alloc.unreserve(b - a - dirty);
-        cx.alloc.speculative -= b - a;
+        take(&mut cx.alloc.speculative, b - a, "speculative blocks");
         bump(&cx.counters.prealloc_trimmed, b - a - dirty);
     }
 }

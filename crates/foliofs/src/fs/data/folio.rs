@@ -17,6 +17,7 @@
 //! bit over bytes it did not copy; a 4 KiB write into a 2 MiB folio makes
 //! 4 KiB dirty, not 2 MiB.
 
+use crate::books::take;
 use crate::device::AlignedBuf;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -234,7 +235,7 @@ impl BufPool {
         self.used = true;
         match self.bufs.get_mut(&len).and_then(|v| v.pop()) {
             Some(b) => {
-                self.bytes -= len as u64;
+                take(&mut self.bytes, len as u64, "pool bytes");
                 b
             }
             None => AlignedBuf::zeroed(len),
@@ -261,7 +262,7 @@ impl BufPool {
         for v in self.bufs.values_mut() {
             while self.bytes > max {
                 let Some(b) = v.pop() else { break };
-                self.bytes -= b.len() as u64;
+                take(&mut self.bytes, b.len() as u64, "pool bytes");
             }
         }
         self.bufs.retain(|_, v| !v.is_empty());

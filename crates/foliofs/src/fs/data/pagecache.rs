@@ -3,6 +3,7 @@
 //! when the cache is over its size.
 
 use super::folio::{Folio, MAX_FOLIO_BLOCKS};
+use crate::books::take;
 use crate::device::AlignedBuf;
 use crate::error::Result;
 use crate::fs::{bump, Inner};
@@ -120,7 +121,7 @@ impl Inner {
                 .get_mut(&ino)
                 .and_then(|ip| ip.cache.folios.remove(&first))
             {
-                self.cache_bytes -= f.data.len() as u64;
+                take(&mut self.cache_bytes, f.data.len() as u64, "cached bytes");
                 self.pool.put(f.data);
                 bump(&self.counters.folios_evicted, 1);
             }
@@ -155,8 +156,8 @@ impl Inner {
                 .count() as u64;
         }
         cx.alloc.unreserve(unmapped);
-        ip.delalloc -= unmapped;
-        self.cache_bytes -= freed;
+        take(&mut ip.delalloc, unmapped, "delayed blocks");
+        take(&mut self.cache_bytes, freed, "cached bytes");
         self.dirty_bytes = self.dirty_bytes.saturating_sub(dirty.len() as u64 * bs);
         self.trim_pool();
         Ok(())

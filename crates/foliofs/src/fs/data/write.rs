@@ -8,6 +8,7 @@
 
 use super::delalloc::PREALLOC_MIN;
 use super::MAX_FILE_SIZE;
+use crate::books::take;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::fs::fork::Extent;
@@ -253,7 +254,7 @@ impl Inner {
         if blocks.clone().any(|b| !f.uptodate(b) && !covered(b)) {
             if let Err(e) = ip.fill_folio(&mut cx, first) {
                 cx.alloc.unreserve(holes);
-                ip.delalloc -= holes;
+                take(&mut ip.delalloc, holes, "delayed blocks");
                 return Err(e);
             }
         }
@@ -318,7 +319,7 @@ impl Inner {
             ip.stream_dirty += w.new_dirty;
             ip.stream_end = w.offset + w.done as u64;
         }
-        ip.open -= 1;
+        take(&mut ip.open, 1, "inode opens");
         let destroy = ip.open == 0 && ip.d.nlink == 0;
         let behind = threshold > 0 && !destroy && !ip.behind_queued && ip.stream_dirty >= threshold;
         ip.behind_queued |= behind;

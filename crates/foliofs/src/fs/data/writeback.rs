@@ -20,6 +20,7 @@
 
 use super::runs;
 use super::MAX_IO_BLOCKS;
+use crate::books::{take, take_clamped};
 use crate::csums::{clear_csums, set_csums};
 use crate::device::Device;
 use crate::format::data_crc;
@@ -187,7 +188,7 @@ impl Inner {
                         // The preallocation's reservation becomes blocks;
                         // what is left of it stays reserved as one range.
                         cx.alloc.unreserve(n);
-                        cx.alloc.speculative -= n;
+                        take(&mut cx.alloc.speculative, n, "speculative blocks");
                         ip.prealloc = match (a < l, l + n < b) {
                             (false, false) => None,
                             (false, true) => Some((l + n, b)),
@@ -214,7 +215,7 @@ impl Inner {
                         let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, stop - l)?;
                         // Delayed allocation: the reservation becomes the blocks.
                         cx.alloc.unreserve(n);
-                        ip.delalloc -= n;
+                        take(&mut ip.delalloc, n, "delayed blocks");
                         targets.extend((l..l + n).map(|k| (k, p + (k - l), true)));
                         l += n;
                     }
@@ -284,7 +285,7 @@ impl Inner {
         // Pinned like an open file: not freed until the job completes.
         ip.open += 1;
         let n = job.blocks.len() as u64;
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * bs);
+        take_clamped(&mut self.dirty_bytes, n * bs, "dirty bytes");
         Ok(Prepared::Job(job))
     }
 
@@ -305,7 +306,7 @@ impl Inner {
                 match ip.cache.find_mut(l) {
                     Some((first, f)) => {
                         let k = (first + f.nblocks as u64).min(r.lblk + n) - l;
-                        f.wb_pending -= k as u32;
+                        take(&mut f.wb_pending, k as u32, "folio writeback pins");
                         l += k;
                     }
                     None => l += 1,
@@ -313,7 +314,7 @@ impl Inner {
             }
         }
         ip.wb_busy = false;
-        ip.open -= 1;
+        take(&mut ip.open, 1, "inode opens");
         ip.data_gen += 1;
         let failed = job.error.is_some();
         let mut reach_changed = false;
