@@ -1,0 +1,318 @@
+//! The metadata buffer cache: metadata blocks are read, changed and
+//! written back only through it; a changed block joins the running
+//! transaction of the journal (`journal`), which writes it home. Also the
+//! superblock's own reads and writes.
+//!
+//! Metadata blocks are changed only in this cache. Changed blocks join the
+//! running transaction; `commit` writes their images to the journal with a
+//! commit block and one flush (group commit: every change made since the
+//! last commit goes in one transaction, whichever thread asked). Committed
+//! blocks are written to their home addresses by `checkpoint`, which then
+//! advances the journal tail in the superblock.
+//!
+//! Durability order: journal images, commit block, flush; only then may a
+//! checkpoint write the home copies; flush; only then does the superblock
+//! move the tail past them.
+//!
+//! A committed block changed again before its checkpoint keeps a frozen
+//! copy of its committed image, so a checkpoint never writes uncommitted
+//! changes home (jbd2 does the same with frozen buffers).
+//!
+//! Freed blocks may still have images in the live journal, which replay
+//! would write home again; they are therefore not reused until the
+//! checkpoint after the commit that freed them (see `Alloc::release`).
+
+mod journal;
+
+use crate::device::{AlignedBuf, Device};
+use crate::error::{Error, Result};
+use crate::format::header;
+use crate::format::superblock::Superblock;
+use crate::geometry::Geometry;
+use journal::InFlight;
+pub use journal::{replay, DataFlush, JournalIo, JournalStats, SealedTx};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A block with the common header, stamped at commit.
+    Header,
+    /// An inode-table block: each inode carries its own checksum.
+    InodeTable,
+}
+
+struct Cached {
+    data: AlignedBuf,
+    kind: Kind,
+}
+
+pub struct Meta {
+    pub dev: Arc<dyn Device>,
+    pub geo: Geometry,
+    pub uuid: [u8; 16],
+    pub sb: Superblock,
+    cache: HashMap<u64, Cached>,
+    running: BTreeSet<u64>,
+    /// Metadata changes made so far (each write or create of a block).
+    changes: u64,
+    checkpoint: BTreeSet<u64>,
+    frozen: HashMap<u64, AlignedBuf>,
+    head_pos: u64,
+    head_seq: u64,
+    /// Blocks freed by the running transaction; then by committed ones
+    /// that still have an image in the live journal (replay could write
+    /// it over a new owner's data: reusable at the next checkpoint); then
+    /// reusable, for the allocator to take back (`Alloc::take_freed`).
+    pub freed_running: Vec<(u64, u64)>,
+    pub freed_committed: Vec<(u64, u64)>,
+    pub freed_reusable: Vec<(u64, u64)>,
+    shutdown: Option<String>,
+    cache_limit: usize,
+    pub stats: JournalStats,
+    /// The sealed transaction being written, and its blocks.
+    sealed: Option<InFlight>,
+    sealed_set: BTreeSet<u64>,
+    done_seq: u64,
+    io: Arc<JournalIo>,
+    data_flush: Arc<DataFlush>,
+}
+
+impl Meta {
+    pub fn new(dev: Arc<dyn Device>, sb: Superblock, cache_limit_bytes: u64) -> Self {
+        let geo = Geometry::new(&sb);
+        let head_seq = sb.tail_seq;
+        Meta {
+            dev,
+            uuid: sb.uuid,
+            head_pos: sb.tail_pos,
+            head_seq: sb.tail_seq,
+            cache_limit: (cache_limit_bytes / geo.block_size).max(256) as usize,
+            geo,
+            sb,
+            cache: HashMap::new(),
+            running: BTreeSet::new(),
+            changes: 0,
+            checkpoint: BTreeSet::new(),
+            frozen: HashMap::new(),
+            freed_running: Vec::new(),
+            freed_committed: Vec::new(),
+            freed_reusable: Vec::new(),
+            shutdown: None,
+            stats: JournalStats::default(),
+            sealed: None,
+            sealed_set: BTreeSet::new(),
+            done_seq: head_seq,
+            io: Arc::new(JournalIo::default()),
+            data_flush: Arc::new(DataFlush::default()),
+        }
+    }
+
+    pub fn check_live(&self) -> Result<()> {
+        match &self.shutdown {
+            Some(why) => Err(Error::Shutdown(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.is_some()
+    }
+
+    /// Shut the file system down: every later change fails.
+    pub fn poison(&mut self, why: String) -> Error {
+        if self.shutdown.is_none() {
+            log::error!("shutting down, no more changes until remounted: {why}");
+            self.shutdown = Some(why.clone());
+        }
+        Error::Shutdown(why)
+    }
+
+    pub(super) fn load(&mut self, blk: u64, kind: Kind) -> Result<()> {
+        if self.cache.contains_key(&blk) {
+            return Ok(());
+        }
+        if blk >= self.geo.total_blocks {
+            return Err(Error::corrupted(
+                "metadata pointer",
+                blk,
+                "past the end of the device",
+            ));
+        }
+        let mut buf = AlignedBuf::zeroed(self.geo.block_size as usize);
+        self.dev.read_at(&mut buf, blk * self.geo.block_size)?;
+        self.evict_if_needed();
+        self.cache.insert(blk, Cached { data: buf, kind });
+        Ok(())
+    }
+
+    /// Read a header-carrying metadata block, verifying it on first load.
+    pub fn read(&mut self, blk: u64, magic: u32, structure: &'static str) -> Result<&[u8]> {
+        if !self.cache.contains_key(&blk) {
+            self.load(blk, Kind::Header)?;
+            let uuid = self.uuid;
+            let c = &self.cache[&blk];
+            if let Err(e) = header::verify(&c.data, structure, magic, blk, &uuid) {
+                self.cache.remove(&blk);
+                return Err(e);
+            }
+        }
+        Ok(&self.cache[&blk].data)
+    }
+
+    /// Read an inode-table block (inodes verify themselves).
+    pub fn read_itable(&mut self, blk: u64) -> Result<&[u8]> {
+        self.load(blk, Kind::InodeTable)?;
+        Ok(&self.cache[&blk].data)
+    }
+
+    /// Mutable access to a cached block; it joins the running transaction.
+    /// The block must have been read (or created) first.
+    /// Metadata changes made so far: an operation that fails after this
+    /// moved has left a half-done change in the running transaction.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    pub fn write(&mut self, blk: u64) -> &mut [u8] {
+        self.changes += 1;
+        if self.checkpoint.contains(&blk)
+            && !self.running.contains(&blk)
+            && !self.frozen.contains_key(&blk)
+        {
+            let img = self.cache[&blk].data.clone();
+            self.frozen.insert(blk, img);
+        }
+        self.running.insert(blk);
+        &mut self
+            .cache
+            .get_mut(&blk)
+            .expect("write to a block not in the cache")
+            .data
+    }
+
+    /// A new block with zeroed contents, in the running transaction.
+    pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
+        self.changes += 1;
+        if !self.cache.contains_key(&blk) {
+            self.evict_if_needed();
+            self.cache.insert(
+                blk,
+                Cached {
+                    data: AlignedBuf::zeroed(self.geo.block_size as usize),
+                    kind,
+                },
+            );
+        }
+        let b = self.write(blk);
+        b.fill(0);
+        b
+    }
+
+    /// A block was freed: drop it from the cache and from the running
+    /// transaction. Its older images may still sit in the journal; the
+    /// allocator keeps the block out of use until the next checkpoint.
+    pub fn forget(&mut self, blk: u64) {
+        if self.running.remove(&blk) || self.checkpoint.contains(&blk) {
+            // Keep writing its committed image home if a checkpoint is
+            // pending: harmless (the block is free) and simpler than revoking.
+            if let Some(c) = self.cache.get(&blk) {
+                if self.checkpoint.contains(&blk) && !self.frozen.contains_key(&blk) {
+                    let img = c.data.clone();
+                    self.frozen.insert(blk, img);
+                }
+            }
+        }
+        self.cache.remove(&blk);
+    }
+
+    pub(super) fn evict_if_needed(&mut self) {
+        if self.cache.len() < self.cache_limit {
+            return;
+        }
+        // Drop clean blocks: neither in the running transaction nor waiting
+        // for a checkpoint. Half the cache goes at once to amortise the scan.
+        let target = self.cache_limit / 2;
+        let victims: Vec<u64> = self
+            .cache
+            .keys()
+            .copied()
+            .filter(|b| {
+                !self.running.contains(b)
+                    && !self.checkpoint.contains(b)
+                    && !self.sealed_set.contains(b)
+            })
+            .take(self.cache.len().saturating_sub(target))
+            .collect();
+        for b in victims {
+            self.cache.remove(&b);
+        }
+    }
+}
+
+/// Write the superblock to the slot after the current one and flush. The
+/// two slots alternate, so a torn write leaves the other one intact.
+pub fn write_superblock(dev: &dyn Device, sb: &mut Superblock) -> Result<()> {
+    sb.generation += 1;
+    let bs = sb.block_size as usize;
+    let slot = sb.generation % 2;
+    let mut buf = AlignedBuf::zeroed(bs);
+    sb.encode(&mut buf, slot);
+    dev.write_at(&buf, slot * bs as u64)?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// Read both superblock slots; the valid one with the higher generation
+/// wins. Both invalid is an error naming the first slot's problem.
+pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
+    let mut first = AlignedBuf::zeroed(512);
+    dev.read_at(&mut first, 0)?;
+    let mut best: Option<Superblock> = None;
+    let mut err = None;
+    // The block size is in the superblock; slot 1 is one block further.
+    let guess = Superblock::decode(&first, 0).map(|s| s.block_size).ok();
+    let sizes: Vec<u64> = match guess {
+        Some(bs) => vec![bs as u64],
+        None => (9..=16).map(|s| 1u64 << s).collect(),
+    };
+    for bs in sizes {
+        if bs * 2 > dev.len() {
+            continue;
+        }
+        let mut buf = AlignedBuf::zeroed(bs as usize);
+        for slot in 0..2u64 {
+            dev.read_at(&mut buf, slot * bs)?;
+            match Superblock::decode(&buf, slot) {
+                Ok(sb) if sb.block_size as u64 == bs => {
+                    if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                        best = Some(sb);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    best.ok_or_else(|| {
+        err.unwrap_or_else(|| Error::corrupted("superblock", 0, "no valid superblock slot"))
+    })
+}
+
+/// The device must be at least as large as the file system it holds.
+pub fn check_device_size(dev: &dyn Device, sb: &Superblock) -> Result<()> {
+    let need = sb.total_blocks * sb.block_size as u64;
+    if dev.len() < need {
+        return Err(Error::corrupted(
+            "superblock",
+            0,
+            format!("file system needs {need} bytes, device has {}", dev.len()),
+        ));
+    }
+    Ok(())
+}
