@@ -5,7 +5,6 @@ mod chart;
 mod fsx;
 mod logging;
 mod mount;
-mod target;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};

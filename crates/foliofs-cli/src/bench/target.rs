@@ -4,9 +4,8 @@
 //! targets are the variants: alternated round by round in one run, each
 //! compared with the first.
 
-use crate::bench::{
-    fill, median, plural, progress, ratio, run_threads, BenchArgs, Outcome, Series,
-};
+use super::args::BenchArgs;
+use super::report::{fill, median, plural, progress, ratio, run_threads, Outcome, Ratio, Series};
 use anyhow::{bail, Context, Result};
 use foliofs::device::AlignedBuf;
 use std::fs::{File, OpenOptions};
@@ -74,7 +73,7 @@ fn per_target(
     unit: &str,
     values: &[Vec<f64>],
     seed: &str,
-) -> (Vec<Series>, Vec<crate::bench::Ratio>) {
+) -> (Vec<Series>, Vec<Ratio>) {
     let series = names
         .iter()
         .zip(values)

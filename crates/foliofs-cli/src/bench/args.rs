@@ -1,0 +1,45 @@
+//! The command line of `foliofs bench`.
+
+use std::path::PathBuf;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Workloads: W1, W2, W3, W4, W5 or all.
+    #[arg(default_value = "all")]
+    pub workloads: Vec<String>,
+    /// Image file to build the test file system in (made anew, removed
+    /// afterwards unless --keep).
+    #[arg(long, default_value = "foliofs-bench.img")]
+    pub image: PathBuf,
+    /// Size of each workload's file in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub file_mib: u64,
+    /// A/B rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds per measured pass.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Thread counts for W3.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub threads: Vec<usize>,
+    /// Also run each access pattern on the raw image file with O_DIRECT.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub raw: bool,
+    #[arg(long)]
+    pub json: bool,
+    /// Print the tables as Markdown (for docs/BENCH-RESULTS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+    /// Run the workloads through system calls on these directories
+    /// instead (kernel file systems, a foliofs FUSE mount): each target
+    /// is a variant, compared with the first. Repeat for several.
+    #[arg(long, value_name = "DIR")]
+    pub target: Vec<PathBuf>,
+    /// Write a chart per workload (SVG and PNG) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub chart: Option<PathBuf>,
+    /// Keep the image file.
+    #[arg(long)]
+    pub keep: bool,
+}

@@ -1,0 +1,64 @@
+//! `foliofs bench`: the seed workloads on the engine, in A/B pairs (the
+//! technique on, then its knob off) alternated round by round in one run,
+//! with the raw image file read and written with O_DIRECT beside them.
+//!
+//! W1 (per-block dirty tracking in large folios), W2 (large checksummed
+//! direct reads), W3 (shared inode lock for direct overwrites), W4
+//! (parallel writeback by AG) and W5 (speculative preallocation for tiny
+//! appends); each workload is a module (`w1` .. `w5`) over the engine runner
+//! (`engine`), or, with `--target`, the system-call runner (`target`);
+//! both return `Outcome`s (`report`), printed as tables or JSON.
+
+mod args;
+mod engine;
+mod report;
+mod target;
+mod w1;
+mod w2;
+mod w3;
+mod w4;
+mod w5;
+
+use anyhow::{bail, Context, Result};
+pub use args::BenchArgs;
+pub use report::{median, print, progress_in, Outcome, Series};
+use w1::w1;
+use w2::w2;
+use w3::w3;
+use w4::w4;
+use w5::w5;
+
+pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
+    if args.rounds == 0 || args.file_mib == 0 || args.seconds <= 0.0 {
+        bail!("--rounds, --file-mib and --seconds must be positive");
+    }
+    let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
+    if which.iter().any(|w| w == "ALL") {
+        which = ["W1", "W2", "W3", "W4", "W5"].map(String::from).to_vec();
+    }
+    for w in &which {
+        if !["W1", "W2", "W3", "W4", "W5"].contains(&w.as_str()) {
+            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5 or all");
+        }
+    }
+    if !args.target.is_empty() {
+        return target::run(args, &which);
+    }
+    let mut out = Vec::new();
+    for w in &which {
+        let r = match w.as_str() {
+            "W1" => w1(args),
+            "W2" => w2(args),
+            "W3" => w3(args),
+            "W4" => w4(args),
+            "W5" => w5(args),
+            _ => unreachable!("checked above"),
+        };
+        let r = r.with_context(|| format!("workload {w}"));
+        if !args.keep {
+            let _ = std::fs::remove_file(&args.image);
+        }
+        out.push(r?);
+    }
+    Ok(out)
+}
