@@ -20,7 +20,8 @@
 //!
 //! Freed blocks may still have images in the live journal, which replay
 //! would write home again; they are therefore not reused until the
-//! checkpoint after the commit that freed them (see `Alloc::release`).
+//! checkpoint after the commit that freed them (see `Alloc::free` and
+//! `Alloc::take_freed`).
 
 mod journal;
 
