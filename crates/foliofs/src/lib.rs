@@ -24,6 +24,7 @@ pub mod fs;
 pub mod fsck;
 pub mod geometry;
 pub mod meta;
+mod runs;
 pub mod torture;
 
 pub use error::{Error, Result};

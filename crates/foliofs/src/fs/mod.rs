@@ -188,6 +188,7 @@ impl Inner {
     /// the journal keeps the last whole state, as XFS does when a dirty
     /// transaction is cancelled. Errors found before any change (ENOENT,
     /// EEXIST, ENOSPC at reservation, ...) leave it running.
+    #[inline]
     fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let before = self.meta.changes();
         let r = f(self);

@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{header, journal, magic};
 use crate::geometry::Geometry;
+use crate::runs::runs_by;
 use parking_lot::{Condvar, Mutex};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -374,12 +376,8 @@ impl Meta {
         let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
         let bs = self.geo.block_size as usize;
         let r: Result<()> = (|| {
-            let mut i = 0;
-            while i < blocks.len() {
-                let mut j = i + 1;
-                while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && j - i < 256 {
-                    j += 1;
-                }
+            // Up to 256 consecutive blocks a write.
+            for Range { start: i, end: j } in runs_by(&blocks, 256, |a, b| *b == a + 1) {
                 let mut buf = AlignedBuf::zeroed((j - i) * bs);
                 for (k, b) in blocks[i..j].iter().enumerate() {
                     let img: &[u8] = match self.frozen.get(b) {
@@ -389,7 +387,6 @@ impl Meta {
                     buf[k * bs..(k + 1) * bs].copy_from_slice(img);
                 }
                 self.dev.write_at(&buf, blocks[i] * bs as u64)?;
-                i = j;
             }
             self.dev.flush()?;
             let mut sb = self.sb.clone();

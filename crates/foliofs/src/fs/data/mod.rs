@@ -47,6 +47,7 @@ mod size;
 mod write;
 pub(super) mod writeback;
 
+pub(in crate::fs) use crate::runs::runs;
 pub(in crate::fs) use write::{drive, Locked};
 
 /// Largest file offset: keeps block arithmetic far from overflow.
@@ -54,15 +55,3 @@ pub const MAX_FILE_SIZE: u64 = 1 << 50;
 
 /// Largest device I/O writeback and reads issue (1 MiB at 4 KiB blocks).
 pub(in crate::fs) const MAX_IO_BLOCKS: u64 = 256;
-
-/// Sorted values -> runs of consecutive values (start, count).
-pub(in crate::fs) fn runs(v: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &x in v {
-        match out.last_mut() {
-            Some((s, n)) if *s + *n == x => *n += 1,
-            _ => out.push((x, 1)),
-        }
-    }
-    out
-}

@@ -403,9 +403,11 @@ impl DerefMut for Locked<'_> {
 }
 
 impl Held for Locked<'_> {
+    #[inline]
     fn step<T>(&mut self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
         self.g.guarded(f)
     }
+    #[inline]
     fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
         MutexGuard::unlocked(&mut self.g, f)
     }
@@ -421,6 +423,7 @@ impl Held for Locked<'_> {
 /// The buffered-write driver, the one loop: begin, then a step per folio
 /// (copying, waiting or mapping memory as the step asks), then end.
 /// Returns the bytes written and whether write-behind should be kicked.
+#[inline]
 pub(in crate::fs) fn drive<H: Held>(
     h: &mut H,
     ino: u64,

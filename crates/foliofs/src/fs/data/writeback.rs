@@ -26,7 +26,9 @@ use crate::device::Device;
 use crate::format::data_crc;
 use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
 use crate::fs::{bump, Error, Inner, Result, Shared};
+use crate::runs::runs_by;
 use parking_lot::MutexGuard;
+use std::ops::Range;
 
 /// Most bytes one job writes: a writer that must change a folio under
 /// writeback waits for its whole job.
@@ -242,16 +244,8 @@ impl Inner {
         // Runs: contiguous on the device and in the file, at most
         // MAX_IO_BLOCKS, a piece per folio they cross.
         let ip = self.inodes.get_mut(&ino).unwrap();
-        let mut i = 0;
-        while i < targets.len() {
-            let mut j = i + 1;
-            while j < targets.len()
-                && targets[j].1 == targets[j - 1].1 + 1
-                && targets[j].0 == targets[j - 1].0 + 1
-                && ((j - i) as u64) < MAX_IO_BLOCKS
-            {
-                j += 1;
-            }
+        let follows = |a: &(u64, u64, bool), b: &(u64, u64, bool)| b.0 == a.0 + 1 && b.1 == a.1 + 1;
+        for Range { start: i, end: j } in runs_by(&targets, MAX_IO_BLOCKS as usize, follows) {
             let mut pieces = Vec::new();
             let mut k = 0;
             while k < j - i {
@@ -276,7 +270,6 @@ impl Inner {
                 blocks: (j - i) as u64,
                 pieces,
             });
-            i = j;
         }
         let mut fresh: Vec<u64> = targets.iter().filter(|t| t.2).map(|t| t.0).collect();
         fresh.sort_unstable();
@@ -330,17 +323,11 @@ impl Inner {
             None => {
                 let mut crcs = job.crcs;
                 crcs.sort_unstable_by_key(|c| c.0);
-                let mut i = 0;
                 let mut v = Vec::new();
-                while i < crcs.len() {
-                    let mut j = i + 1;
-                    while j < crcs.len() && crcs[j].0 == crcs[j - 1].0 + 1 {
-                        j += 1;
-                    }
+                for r in runs_by(&crcs, usize::MAX, |a, b| b.0 == a.0 + 1) {
                     v.clear();
-                    v.extend(crcs[i..j].iter().map(|c| c.1));
-                    set_csums(cx.meta, crcs[i].0, &v)?;
-                    i = j;
+                    v.extend(crcs[r.clone()].iter().map(|c| c.1));
+                    set_csums(cx.meta, crcs[r.start].0, &v)?;
                 }
                 for &(l, n) in &job.fresh {
                     ip.ext_mark_written(&mut cx, l, l + n)?;

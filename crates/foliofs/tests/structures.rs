@@ -1,0 +1,207 @@
+//! The structures under the engine, each against a model: the B+tree
+//! (splits, merges and deletes of random keys and value sizes), the
+//! journal (replay of every prefix of the device's writes), and the
+//! delayed-allocation books through writes, writeback and close.
+
+use foliofs::alloc::Alloc;
+use foliofs::btree::Tree;
+use foliofs::device::{CrashDevice, Device, MemDevice};
+use foliofs::format::btree_node::TreeType;
+use foliofs::fs::{mkfs, MkfsOptions, MountOptions};
+use foliofs::meta::{self, Meta};
+use foliofs::Fs;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+mod common;
+
+/// A fresh file system's metadata layer on `dev`.
+fn metadata(dev: Arc<dyn Device>) -> (Meta, Alloc) {
+    let sb = meta::read_superblock(&*dev).unwrap();
+    let mut m = Meta::new(dev, sb, 64 << 20);
+    let a = Alloc::load(&mut m).unwrap();
+    (m, a)
+}
+
+fn formatted(bytes: u64, block_size: u32) -> MemDevice {
+    let mem = MemDevice::new(bytes);
+    let opts = MkfsOptions {
+        block_size,
+        ..Default::default()
+    };
+    mkfs(&mem, &opts, |_, _| {}).unwrap();
+    mem
+}
+
+const TREE: Tree = Tree {
+    owner: 77,
+    tt: TreeType::Xattr,
+    ag: 0,
+};
+
+/// Every entry of the tree, in order.
+fn entries(m: &mut Meta, root: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let batch = TREE.scan(m, root, from, 1).unwrap();
+        let Some(last) = batch.last().map(|(k, _)| *k) else {
+            return out;
+        };
+        out.extend(batch);
+        if last == u64::MAX {
+            return out;
+        }
+        from = last + 1;
+    }
+}
+
+#[test]
+fn btree_against_a_model() {
+    // 512-byte blocks: a node holds a few entries, so the tree grows
+    // several levels deep and splits and merges all the time.
+    let dev: Arc<dyn Device> = Arc::new(formatted(32 << 20, 512));
+    let (mut m, mut a) = metadata(dev);
+    let max = foliofs::btree::max_value_len(512);
+    let mut rng = SmallRng::seed_from_u64(19);
+    let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut root = 0u64;
+    let mut deepest = 0;
+    for i in 0..20_000u32 {
+        let key = rng.random_range(0..3000u64) * 7;
+        if rng.random_bool(0.6) {
+            let len = rng.random_range(0..=max);
+            let v: Vec<u8> = (0..len).map(|j| (j as u32 ^ i) as u8).collect();
+            TREE.insert(&mut m, &mut a, &mut root, key, &v).unwrap();
+            model.insert(key, v);
+        } else {
+            let got = TREE.remove(&mut m, &mut a, &mut root, key).unwrap();
+            assert_eq!(got, model.remove(&key), "remove {key} at op {i}");
+        }
+        let probe = rng.random_range(0..3000u64) * 7;
+        assert_eq!(
+            TREE.get(&mut m, root, probe).unwrap(),
+            model.get(&probe).cloned(),
+            "get {probe} at op {i}"
+        );
+        if i % 500 == 0 {
+            let all: Vec<_> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
+            assert!(entries(&mut m, root) == all, "scan differs at op {i}");
+            // walk checks every level and pointer.
+            let blocks = TREE.walk(&mut m, root, |_, _| Ok(())).unwrap();
+            deepest = deepest.max(blocks.len());
+            let le = TREE.find_le(&mut m, root, probe).unwrap().map(|(k, _)| k);
+            assert_eq!(le, model.range(..=probe).next_back().map(|(k, _)| *k));
+        }
+    }
+    assert!(deepest > 50, "the tree never grew past {deepest} nodes");
+    // Empty it: every node is given back.
+    for k in model.keys().copied().collect::<Vec<_>>() {
+        TREE.remove(&mut m, &mut a, &mut root, k).unwrap();
+    }
+    assert_eq!(root, 0, "an empty tree has no root");
+}
+
+#[test]
+fn journal_replay_of_every_prefix() {
+    let mem = formatted(16 << 20, 4096);
+    let dev = Arc::new(CrashDevice::new(mem.image()));
+    let (mut m, mut a) = metadata(dev.clone());
+    // After each commit: the tree's root, its entries, and how many
+    // device writes had been issued.
+    let mut states = vec![(0u64, Vec::new(), dev.write_count())];
+    let mut root = 0u64;
+    let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    for t in 0..12u64 {
+        for k in 0..40u64 {
+            let key = (k * 13 + t * 5) % 200;
+            if (k + t) % 4 == 0 {
+                TREE.remove(&mut m, &mut a, &mut root, key).unwrap();
+                model.remove(&key);
+            } else {
+                let v = vec![t as u8; 100 + (k as usize * 37) % 900];
+                TREE.insert(&mut m, &mut a, &mut root, key, &v).unwrap();
+                model.insert(key, v);
+            }
+        }
+        m.commit().unwrap();
+        let all = model.iter().map(|(k, v)| (*k, v.clone())).collect();
+        states.push((root, all, dev.write_count()));
+    }
+    assert!(m.stats.checkpoints > 0, "the journal never filled");
+    drop(m);
+    // Every prefix of the writes, in order: replay gives the state of the
+    // last transaction all of whose writes are in the prefix, checkpoints
+    // (home writes, then the superblock's new tail) included.
+    let log = dev.log();
+    let writes: Vec<&(u64, Vec<u8>)> = log.epochs.iter().flatten().collect();
+    assert_eq!(writes.len() as u64, states.last().unwrap().2 - states[0].2);
+    let first = states[0].2;
+    for n in 0..=writes.len() {
+        let mut img = log.initial.clone();
+        for (off, data) in &writes[..n] {
+            img[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+        }
+        let want = states
+            .iter()
+            .rposition(|s| s.2 - first <= n as u64)
+            .unwrap();
+        let d = Arc::new(MemDevice::from_image(img));
+        let mut sb = meta::read_superblock(&*d).unwrap();
+        // A checkpoint (the journal fills after a few transactions here)
+        // moves the tail, so replay applies only what came after it.
+        let replayed = meta::replay(&*d, &mut sb).unwrap();
+        assert!(
+            replayed <= want as u64,
+            "{replayed} replayed from {n} writes"
+        );
+        let (mut m2, _) = metadata(d);
+        let (root, want_entries, _) = &states[want];
+        assert!(
+            entries(&mut m2, *root) == *want_entries,
+            "after {n} writes the tree is not transaction {want}'s"
+        );
+    }
+}
+
+#[test]
+fn delalloc_books_balance_through_writes_writeback_and_close() {
+    let dev = Arc::new(formatted(64 << 20, 4096));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let root = fs.root_ino();
+    let free0 = fs.statfs().unwrap().blocks_free;
+    let (a, f) = fs
+        .create(root, b"appends", 0o644, 0, 0)
+        .and_then(|a| fs.open_file(a.ino))
+        .unwrap();
+    for i in 0..20_000u64 {
+        fs.write(a.ino, i, &[i as u8]).unwrap();
+        if i % 4096 == 0 {
+            fs.check_invariants().unwrap();
+        }
+    }
+    let c = fs.counters();
+    assert!(c.prealloc_reserved > 0, "appends reserved no preallocation");
+    let held = free0 - fs.statfs().unwrap().blocks_free;
+    assert!(held >= 5, "20,000 bytes of delayed data hold {held} blocks");
+    fs.fsync_file(&f, false).unwrap();
+    fs.check_invariants().unwrap();
+    fs.release_file(f).unwrap();
+    fs.check_invariants().unwrap();
+    // Closed: the file holds its 5 blocks and nothing past EOF.
+    let at = fs.getattr(a.ino).unwrap();
+    assert_eq!(at.allocated, 5 * 4096, "blocks past EOF after close");
+    assert_eq!(
+        fs.statfs().unwrap().blocks_free,
+        free0 - 5,
+        "after close only the file's own blocks are held"
+    );
+    fs.unlink(root, b"appends").unwrap();
+    fs.sync().unwrap();
+    fs.check_invariants().unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, free0, "space given back");
+    fs.unmount().unwrap();
+    common::fsck_clean(dev, "after the appends");
+}
