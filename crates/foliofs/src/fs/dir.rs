@@ -3,10 +3,10 @@
 
 use super::inode::Inode;
 use super::types::FileType;
-use super::Ctx;
 use crate::error::{Error, Result};
 use crate::format::dirent::NAME_MAX;
 pub use crate::format::dirent::{decode, encode, name_key, Dirent, COOKIE_DOT, COOKIE_DOTDOT};
+use crate::fs::state::Ctx;
 
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)

@@ -3,10 +3,11 @@
 //!
 //! The extent encoding is `format::extent`.
 
+use super::bump;
 use super::inode::{inline_len, Fork, Inode};
-use super::{bump, Ctx};
 use crate::error::{Error, Result};
 use crate::format::inode::LITERAL_SIZE;
+use crate::fs::state::Ctx;
 
 pub use crate::format::extent::{Extent, MAX_EXTENT_LEN};
 

@@ -6,7 +6,6 @@
 
 use super::folio::Cache;
 use super::types::FileType;
-use super::{Ctx, Inner};
 use crate::books::take;
 use crate::btree::Tree;
 use crate::error::{Error, Result};
@@ -15,6 +14,7 @@ use crate::format::btree_node::TreeType;
 pub(crate) use crate::format::inode::{inline_len, Fork};
 use crate::format::inode::{DiskInode, ForkFormat, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE};
 use crate::format::magic;
+use crate::fs::state::{Ctx, Inner};
 
 pub(crate) struct Inode {
     pub d: DiskInode,
@@ -198,11 +198,11 @@ impl Inode {
     }
 
     pub fn touch_ctime(&mut self) {
-        self.d.ctime = super::now();
+        self.d.ctime = crate::fs::state::now();
     }
 
     pub fn touch_mtime(&mut self) {
-        let t = super::now();
+        let t = crate::fs::state::now();
         self.d.mtime = t;
         self.d.ctime = t;
     }
@@ -281,7 +281,7 @@ impl Inner {
                 .generation
                 .wrapping_add(1)
         };
-        let t = super::now();
+        let t = crate::fs::state::now();
         let mut d = DiskInode::new(ino);
         d.mode = mode;
         d.uid = uid;

@@ -5,9 +5,9 @@ use super::dir::{check_name, COOKIE_DOT, COOKIE_DOTDOT};
 use super::inode::Fork;
 use super::types::*;
 use super::xattr::XATTR_CREATE;
-use super::Inner;
 use crate::error::{Error, Result};
 use crate::format::inode::LITERAL_SIZE;
+use crate::fs::state::Inner;
 
 const LINK_MAX: u32 = 65000;
 
@@ -82,7 +82,7 @@ impl Inner {
         }
         let (ip, mut cx) = self.with(ino)?;
         let ts = |t: TimeSet| match t {
-            TimeSet::Now => super::now(),
+            TimeSet::Now => crate::fs::state::now(),
             TimeSet::At(t) => t,
         };
         if let Some(m) = set.mode {

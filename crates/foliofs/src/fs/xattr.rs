@@ -8,11 +8,11 @@
 use super::acl::{self, Acl};
 use super::dir::name_key;
 use super::types::{FileType, XATTR_NAME_MAX};
-use super::Inner;
 use crate::btree::max_value_len;
 use crate::error::{Error, Result};
 pub use crate::format::xattr::XATTR_VALUE_MAX;
 use crate::format::xattr::{assemble, cont, head, piece, Piece, CONT_HEADER};
+use crate::fs::state::Inner;
 
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;

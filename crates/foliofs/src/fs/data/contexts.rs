@@ -13,7 +13,8 @@
 //! proportion, never by an unbounded queue; sync waits on every context,
 //! and fsync of one inode is independent of the others.
 
-use crate::fs::{bump, Fs, Inner, Result, Shared};
+use crate::fs::state::{Inner, Shared};
+use crate::fs::{bump, Fs, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

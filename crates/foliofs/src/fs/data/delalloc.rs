@@ -18,9 +18,10 @@
 use crate::books::take;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
+use crate::fs::bump;
 use crate::fs::fork::Extent;
 use crate::fs::inode::Inode;
-use crate::fs::{bump, Ctx, Inner};
+use crate::fs::state::{Ctx, Inner};
 
 impl Inode {
     /// Allocate up to `want` blocks for file block `lblk` on, next to the

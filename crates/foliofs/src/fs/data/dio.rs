@@ -45,7 +45,8 @@ use crate::error::{Error, Result};
 use crate::format::data_crc;
 use crate::fs::inode::{DioWrite, Inode};
 use crate::fs::iolock::Mode;
-use crate::fs::{bump, Ctx, Fs, Inner};
+use crate::fs::state::{Ctx, Inner};
+use crate::fs::{bump, Fs};
 use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
 

@@ -6,7 +6,8 @@ use super::folio::{Folio, MAX_FOLIO_BLOCKS};
 use crate::books::take;
 use crate::device::AlignedBuf;
 use crate::error::Result;
-use crate::fs::{bump, Inner};
+use crate::fs::bump;
+use crate::fs::state::Inner;
 
 impl Inner {
     /// A folio for file block `lblk`: the one holding it, or a new one of

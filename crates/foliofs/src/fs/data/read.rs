@@ -7,8 +7,9 @@ use crate::csums::get_csums;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::data_crc;
+use crate::fs::bump;
 use crate::fs::inode::Inode;
-use crate::fs::{bump, Ctx, Inner};
+use crate::fs::state::{Ctx, Inner};
 
 impl Inode {
     /// Read `count` mapped blocks starting at file block `lblk` (device

@@ -7,8 +7,8 @@ use super::MAX_FILE_SIZE;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
 use crate::fs::fork::Extent;
+use crate::fs::state::Inner;
 use crate::fs::types::{ExtentInfo, Falloc, Whence};
-use crate::fs::Inner;
 
 impl Inner {
     /// Zero bytes [from, to) of block `lblk` if it holds data; returns the

@@ -11,8 +11,9 @@ use super::MAX_FILE_SIZE;
 use crate::books::take;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
+use crate::fs::bump;
 use crate::fs::fork::Extent;
-use crate::fs::{bump, Inner, Shared};
+use crate::fs::state::{Inner, Shared};
 use parking_lot::MutexGuard;
 use std::ops::{Deref, DerefMut};
 

@@ -1,0 +1,205 @@
+//! The engine's shared state: `Inner` behind the metadata lock (the
+//! metadata cache and journal, the allocator, the in-memory inodes and the
+//! page cache's books), `Shared` between the API and the writeback
+//! threads, and `Ctx`, what the parts borrow together. Every metadata
+//! change runs through `Inner::guarded` and ends with `maybe_commit`.
+
+use super::contexts::ContextStats;
+use super::counters::Counters;
+use super::folio::BufPool;
+use super::inode::Inode;
+use super::iolock::IoLocks;
+use super::options::MountOptions;
+use crate::alloc::Alloc;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::meta::Meta;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::Arc;
+
+/// Knobs that can change while mounted.
+pub(crate) struct Knobs {
+    pub dio_max_blocks: AtomicU64,
+    pub dio_exclusive: AtomicBool,
+    /// Writeback contexts in use (1 ..= MAX_WB_CONTEXTS).
+    pub wb_contexts: AtomicUsize,
+}
+
+/// What the engine's parts borrow together: metadata cache/journal,
+/// allocator and counters.
+pub(crate) struct Ctx<'a> {
+    pub meta: &'a mut Meta,
+    pub alloc: &'a mut Alloc,
+    pub counters: &'a Counters,
+}
+
+impl Ctx<'_> {
+    /// Allocate, making room first if frees are only waiting for a checkpoint.
+    pub fn alloc(&mut self, ag: u32, goal: Option<u64>, want: u64) -> Result<(u64, u64)> {
+        match self.alloc.alloc(self.meta, ag, goal, want) {
+            Err(Error::NoSpace) if self.reclaimable() => {
+                self.reclaim()?;
+                self.alloc.alloc(self.meta, ag, goal, want)
+            }
+            r => r,
+        }
+    }
+
+    pub fn reclaimable(&self) -> bool {
+        !self.meta.freed_running.is_empty() || !self.meta.freed_committed.is_empty()
+    }
+
+    /// Commit and checkpoint so that freed blocks become reusable.
+    pub fn reclaim(&mut self) -> Result<()> {
+        self.meta.commit()?;
+        self.meta.checkpoint()?;
+        self.alloc.take_freed(self.meta);
+        Ok(())
+    }
+
+    /// Reserve blocks for dirty data, reclaiming first if that helps.
+    pub fn reserve(&mut self, n: u64) -> Result<()> {
+        self.alloc.take_freed(self.meta);
+        match self.alloc.reserve(n) {
+            Err(Error::NoSpace) if self.reclaimable() => {
+                self.reclaim()?;
+                self.alloc.reserve(n)
+            }
+            r => r,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub meta: Meta,
+    pub alloc: Alloc,
+    pub inodes: HashMap<u64, Inode>,
+    pub opts: MountOptions,
+    pub dirty_bytes: u64,
+    /// Bytes of all folios in the page cache.
+    pub cache_bytes: u64,
+    /// Clock for the cache's least-recently-used eviction.
+    pub tick: u64,
+    pub counters: Arc<Counters>,
+    /// Freed folio and writeback buffers for reuse.
+    pub pool: BufPool,
+    /// Per AG: dirty inodes, oldest first (see `writeback`).
+    pub dirty_queues: Vec<std::collections::VecDeque<u64>>,
+    /// Per AG: inodes whose sequential writer is due for write-behind.
+    pub behind_queues: Vec<std::collections::VecDeque<u64>>,
+    /// Writeback errors on any inode so far, and how many `sync` has
+    /// reported.
+    pub wb_errors: u64,
+    pub wb_errors_synced: u64,
+}
+
+/// What the API and the writeback threads share.
+pub(crate) struct Shared {
+    pub inner: Mutex<Inner>,
+    pub counters: Arc<Counters>,
+    pub dev: Arc<dyn Device>,
+    pub block_size: u64,
+    pub iolocks: IoLocks,
+    pub knobs: Knobs,
+    /// Checksum arrays for direct reads, each at most the I/O cap long.
+    pub csum_pool: Mutex<Vec<Vec<u32>>>,
+    pub next_dio_id: AtomicU64,
+    pub data_flush: Arc<crate::meta::DataFlush>,
+    /// Signalled (with `inner`) when a writeback completes: fsync,
+    /// truncate and throttled writers wait on it.
+    pub wb_done: Condvar,
+    /// Wakes the writeback contexts (with `inner`).
+    pub wb_kick: Condvar,
+    /// Per-context statistics, `MAX_WB_CONTEXTS` long.
+    pub wb_stats: Vec<ContextStats>,
+    /// Set at unmount: the writeback threads exit.
+    pub stopping: AtomicBool,
+}
+
+impl Inner {
+    pub fn ctx(&mut self) -> Ctx<'_> {
+        self.split().1
+    }
+
+    /// The inode table, a context and the buffer pool, borrowed apart.
+    pub fn split(&mut self) -> (&mut HashMap<u64, Inode>, Ctx<'_>, &mut BufPool) {
+        let Inner {
+            meta,
+            alloc,
+            inodes,
+            counters,
+            pool,
+            ..
+        } = self;
+        (
+            inodes,
+            Ctx {
+                meta,
+                alloc,
+                counters,
+            },
+            pool,
+        )
+    }
+
+    pub(in crate::fs) fn check_writable(&self) -> Result<()> {
+        self.meta.check_live()?;
+        if self.opts.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Run one metadata operation. If it fails with an I/O error or
+    /// corruption after changing metadata, the change is half done and
+    /// sits in the running transaction: committing it would make the
+    /// damage durable (an inode marked in use that no directory names, a
+    /// block in two places), so the file system shuts down instead and
+    /// the journal keeps the last whole state, as XFS does when a dirty
+    /// transaction is cancelled. Errors found before any change (ENOENT,
+    /// EEXIST, ENOSPC at reservation, ...) leave it running.
+    #[inline]
+    pub(in crate::fs) fn guarded<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        let before = self.meta.changes();
+        let r = f(self);
+        if let Err(e) = &r {
+            if matches!(e, Error::Io(_) | Error::Corrupted { .. }) && self.meta.changes() != before
+            {
+                log::error!("shutting down: an operation failed half way: {e}");
+                self.meta
+                    .poison(format!("a metadata operation failed half way ({e})"));
+            }
+        }
+        r
+    }
+
+    /// Commit at an operation boundary when the running transaction grows
+    /// past a quarter of the journal, so no transaction outgrows it.
+    pub(in crate::fs) fn maybe_commit(&mut self) -> Result<()> {
+        if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+            self.meta.commit()?;
+        }
+        if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
+            self.meta.checkpoint()?;
+        }
+        // After every operation, so free-space counts (ENOSPC pressure,
+        // reservations) see what its commits made reusable.
+        self.alloc.take_freed(&mut self.meta);
+        Ok(())
+    }
+}
+
+pub(crate) fn now() -> crate::format::inode::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::format::inode::Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
