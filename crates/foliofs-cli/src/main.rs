@@ -115,7 +115,7 @@ enum Cmd {
     /// Unmount a foliofs mount and wait until its daemon has written everything
     /// and left the image clean. Exit 0 when clean, 32 otherwise.
     Umount { dir: PathBuf },
-    /// Run the seed workloads in A/B pairs on a fresh image (W1..W5 or all).
+    /// Run the seed workloads in A/B pairs on a fresh image (W1..W5, W6 metadata, or all).
     Bench(bench::BenchArgs),
     /// Reliability harnesses: long seeded runs that check every result.
     Torture {

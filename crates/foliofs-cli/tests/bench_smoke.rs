@@ -18,7 +18,7 @@ fn bench_smoke_json() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let outcomes = v.as_array().unwrap();
     let ids: Vec<&str> = outcomes.iter().map(|o| o["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["W1", "W2", "W3", "W4", "W5"]);
+    assert_eq!(ids, ["W1", "W2", "W3", "W4", "W5", "W6"]);
     for o in outcomes {
         for s in o["series"].as_array().unwrap() {
             let vals = s["values"].as_array().unwrap();
@@ -26,7 +26,7 @@ fn bench_smoke_json() {
             assert!(vals.iter().all(|x| x.as_f64().unwrap() >= 0.0), "{s}");
             // Rates are measured, never zero; counts (lookups, blocks
             // past EOF) may be.
-            if ["MiB/s", "IOPS", "appends/s"].contains(&s["unit"].as_str().unwrap()) {
+            if ["MiB/s", "IOPS", "appends/s", "entries/s"].contains(&s["unit"].as_str().unwrap()) {
                 assert!(vals.iter().all(|x| x.as_f64().unwrap() > 0.0), "{s}");
             }
         }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads: W1, W2, W3, W4, W5 or all.
+    /// Workloads: W1, W2, W3, W4, W5, W6 (metadata) or all.
     #[arg(default_value = "all")]
     pub workloads: Vec<String>,
     /// Image file to build the test file system in (made anew, removed

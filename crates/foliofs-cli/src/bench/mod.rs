@@ -18,6 +18,7 @@ mod w2;
 mod w3;
 mod w4;
 mod w5;
+mod w6;
 
 use anyhow::{bail, Context, Result};
 pub use args::BenchArgs;
@@ -27,6 +28,7 @@ use w2::w2;
 use w3::w3;
 use w4::w4;
 use w5::w5;
+use w6::w6;
 
 pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     if args.rounds == 0 || args.file_mib == 0 || args.seconds <= 0.0 {
@@ -34,11 +36,13 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     }
     let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
     if which.iter().any(|w| w == "ALL") {
-        which = ["W1", "W2", "W3", "W4", "W5"].map(String::from).to_vec();
+        which = ["W1", "W2", "W3", "W4", "W5", "W6"]
+            .map(String::from)
+            .to_vec();
     }
     for w in &which {
-        if !["W1", "W2", "W3", "W4", "W5"].contains(&w.as_str()) {
-            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5 or all");
+        if !["W1", "W2", "W3", "W4", "W5", "W6"].contains(&w.as_str()) {
+            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5, W6 or all");
         }
     }
     if !args.target.is_empty() {
@@ -52,6 +56,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
             "W3" => w3(args),
             "W4" => w4(args),
             "W5" => w5(args),
+            "W6" => w6(args),
             _ => unreachable!("checked above"),
         };
         let r = r.with_context(|| format!("workload {w}"));

@@ -6,6 +6,7 @@
 
 use super::args::BenchArgs;
 use super::report::{fill, median, plural, progress, ratio, run_threads, Outcome, Ratio, Series};
+use super::w6::{content, file_count, tree, PHASES};
 use anyhow::{bail, Context, Result};
 use foliofs::device::AlignedBuf;
 use std::fs::{File, OpenOptions};
@@ -371,6 +372,106 @@ fn w5(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     })
 }
 
+/// Make `dir`'s file system durable (syncfs).
+fn syncfs(dir: &Path) -> Result<()> {
+    let f = File::open(dir)?;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
+        bail!(
+            "syncfs {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// W6: the metadata tree through system calls; "cold" after the kernel's
+/// caches are dropped (root), "warm" right after.
+fn w6(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
+    let entries = tree(file_count(args));
+    let mut rates = vec![vec![Vec::new(); PHASES.len()]; dirs.len()];
+    let mut dropped = true;
+    rounds(args, "W6", dirs, names, |t, dir| {
+        let root = dir.join("w6");
+        let r = &mut rates[t];
+        let timed = |r: &mut Vec<f64>, n: usize, f: &mut dyn FnMut() -> Result<()>| {
+            let t0 = Instant::now();
+            f()?;
+            r.push(n as f64 / t0.elapsed().as_secs_f64());
+            Ok::<(), anyhow::Error>(())
+        };
+        std::fs::create_dir(&root)?;
+        timed(&mut r[0], entries.len(), &mut || {
+            for (i, e) in entries.iter().enumerate() {
+                let p = root.join(&e.path);
+                match e.size {
+                    None => std::fs::create_dir(&p)?,
+                    Some(n) => std::fs::write(&p, content(i, n))?,
+                }
+            }
+            syncfs(&root)
+        })?;
+        dropped &= std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+        for phase in [1, 2] {
+            timed(&mut r[phase], entries.len(), &mut || {
+                for e in &entries {
+                    let m = std::fs::symlink_metadata(root.join(&e.path))?;
+                    anyhow::ensure!(m.is_dir() == e.size.is_none(), "{}: wrong type", e.path);
+                }
+                Ok(())
+            })?;
+        }
+        let mut listed = 0;
+        let t0 = Instant::now();
+        for e in entries.iter().filter(|e| e.size.is_none()) {
+            listed += std::fs::read_dir(root.join(&e.path))?.count();
+        }
+        r[3].push(listed as f64 / t0.elapsed().as_secs_f64());
+        let files = entries.iter().filter(|e| e.size.is_some()).count();
+        timed(&mut r[4], files, &mut || {
+            for e in entries.iter().filter(|e| e.size.is_some()) {
+                let p = root.join(&e.path);
+                std::fs::rename(&p, p.with_extension("txt.r"))?;
+            }
+            Ok(())
+        })?;
+        timed(&mut r[5], entries.len(), &mut || {
+            for e in entries.iter().rev() {
+                let p = root.join(&e.path);
+                match e.size {
+                    Some(_) => std::fs::remove_file(p.with_extension("txt.r"))?,
+                    None => std::fs::remove_dir(&p)?,
+                }
+            }
+            std::fs::remove_dir(&root)?;
+            syncfs(dir)
+        })
+    })?;
+    let mut series = Vec::new();
+    let mut ratios = Vec::new();
+    for (k, phase) in PHASES.iter().enumerate() {
+        let per: Vec<Vec<f64>> = rates.iter().map(|r| r[k].clone()).collect();
+        let (s, r) = per_target(names, phase, "entries/s", &per, "");
+        series.extend(s);
+        ratios.extend(r);
+    }
+    let mut notes = Vec::new();
+    if !dropped {
+        notes.push("could not drop the kernel's caches (not root): cold = warm".into());
+    }
+    Ok(Outcome {
+        id: "W6".into(),
+        title: format!(
+            "metadata: a tree of {} entries created, stat-ed, listed, renamed, removed",
+            entries.len()
+        ),
+        series,
+        ratios,
+        notes,
+    })
+}
+
 /// The chosen workloads on every `--target`.
 pub fn run(args: &BenchArgs, which: &[String]) -> Result<Vec<Outcome>> {
     let dirs = work_dirs(args)?;
@@ -390,6 +491,7 @@ pub fn run(args: &BenchArgs, which: &[String]) -> Result<Vec<Outcome>> {
             "W3" => w3(args, &dirs, &names),
             "W4" => w4(args, &dirs, &names),
             "W5" => w5(args, &dirs, &names),
+            "W6" => w6(args, &dirs, &names),
             _ => unreachable!("checked by the caller"),
         };
         for d in &dirs {
