@@ -35,6 +35,10 @@ use std::time::{Duration, Instant};
 /// limit (768 MiB by default) and checkpoints, seconds on any disk.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
+/// How long an unmarked, unmounted holder is given to finish arriving or
+/// leaving before it counts as busy.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// Who holds an image, as far as can be known.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holder {
@@ -275,6 +279,11 @@ pub(crate) fn acquire(
                     return Err(busy(path, &Holder::default()));
                 }
             }
+            // Held by an owner that is not (or no longer) marked and has
+            // no mount: one arriving or leaving (a process that exits
+            // drops its daemon mark before its flock). Look again for a
+            // moment before calling it busy.
+            Some(Verdict::Busy(h)) if h.mount_point.is_none() && started.elapsed() < SETTLE => {}
             Some(Verdict::Busy(h)) => return Err(busy(path, &h)),
             Some(Verdict::Wait(h)) => {
                 if started.elapsed() >= wait {
