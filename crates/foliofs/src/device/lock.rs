@@ -37,7 +37,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
 /// How long an unmarked, unmounted holder is given to finish arriving or
 /// leaving before it counts as busy.
-const SETTLE: Duration = Duration::from_secs(1);
+const SETTLE: Duration = Duration::from_millis(300);
 
 /// Who holds an image, as far as can be known.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -348,7 +348,8 @@ mod tests {
         let h = holder(&b, &p).unwrap().expect("held");
         assert_eq!(h.pid, Some(std::process::id()));
         assert!(!h.daemon && h.mount_point.is_none());
-        // Not a daemon: a second opener fails at once, naming the holder.
+        // Not a daemon: a second opener fails (after the settle time),
+        // naming the holder.
         let t = Instant::now();
         let e = acquire(&p, Duration::from_secs(5), || own(&p), || File::open(&p)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
