@@ -37,7 +37,6 @@ use data::Locked;
 use iolock::{IoLocks, Mode};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use state::{now, Inner, Knobs, Shared};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -75,7 +74,7 @@ impl Fs {
         let mut inner = Inner {
             meta,
             alloc,
-            inodes: HashMap::new(),
+            inodes: Default::default(),
             opts,
             dirty_bytes: 0,
             cache_bytes: 0,

@@ -14,8 +14,8 @@ use crate::alloc::Alloc;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::U64Map;
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
@@ -75,7 +75,7 @@ impl Ctx<'_> {
 pub(crate) struct Inner {
     pub meta: Meta,
     pub alloc: Alloc,
-    pub inodes: HashMap<u64, Inode>,
+    pub inodes: U64Map<Inode>,
     pub opts: MountOptions,
     pub dirty_bytes: u64,
     /// Bytes of all folios in the page cache.
@@ -124,7 +124,7 @@ impl Inner {
     }
 
     /// The inode table, a context and the buffer pool, borrowed apart.
-    pub fn split(&mut self) -> (&mut HashMap<u64, Inode>, Ctx<'_>, &mut BufPool) {
+    pub fn split(&mut self) -> (&mut U64Map<Inode>, Ctx<'_>, &mut BufPool) {
         let Inner {
             meta,
             alloc,

@@ -30,9 +30,10 @@ use crate::error::{Error, Result};
 use crate::format::header;
 use crate::format::superblock::Superblock;
 use crate::geometry::Geometry;
+use crate::U64Map;
 use journal::InFlight;
 pub use journal::{replay, DataFlush, JournalIo, JournalStats, SealedTx};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +54,12 @@ pub struct Meta {
     pub geo: Geometry,
     pub uuid: [u8; 16],
     pub sb: Superblock,
-    cache: HashMap<u64, Cached>,
+    cache: U64Map<Cached>,
     running: BTreeSet<u64>,
     /// Metadata changes made so far (each write or create of a block).
     changes: u64,
     checkpoint: BTreeSet<u64>,
-    frozen: HashMap<u64, AlignedBuf>,
+    frozen: U64Map<AlignedBuf>,
     head_pos: u64,
     head_seq: u64,
     /// Blocks freed by the running transaction; then by committed ones
@@ -91,11 +92,11 @@ impl Meta {
             cache_limit: (cache_limit_bytes / geo.block_size).max(256) as usize,
             geo,
             sb,
-            cache: HashMap::new(),
+            cache: Default::default(),
             running: BTreeSet::new(),
             changes: 0,
             checkpoint: BTreeSet::new(),
-            frozen: HashMap::new(),
+            frozen: Default::default(),
             freed_running: Vec::new(),
             freed_committed: Vec::new(),
             freed_reusable: Vec::new(),

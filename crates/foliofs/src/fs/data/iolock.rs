@@ -13,9 +13,9 @@
 //! operation holds two I/O locks.
 
 use crate::fs::{bump, Counters};
+use crate::U64Map;
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,7 +34,7 @@ pub(crate) enum IoGuard {
 
 #[derive(Default)]
 struct Table {
-    locks: HashMap<u64, Arc<RwLock<()>>>,
+    locks: U64Map<Arc<RwLock<()>>>,
     prune_at: usize,
 }
 
