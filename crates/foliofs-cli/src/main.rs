@@ -542,11 +542,10 @@ fn mount_cmd(
     let o = mount::parse_options(options)?;
     // A daemon (started by `spawn`, holding the ready pipe) logs to
     // syslog; in the foreground, to stderr; -o log=FILE wins over both.
-    let sink = match (&o.log_file, foreground) {
-        (Some(f), _) => logging::Sink::File(f.clone()),
-        (None, true) if ready.is_some() => logging::Sink::Syslog,
-        (None, true) => logging::Sink::Stderr,
-        (None, false) => logging::Sink::Stderr,
+    let sink = match &o.log_file {
+        Some(f) => logging::Sink::File(f.clone()),
+        None if foreground && ready.is_some() => logging::Sink::Syslog,
+        None => logging::Sink::Stderr,
     };
     let level = if foreground {
         o.log_level

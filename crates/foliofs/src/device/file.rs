@@ -18,17 +18,6 @@ pub struct FileDevice {
     direct: bool,
 }
 
-/// The owner lock goes first, explicitly: closing the file would release
-/// the daemon mark (an OFD lock) before the flock, and an opener looking
-/// in between would see an unmarked holder, not a finishing daemon, and
-/// refuse instead of waiting. Every write is done by now.
-impl Drop for FileDevice {
-    fn drop(&mut self) {
-        // SAFETY: a valid descriptor; unlocking what is not locked is a no-op.
-        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&self.file), libc::LOCK_UN) };
-    }
-}
-
 /// How to open an image.
 #[derive(Clone, Debug)]
 pub struct DeviceOptions {

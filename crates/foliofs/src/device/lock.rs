@@ -109,7 +109,9 @@ fn is_daemon_marked(file: &File) -> bool {
 pub fn holder(file: &File, path: &Path) -> io::Result<Option<Holder>> {
     let meta = file.metadata()?;
     let pid = flock_holder(meta.dev(), meta.ino());
-    if pid.is_none() && !is_daemon_marked(file) && mounted_on(&meta).is_none() {
+    let daemon = is_daemon_marked(file);
+    let mount_point = mounted_on(&meta);
+    if pid.is_none() && !daemon && mount_point.is_none() {
         // Nobody shows in the tables: free unless the lock says otherwise.
         let probe = File::open(path).or_else(|_| file.try_clone())?;
         if try_own(&probe)? {
@@ -119,8 +121,8 @@ pub fn holder(file: &File, path: &Path) -> io::Result<Option<Holder>> {
     Ok(Some(Holder {
         pid,
         command: pid.and_then(command_line),
-        mount_point: mounted_on(&meta),
-        daemon: is_daemon_marked(file),
+        mount_point,
+        daemon,
     }))
 }
 
@@ -262,7 +264,7 @@ pub(crate) fn acquire(
     mut open_plain: impl FnMut() -> io::Result<File>,
 ) -> io::Result<File> {
     let started = Instant::now();
-    let (mut said, mut unseen) = (false, 0);
+    let mut said = false;
     loop {
         if let Some(f) = open_owned()? {
             if said {
@@ -271,20 +273,17 @@ pub(crate) fn acquire(
             return Ok(f);
         }
         match judge(&open_plain()?, path)? {
-            // Held, but by nobody we can see: a kernel mount or an O_EXCL
-            // opener of a block device, or an owner that just left.
-            None => {
-                unseen += 1;
-                if unseen > 3 {
-                    return Err(busy(path, &Holder::default()));
-                }
+            Some(Verdict::Busy(h)) if h.mount_point.is_some() => return Err(busy(path, &h)),
+            // Held by an owner with neither mount nor daemon mark, or by
+            // nobody we can see (a kernel mount, an O_EXCL opener of a
+            // block device): an owner arriving or leaving (a process that
+            // exits drops its daemon mark before its flock) looks like
+            // this for a moment. Look again until SETTLE, then it is busy.
+            Some(Verdict::Busy(h)) if started.elapsed() >= SETTLE => return Err(busy(path, &h)),
+            None if started.elapsed() >= SETTLE => {
+                return Err(busy(path, &Holder::default()));
             }
-            // Held by an owner that is not (or no longer) marked and has
-            // no mount: one arriving or leaving (a process that exits
-            // drops its daemon mark before its flock). Look again for a
-            // moment before calling it busy.
-            Some(Verdict::Busy(h)) if h.mount_point.is_none() && started.elapsed() < SETTLE => {}
-            Some(Verdict::Busy(h)) => return Err(busy(path, &h)),
+            Some(Verdict::Busy(_)) | None => {}
             Some(Verdict::Wait(h)) => {
                 if started.elapsed() >= wait {
                     return Err(io::Error::new(
