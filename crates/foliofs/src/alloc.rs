@@ -225,6 +225,22 @@ impl Alloc {
         goal: Option<u64>,
         want: u64,
     ) -> Result<(u64, u64)> {
+        let run = self.alloc_in_memory(meta, ag, goal, want)?;
+        self.mark_on_disk(meta, run.0, run.1, true)?;
+        Ok(run)
+    }
+
+    /// `alloc`, taken in memory only: the run is nobody else's, but the
+    /// on-disk bitmap does not say so until `commit_alloc` (in the
+    /// transaction that gives the blocks an owner, so a crash before
+    /// leaks nothing) or `unalloc` gives it back.
+    pub fn alloc_in_memory(
+        &mut self,
+        meta: &mut Meta,
+        ag: u32,
+        goal: Option<u64>,
+        want: u64,
+    ) -> Result<(u64, u64)> {
         self.take_freed(meta);
         let geo = meta.geo.clone();
         let n = geo.ag_count;
@@ -235,22 +251,30 @@ impl Alloc {
                 Some(g) if k == 0 && geo.ag_of(g) == a => geo.agbno(g),
                 _ => floor,
             };
-            let run = {
-                let mut st = self.ags[a as usize].lock();
-                if st.free == 0 {
-                    continue;
-                }
-                let Some((s, len)) = st.find_run(from, floor, want) else {
-                    continue;
-                };
-                set_bits(&mut st.used, s, len, true);
-                take(&mut st.free, len, "AG free blocks");
-                (geo.ag_start(a) + s, len)
+            let mut st = self.ags[a as usize].lock();
+            if st.free == 0 {
+                continue;
+            }
+            let Some((s, len)) = st.find_run(from, floor, want) else {
+                continue;
             };
-            self.mark_on_disk(meta, run.0, run.1, true)?;
-            return Ok(run);
+            set_bits(&mut st.used, s, len, true);
+            take(&mut st.free, len, "AG free blocks");
+            return Ok((geo.ag_start(a) + s, len));
         }
         Err(Error::NoSpace)
+    }
+
+    /// Record on disk a run taken by `alloc_in_memory`.
+    pub fn commit_alloc(&mut self, meta: &mut Meta, start: u64, len: u64) -> Result<()> {
+        self.mark_on_disk(meta, start, len, true)
+    }
+
+    /// Give back a run taken by `alloc_in_memory` and never committed.
+    pub fn unalloc(&mut self, geo: &Geometry, start: u64, len: u64) {
+        let mut st = self.ags[geo.ag_of(start) as usize].lock();
+        set_bits(&mut st.used, geo.agbno(start), len, false);
+        st.free += len;
     }
 
     /// Allocate exactly one block (tree nodes).

@@ -46,6 +46,9 @@ pub struct Report {
     pub directories: u64,
     pub blocks_used: u64,
     pub data_blocks_checked: u64,
+    /// Written data blocks without a checksum (each is also a problem:
+    /// the overwrite log leaves none).
+    pub data_blocks_unverified: u64,
 }
 
 impl Report {
@@ -69,6 +72,8 @@ struct Checker {
     report: Report,
     /// Owner of each block (0 = fixed metadata), by block number.
     owner: HashMap<u64, u64>,
+    /// Runs of written data blocks: (first block, count, inode).
+    written: Vec<(u64, u64, u64)>,
     used: Vec<u64>,
     links: HashMap<u64, u32>,
     subdirs: HashMap<u64, u32>,
@@ -158,6 +163,7 @@ pub fn fsck(
             ..Default::default()
         },
         owner: HashMap::new(),
+        written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
         subdirs: HashMap::new(),
@@ -351,6 +357,9 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 prev_end = e.end();
                 nblocks += e.len;
                 c.claim(e.pblk, e.len, ino, "extent");
+                if !e.unwritten {
+                    c.written.push((e.pblk, e.len, ino));
+                }
             }
             Err(e) => c.err(e),
         }
@@ -690,21 +699,25 @@ fn check_csum_blocks(c: &mut Checker) {
 
 fn check_data(c: &mut Checker) {
     let bs = c.meta.geo.block_size as usize;
-    let mut owned: Vec<(u64, u64)> = c
-        .owner
-        .iter()
-        .filter(|(_, o)| **o != 0)
-        .map(|(b, o)| (*b, *o))
+    let mut written: Vec<(u64, u64)> = std::mem::take(&mut c.written)
+        .into_iter()
+        .flat_map(|(p, n, ino)| (p..p + n).map(move |b| (b, ino)))
         .collect();
-    owned.sort_unstable();
+    written.sort_unstable();
     let mut buf = AlignedBuf::zeroed(bs);
-    for (b, ino) in owned {
+    for (b, ino) in written {
         let mut crc = Vec::new();
         if let Err(e) = crate::csums::get_csums(&mut c.meta, b, 1, &mut crc) {
             c.err(e);
             continue;
         }
         if crc[0] == 0 {
+            c.report.data_blocks_unverified += 1;
+            c.problem(
+                "data block",
+                b,
+                format!("inode {ino}: written data block without a checksum (unverified)"),
+            );
             continue;
         }
         if let Err(e) = c.meta.dev.read_at(&mut buf, b * bs as u64) {

@@ -371,9 +371,18 @@ fn check_image(image: Vec<u8>, cut: u64, hist: &History) -> Result<(), String> {
         check!(buf == p.data, "contents of fsynced {name} differ");
     }
     fs.unmount().map_err(|e| format!("unmount: {e}"))?;
-    let r =
-        crate::fsck::fsck(dev, &Default::default(), |_, _| {}).map_err(|e| format!("fsck: {e}"))?;
+    // Every data checksum too: no written block is left unverified.
+    let opts = crate::fsck::FsckOptions {
+        repair: false,
+        check_data: true,
+    };
+    let r = crate::fsck::fsck(dev, &opts, |_, _| {}).map_err(|e| format!("fsck: {e}"))?;
     check!(r.is_clean(), "fsck: {:?}", r.problems);
+    check!(
+        r.data_blocks_unverified == 0,
+        "{} unverified data blocks",
+        r.data_blocks_unverified
+    );
     Ok(())
 }
 

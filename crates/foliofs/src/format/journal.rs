@@ -10,7 +10,9 @@
 //! 48  count    u32  images following this descriptor
 //! 52  flags    u32  bit 0: last descriptor of the transaction
 //! 56  (pad)    8
-//! 64  targets  count x u64: home address of each image, in order
+//! 64  targets  count x u64: home address of each image, in order; bit 63
+//!              set: the image is a data block (the overwrite log), not
+//!              metadata
 //! ```
 //! Commit:
 //! ```text
@@ -24,6 +26,8 @@ use super::*;
 
 pub const TARGETS_OFFSET: usize = 64;
 pub const DESC_LAST: u32 = 1;
+/// Set in a descriptor's target: the image is logged file data.
+pub const DATA_TARGET: u64 = 1 << 63;
 
 pub fn targets_per_desc(block_size: usize) -> usize {
     (block_size - TARGETS_OFFSET) / 8

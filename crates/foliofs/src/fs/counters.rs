@@ -56,6 +56,12 @@ counters! {
     mapping_lookups,
     writebacks,
     overwrite_intents,
+    /// Overwritten bytes logged in the journal (small overwrites), and
+    /// written out of place (large ones).
+    overwrite_logged_bytes,
+    overwrite_cow_bytes,
+    /// fsync and fdatasync calls (for flushes per fdatasync).
+    fsyncs,
     /// fdatasync calls that only flushed the data (no journal commit).
     datasync_flush_only,
     /// Clean folios evicted from the page cache.

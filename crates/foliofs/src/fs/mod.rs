@@ -196,6 +196,19 @@ impl Fs {
             .store(mode == DioLock::Exclusive, Ordering::Relaxed);
     }
 
+    /// Turn the overwrite log on or off (the A/B benchmark). Off: the
+    /// log is checkpointed first, so no logged image is left for replay
+    /// to write over a block the old scheme then writes in place.
+    pub fn set_overwrite_log(&self, on: bool) -> Result<()> {
+        let mut g = self.s.inner.lock();
+        if g.opts.overwrite_log && !on {
+            g.meta.commit()?;
+            g.meta.checkpoint()?;
+        }
+        g.opts.overwrite_log = on;
+        Ok(())
+    }
+
     /// Check internal bookkeeping that tests rely on (delayed-allocation
     /// reservations). Err names what disagrees.
     #[doc(hidden)]
@@ -262,7 +275,8 @@ impl Fs {
     }
 
     pub fn counters(&self) -> CounterSnapshot {
-        let journal = self.s.inner.lock().meta.stats.clone();
+        let mut journal = self.s.inner.lock().meta.stats.clone();
+        journal.data_flushes = self.s.data_flush.flushes();
         self.s.counters.snapshot(journal)
     }
 
@@ -562,6 +576,7 @@ impl Fs {
     }
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
+        bump(&self.s.counters.fsyncs, 1);
         let g = self.s.inner.lock();
         g.meta.check_live()?;
         if g.opts.read_only {
@@ -569,8 +584,10 @@ impl Fs {
         }
         let (g, _) = self.s.writeback_inode(g, ino, u64::MAX)?;
         // fdatasync: when what reaches the data is durable already (an
-        // overwrite in place, whose "no checksum" intent was committed
-        // before the write), flushing the data is all that is left.
+        // in-place overwrite with the overwrite log off, whose "no
+        // checksum" intent was committed before the write), flushing the
+        // data is all that is left. Logged overwrites are in a
+        // transaction: `datasync_seq` waits for it.
         let reach = g.inodes.get(&ino).map(|ip| ip.datasync_seq);
         if datasync && reach.is_some_and(|seq| seq < g.meta.done_seq()) {
             drop(g);

@@ -52,6 +52,15 @@ pub struct MountOptions {
     pub atime: Atime,
     /// Directories' access times are never updated.
     pub no_diratime: bool,
+    /// Overwrites of written blocks go through the journal (the overwrite
+    /// log, default): their data and checksums are committed together and
+    /// written home later. Off: the scheme before it, a "no checksum"
+    /// intent committed before an in-place write (benchmarks).
+    pub overwrite_log: bool,
+    /// Overwrites of at least this many bytes in one contiguous run are
+    /// written out of place instead of logged (the data is not written
+    /// twice). Default 256 KiB; capped by the log's size.
+    pub overwrite_log_max: u64,
 }
 
 /// When a read updates the access time (mount options `relatime`,
@@ -114,6 +123,8 @@ impl Default for MountOptions {
             map_by_write_length: false,
             no_prealloc: false,
             write_behind_bytes: 8 << 20,
+            overwrite_log: true,
+            overwrite_log_max: 256 << 10,
         }
     }
 }
@@ -150,7 +161,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The engine's option names, for messages.
 pub const ENGINE_OPTIONS: &str = "ro, rw, cache_size=SIZE, dirty_limit=SIZE, page_cache=SIZE, \
      wb_contexts=N, prealloc=on|off, write_behind=SIZE (0: off), dio_cap=BLOCKS, \
-     dio_lock=shared|exclusive, relatime, noatime, strictatime, nodiratime";
+     dio_lock=shared|exclusive, overwrite_log=on|off, overwrite_log_max=SIZE, relatime, noatime, strictatime, nodiratime";
 
 impl MountOptions {
     /// Apply one option. `Ok(false)`: not an engine option (the caller
@@ -185,9 +196,12 @@ impl MountOptions {
             ("strictatime", None) => self.atime = Atime::Strictatime,
             ("nodiratime", None) => self.no_diratime = true,
             ("diratime", None) => self.no_diratime = false,
+            ("overwrite_log", Some("on")) => self.overwrite_log = true,
+            ("overwrite_log", Some("off")) => self.overwrite_log = false,
+            ("overwrite_log_max", Some(v)) => self.overwrite_log_max = size(v)?,
             ("dio_lock", Some("shared")) => self.dio_lock = DioLock::SharedOverwrite,
             ("dio_lock", Some("exclusive")) => self.dio_lock = DioLock::Exclusive,
-            ("prealloc" | "dio_lock" | "ro" | "rw", _) => {
+            ("prealloc" | "dio_lock" | "overwrite_log" | "ro" | "rw", _) => {
                 return Err(format!("bad value for mount option {key}"))
             }
             _ => return Ok(false),

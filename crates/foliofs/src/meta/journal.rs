@@ -25,6 +25,8 @@ pub(super) struct InFlight {
     blocks: Vec<(u64, usize)>,
     buf: Arc<AlignedBuf>,
     freed: Vec<(u64, u64)>,
+    /// The write is followed by a flush: durable once it completes.
+    flush: bool,
 }
 
 /// Completion state of the one journal write in flight. Waiting on it
@@ -59,6 +61,8 @@ pub struct DataFlush {
     written: AtomicU64,
     /// Every data write up to this generation has been flushed.
     flushed: AtomicU64,
+    /// Flushes issued for data.
+    flushes: AtomicU64,
 }
 
 impl DataFlush {
@@ -81,8 +85,14 @@ impl DataFlush {
         // The flush also covers writes completed since `upto` was read.
         let now = self.written();
         dev.flush()?;
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.flushed.fetch_max(now, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Flushes issued for data writes so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
     }
 
     /// Make every data write completed before this call durable.
@@ -106,10 +116,15 @@ pub struct SealedTx {
     /// blocks are written.
     data_gen: u64,
     data_flush: Arc<DataFlush>,
+    /// Flush after the write (a durable commit); without, the transaction
+    /// is written but may still be lost, whole (its commit block checksums
+    /// all of it), until a later flush.
+    flush: bool,
 }
 
 impl SealedTx {
-    /// Write the image (at most two runs: the log may wrap) and flush.
+    /// Write the image (at most two runs: the log may wrap) and flush
+    /// unless sealed without (`Meta::seal_with`).
     /// The outcome is picked up by `Meta::reap` / `Meta::wait_io`.
     pub fn write(self) {
         let r = (|| -> Result<()> {
@@ -122,7 +137,10 @@ impl SealedTx {
             if first < total {
                 self.dev.write_at(&self.buf[split..], self.at)?;
             }
-            Ok(self.dev.flush()?)
+            if self.flush {
+                self.dev.flush()?;
+            }
+            Ok(())
         })();
         let mut st = self.io.state.lock();
         st.busy = false;
@@ -134,9 +152,26 @@ impl SealedTx {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct JournalStats {
     pub commits: u64,
+    /// Commits written without a flush (direct overwrites that need only
+    /// their data on the device); a later flush makes them durable.
+    pub commits_unflushed: u64,
+    /// Flushes issued for the journal: commits, checkpoints, and flushes
+    /// that made unflushed commits durable.
+    pub flushes: u64,
+    /// Flushes issued for data written in place before the metadata
+    /// pointing at it (`DataFlush`), and by fdatasync of such data.
+    pub data_flushes: u64,
     pub blocks_logged: u64,
+    /// Data blocks logged by overwrites (images put in a transaction).
+    pub data_blocks_logged: u64,
     pub checkpoints: u64,
+    /// Checkpoints forced because the log had no room for a commit.
+    pub checkpoint_stalls: u64,
     pub blocks_checkpointed: u64,
+    /// Logged data blocks written home by checkpoints, and the writes
+    /// that did it (sorted, contiguous runs).
+    pub data_home_blocks: u64,
+    pub data_home_writes: u64,
     pub replayed_transactions: u64,
 }
 
@@ -186,6 +221,13 @@ impl Meta {
     /// `wait_io` completes it. One sealed transaction is in flight at a
     /// time; sealing waits for the previous one.
     pub fn seal(&mut self) -> Result<Option<SealedTx>> {
+        self.seal_with(true)
+    }
+
+    /// `seal`, with or without the flush after the write: a transaction
+    /// written without one is in the log (`written_seq`) but not durable
+    /// (`done_seq`) until some later flush.
+    pub fn seal_with(&mut self, flush: bool) -> Result<Option<SealedTx>> {
         self.wait_io()?;
         self.check_live()?;
         if self.running.is_empty() {
@@ -202,6 +244,7 @@ impl Meta {
             )));
         }
         if need > self.journal_free() {
+            self.stats.checkpoint_stalls += 1;
             self.checkpoint()?;
         }
         let (buf, offsets) = self.build_transaction(&blocks);
@@ -217,6 +260,7 @@ impl Meta {
             bs: self.geo.block_size,
             data_gen: self.data_flush.written(),
             data_flush: self.data_flush.clone(),
+            flush,
         };
         let total = self.tx_len(blocks.len());
         self.head_pos = (self.head_pos + total) % self.geo.journal_blocks;
@@ -229,8 +273,10 @@ impl Meta {
             blocks: blocks.into_iter().zip(offsets).collect(),
             buf,
             freed: std::mem::take(&mut self.freed_running),
+            flush,
         });
         self.running.clear();
+        self.running_data = 0;
         self.io.state.lock().busy = true;
         Ok(Some(tx))
     }
@@ -259,6 +305,11 @@ impl Meta {
         }
         let bs = self.geo.block_size as usize;
         self.stats.commits += 1;
+        if tx.flush {
+            self.stats.flushes += 1;
+        } else {
+            self.stats.commits_unflushed += 1;
+        }
         self.stats.blocks_logged += tx.blocks.len() as u64;
         for (b, off) in tx.blocks {
             self.sealed_set.remove(&b);
@@ -287,13 +338,29 @@ impl Meta {
                 self.freed_reusable.push((start, len));
             }
         }
-        self.done_seq = tx.seq + 1;
+        self.written_seq = tx.seq + 1;
+        if tx.flush {
+            self.done_seq = tx.seq + 1;
+        }
         Ok(())
     }
 
     /// Every transaction with a sequence number below this is durable.
     pub fn done_seq(&self) -> u64 {
         self.done_seq
+    }
+
+    /// Every transaction with a sequence number below this is written to
+    /// the log (durable or not).
+    pub fn written_seq(&self) -> u64 {
+        self.written_seq
+    }
+
+    /// A flush issued after `written_seq` read `upto` made those
+    /// transactions durable.
+    pub fn mark_durable(&mut self, upto: u64) {
+        self.stats.flushes += 1;
+        self.done_seq = self.done_seq.max(upto);
     }
 
     /// Changes made now go into the transaction with this number.
@@ -335,27 +402,34 @@ impl Meta {
         let mut offsets = Vec::with_capacity(blocks.len());
         let mut pos = self.head_pos;
         let mut i = 0; // block index within `out`
-        let mut crc = 0u32;
+        let mut targets = Vec::with_capacity(per);
         for (ci, chunk) in blocks.chunks(per).enumerate() {
             let last = (ci + 1) * per >= blocks.len();
-            let desc = &mut out[i * bs..(i + 1) * bs];
-            journal::encode_desc(desc, jstart + pos, self.uuid, seq, chunk, last);
-            crc = crc32c::crc32c_append(crc, desc);
+            let (di, dpos) = (i, pos);
             i += 1;
             pos = (pos + 1) % jlen;
+            targets.clear();
             for b in chunk {
                 let c = self.cache.get_mut(b).expect("running block not cached");
                 if c.kind == Kind::Header {
                     header::stamp_lsn(&mut c.data, seq);
                 }
+                if c.kind == Kind::Data {
+                    targets.push(b | journal::DATA_TARGET);
+                } else {
+                    targets.push(*b);
+                }
                 out[i * bs..(i + 1) * bs].copy_from_slice(&c.data);
-                crc = crc32c::crc32c_append(crc, &out[i * bs..(i + 1) * bs]);
                 offsets.push(i);
                 i += 1;
                 pos = (pos + 1) % jlen;
             }
+            let desc = &mut out[di * bs..(di + 1) * bs];
+            journal::encode_desc(desc, jstart + dpos, self.uuid, seq, &targets, last);
         }
         let nblocks = (total - 1) as u32;
+        // Every descriptor and image, in journal order.
+        let crc = crc32c::crc32c(&out[..(total - 1) * bs]);
         journal::encode_commit(
             &mut out[i * bs..(i + 1) * bs],
             jstart + pos,
@@ -375,10 +449,24 @@ impl Meta {
         self.check_live()?;
         let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
         let bs = self.geo.block_size as usize;
+        let (mut home_blocks, mut home_writes) = (0u64, 0u64);
         let r: Result<()> = (|| {
+            // Nothing goes home before its transaction is durable.
+            if self.written_seq > self.done_seq {
+                self.dev.flush()?;
+                self.mark_durable(self.written_seq);
+            }
             // Up to 256 consecutive blocks a write.
             for Range { start: i, end: j } in runs_by(&blocks, 256, |a, b| *b == a + 1) {
                 let mut buf = AlignedBuf::zeroed((j - i) * bs);
+                let data = blocks[i..j]
+                    .iter()
+                    .filter(|b| self.logged.contains(b))
+                    .count();
+                if data > 0 {
+                    home_blocks += data as u64;
+                    home_writes += 1;
+                }
                 for (k, b) in blocks[i..j].iter().enumerate() {
                     let img: &[u8] = match self.frozen.get(b) {
                         Some(f) => f,
@@ -400,7 +488,18 @@ impl Meta {
             return Err(self.poison(format!("checkpoint failed: {e}")));
         }
         self.stats.checkpoints += 1;
+        // Its own and the superblock's.
+        self.stats.flushes += 2;
         self.stats.blocks_checkpointed += blocks.len() as u64;
+        self.stats.data_home_blocks += home_blocks;
+        self.stats.data_home_writes += home_writes;
+        // Logged data now home leaves the cache, unless changed again
+        // since (the running transaction has a newer image).
+        for b in &blocks {
+            if !self.running.contains(b) && self.logged.remove(b) {
+                self.cache.remove(b);
+            }
+        }
         self.checkpoint.clear();
         self.frozen.clear();
         self.freed_reusable.append(&mut self.freed_committed);
@@ -461,6 +560,7 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
             count += 1;
             p = (p + 1) % jlen;
             for t in targets {
+                let t = t & !journal::DATA_TARGET;
                 if t >= geo.total_blocks || (t >= jstart && t < jstart + jlen) || t < 2 {
                     return Err(Error::corrupted(
                         "journal descriptor",

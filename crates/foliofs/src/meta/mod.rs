@@ -42,6 +42,9 @@ pub enum Kind {
     Header,
     /// An inode-table block: each inode carries its own checksum.
     InodeTable,
+    /// A data block of a file, logged by an overwrite (`write_data`): its
+    /// newest image stays here until a checkpoint writes it home.
+    Data,
 }
 
 struct Cached {
@@ -60,6 +63,11 @@ pub struct Meta {
     changes: u64,
     checkpoint: BTreeSet<u64>,
     frozen: U64Map<AlignedBuf>,
+    /// Data blocks whose newest contents are a logged image in this cache,
+    /// not (yet) at home: readers take them from here.
+    logged: BTreeSet<u64>,
+    /// How many of the running transaction's blocks are data.
+    running_data: usize,
     head_pos: u64,
     head_seq: u64,
     /// Blocks freed by the running transaction; then by committed ones
@@ -75,7 +83,11 @@ pub struct Meta {
     /// The sealed transaction being written, and its blocks.
     sealed: Option<InFlight>,
     sealed_set: BTreeSet<u64>,
+    /// Every transaction below this is durable (written and flushed).
     done_seq: u64,
+    /// Every transaction below this is written to the log, perhaps not
+    /// yet flushed (a commit that only needed its write, `seal_with`).
+    written_seq: u64,
     io: Arc<JournalIo>,
     data_flush: Arc<DataFlush>,
 }
@@ -97,6 +109,8 @@ impl Meta {
             changes: 0,
             checkpoint: BTreeSet::new(),
             frozen: Default::default(),
+            logged: BTreeSet::new(),
+            running_data: 0,
             freed_running: Vec::new(),
             freed_committed: Vec::new(),
             freed_reusable: Vec::new(),
@@ -105,6 +119,7 @@ impl Meta {
             sealed: None,
             sealed_set: BTreeSet::new(),
             done_seq: head_seq,
+            written_seq: head_seq,
             io: Arc::new(JournalIo::default()),
             data_flush: Arc::new(DataFlush::default()),
         }
@@ -193,6 +208,47 @@ impl Meta {
             .data
     }
 
+    /// Log a new image of data block `blk` (an overwrite): it joins the
+    /// running transaction like a metadata block, replay writes it home,
+    /// and until a checkpoint has, readers get it from `logged_range`.
+    pub fn write_data(&mut self, blk: u64, img: &[u8]) {
+        if !self.cache.contains_key(&blk) {
+            self.evict_if_needed();
+            self.cache.insert(
+                blk,
+                Cached {
+                    data: AlignedBuf::zeroed(self.geo.block_size as usize),
+                    kind: Kind::Data,
+                },
+            );
+        }
+        debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
+        self.logged.insert(blk);
+        self.stats.data_blocks_logged += 1;
+        if !self.running.contains(&blk) {
+            self.running_data += 1;
+        }
+        self.write(blk).copy_from_slice(img);
+    }
+
+    /// The logged images of data blocks in [start, start + len), in order:
+    /// newer than what their home holds.
+    pub fn logged_range(&self, start: u64, len: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        self.logged
+            .range(start..start + len)
+            .map(|b| (*b, &self.cache[b].data[..]))
+    }
+
+    /// Data blocks logged and not yet written home.
+    pub fn logged_blocks(&self) -> usize {
+        self.logged.len()
+    }
+
+    /// Data blocks logged in the running transaction.
+    pub fn running_data_blocks(&self) -> usize {
+        self.running_data
+    }
+
     /// A new block with zeroed contents, in the running transaction.
     pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
         self.changes += 1;
@@ -215,7 +271,11 @@ impl Meta {
     /// transaction. Its older images may still sit in the journal; the
     /// allocator keeps the block out of use until the next checkpoint.
     pub fn forget(&mut self, blk: u64) {
-        if self.running.remove(&blk) || self.checkpoint.contains(&blk) {
+        let was_running = self.running.remove(&blk);
+        if was_running && self.logged.contains(&blk) {
+            self.running_data -= 1;
+        }
+        if was_running || self.checkpoint.contains(&blk) {
             // Keep writing its committed image home if a checkpoint is
             // pending: harmless (the block is free) and simpler than revoking.
             if let Some(c) = self.cache.get(&blk) {
@@ -225,11 +285,18 @@ impl Meta {
                 }
             }
         }
-        self.cache.remove(&blk);
+        if self
+            .cache
+            .remove(&blk)
+            .is_some_and(|c| c.kind == Kind::Data)
+        {
+            self.logged.remove(&blk);
+        }
     }
 
     pub(super) fn evict_if_needed(&mut self) {
-        if self.cache.len() < self.cache_limit {
+        // Logged data waits for its checkpoint; it does not count.
+        if self.cache.len() - self.logged.len() < self.cache_limit {
             return;
         }
         // Drop clean blocks: neither in the running transaction nor waiting

@@ -43,6 +43,7 @@ use super::MAX_FILE_SIZE;
 use crate::csums::{clear_csums, get_csums, set_csums};
 use crate::error::{Error, Result};
 use crate::format::data_crc;
+use crate::fs::data::overwrite::{cow_alloc, log_overwrite, unalloc, Cow};
 use crate::fs::inode::{DioWrite, Inode};
 use crate::fs::iolock::Mode;
 use crate::fs::state::{Ctx, Inner};
@@ -196,6 +197,86 @@ fn record_csums(cx: &mut Ctx, segs: &[Seg], from: u64, crcs: &[u32]) -> Result<(
     Ok(())
 }
 
+/// What a direct write does with its range (overwrite log on): the
+/// device writes left (unwritten blocks, and the new blocks of
+/// out-of-place runs), the out-of-place runs to remap, and whether some
+/// blocks were logged (their data is in the running transaction).
+struct Plan {
+    writes: Vec<Seg>,
+    cows: Vec<Cow>,
+    logged: bool,
+}
+
+/// Plan the direct write of `data` over `segs` (mapped, from file block
+/// `from`): written runs shorter than the log's limit are logged now,
+/// longer ones get new blocks; unwritten runs are written in place.
+fn plan(g: &mut Inner, ino: u64, segs: &[Seg], from: u64, data: &[u8]) -> Result<Plan> {
+    let bs = g.meta.geo.block_size;
+    let max = g.log_max_blocks();
+    let ag = g.meta.geo.inode_ag(ino);
+    let cx = &mut g.with(ino)?.1;
+    let mut out = Plan {
+        writes: Vec::new(),
+        cows: Vec::new(),
+        logged: false,
+    };
+    for s in segs {
+        let at = ((s.lblk - from) * bs) as usize;
+        let bytes = &data[at..at + (s.len * bs) as usize];
+        match s.state {
+            State::Hole => {
+                return Err(Error::Invalid("direct write to an unmapped block".into()));
+            }
+            State::Unwritten(_) => out.writes.push(*s),
+            State::Written(p) if s.len >= max => {
+                if let Some(cows) = cow_alloc(cx, ag, Some(p), s.lblk, s.len)? {
+                    out.writes.extend(cows.iter().map(|c| Seg {
+                        lblk: c.lblk,
+                        len: c.len,
+                        state: State::Unwritten(c.pblk),
+                    }));
+                    out.cows.extend(cows);
+                    continue;
+                }
+                // No room for a second copy: logged, a piece at a time.
+                for (k, piece) in bytes.chunks((max * bs) as usize).enumerate() {
+                    log_overwrite(cx, p + k as u64 * max, piece)?;
+                }
+                out.logged = true;
+            }
+            State::Written(p) => {
+                log_overwrite(cx, p, bytes)?;
+                out.logged = true;
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Plan {
+    /// The device writes are done: checksums of the blocks written in
+    /// place, and the out-of-place runs mapped (the caller converts
+    /// unwritten blocks and sets the size).
+    fn record(&self, ip: &mut Inode, cx: &mut Ctx, from: u64, crcs: &[u32]) -> Result<()> {
+        let in_place: Vec<Seg> = self
+            .writes
+            .iter()
+            .filter(|w| !self.cows.iter().any(|c| c.lblk == w.lblk))
+            .copied()
+            .collect();
+        record_csums(cx, &in_place, from, crcs)?;
+        if !self.cows.is_empty() {
+            let cow_crcs: Vec<u32> = self
+                .cows
+                .iter()
+                .flat_map(|c| (c.lblk..c.lblk + c.len).map(|l| crcs[(l - from) as usize]))
+                .collect();
+            ip.cow_remap(cx, &self.cows, &cow_crcs)?;
+        }
+        Ok(())
+    }
+}
+
 impl Fs {
     /// Read with O_DIRECT semantics: `offset`, `buf.len()` in whole blocks
     /// and `buf` aligned (EINVAL otherwise). Returns the bytes read, short
@@ -255,6 +336,9 @@ impl Fs {
             let want = (nblk - done).min(cap);
             // One pass under the metadata lock: mapping and checksums.
             crcs.clear();
+            // Blocks whose newest data is in the overwrite log: (file
+            // block, image), taken with their checksums.
+            let mut logged: Vec<(u64, Box<[u8]>)> = Vec::new();
             let (segs, gen) = {
                 let mut g = self.s.inner.lock();
                 let (ip, mut cx) = g.with(ino)?;
@@ -262,10 +346,16 @@ impl Fs {
                 for s in &segs {
                     if let State::Written(p) = s.state {
                         get_csums(cx.meta, p, s.len, &mut crcs)?;
+                        logged.extend(
+                            cx.meta
+                                .logged_range(p, s.len)
+                                .map(|(b, img)| (s.lblk + (b - p), img.into())),
+                        );
                     }
                 }
                 (segs, ip.data_gen)
             };
+            let mut logged = logged.into_iter().peekable();
             let mut bad = None;
             let mut ci = 0;
             for s in &segs {
@@ -278,6 +368,10 @@ impl Fs {
                 self.s.dev.read_at(out, p * bs)?;
                 bump(&self.s.counters.dio_read_requests, 1);
                 self.s.counters.dio_request(s.len);
+                while let Some((l, img)) = logged.next_if(|(l, _)| *l < s.lblk + s.len) {
+                    let at = ((l - s.lblk) * bs) as usize;
+                    out[at..at + bs as usize].copy_from_slice(&img);
+                }
                 for (k, blk) in out.chunks(bs as usize).enumerate() {
                     let stored = crcs[ci + k];
                     if stored != 0 && bad.is_none() && data_crc(blk) != stored {
@@ -378,6 +472,10 @@ impl Fs {
         segs: Vec<Seg>,
     ) -> Result<()> {
         let id = self.s.next_dio_id.fetch_add(1, Ordering::Relaxed);
+        if g.log_max_blocks() > 0 {
+            g.with(ino)?.0.dio_begin(id, from, to);
+            return self.dio_planned(g, ino, id, (from, to), data, crcs, &segs, None);
+        }
         let (ip, cx) = g.with(ino)?;
         ip.dio_begin(id, from, to);
         let mut r = Ok(());
@@ -396,6 +494,59 @@ impl Fs {
                 return Ok(());
             }
             record_csums(cx, &segs, from, crcs)
+        })
+    }
+
+    /// A direct write `id` over mapped `segs` with the overwrite log on
+    /// (`plan`): small written runs logged, large ones out of place,
+    /// unwritten blocks in place. A logged write waits for its log write
+    /// (its data is then on the device, as a direct write's is) but not
+    /// for a flush: fdatasync or O_DSYNC asks for that. `end`: the file
+    /// grows to it (an extending write).
+    #[allow(clippy::too_many_arguments)]
+    fn dio_planned(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        id: u64,
+        (from, to): (u64, u64),
+        data: &[u8],
+        crcs: &[u32],
+        segs: &[Seg],
+        end: Option<u64>,
+    ) -> Result<()> {
+        let plan = g.guarded(|g| plan(g, ino, segs, from, data));
+        let r = if plan.as_ref().is_ok_and(|p| p.logged) {
+            g.with(ino)?.0.datasync_seq = g.meta.running_seq();
+            self.s.commit_to(g, false).map(drop)
+        } else {
+            drop(g);
+            Ok(())
+        };
+        let r = r.and(plan).and_then(|plan| {
+            let r = self.write_segs(&plan.writes, from, data);
+            if r.is_err() && !plan.cows.is_empty() {
+                let mut g = self.s.inner.lock();
+                unalloc(&mut g.with(ino)?.1, &plan.cows);
+            }
+            r.map(|()| plan)
+        });
+        let (r, plan) = match r {
+            Ok(p) => (Ok(()), Some(p)),
+            Err(e) => (Err(e), None),
+        };
+        self.dio_finish(ino, id, (from, to), r, |ip, cx, _| {
+            // Every block went to its own place: no race to taint it.
+            let plan = plan.expect("a plan when the writes succeeded");
+            plan.record(ip, cx, from, crcs)?;
+            ip.ext_mark_written(cx, from, to)?;
+            if let Some(end) = end {
+                // The data is written; the commit that makes this size
+                // durable flushes it first (`DataFlush`).
+                ip.size = ip.size.max(end);
+                ip.d.size = ip.size;
+            }
+            Ok(())
         })
     }
 
@@ -458,6 +609,7 @@ impl Fs {
         if ip.wb_busy || ip.cache.any_dirty() {
             g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
         }
+        let logging = g.log_max_blocks() > 0;
         let (ip, mut cx) = g.with(ino)?;
         let before = map_range(ip, &mut cx, from, to)?;
         let holes: u64 = before
@@ -484,6 +636,7 @@ impl Fs {
                         }
                     }
                 }
+                State::Written(_) if logging => {}
                 State::Written(p) => {
                     overwrites = true;
                     r = r.and_then(|()| clear_csums(cx.meta, p, s.len));
@@ -497,6 +650,9 @@ impl Fs {
         ip.store(&mut cx)?;
         let id = self.s.next_dio_id.fetch_add(1, Ordering::Relaxed);
         ip.dio_begin(id, from, to);
+        if logging {
+            return self.dio_planned(g, ino, id, (from, to), data, crcs, &segs, Some(end));
+        }
         if overwrites {
             bump(&cx.counters.overwrite_intents, 1);
         }

@@ -16,24 +16,27 @@
 //! - `contexts`: technique 4, the per-AG writeback contexts, write-behind
 //!   and dirty throttling;
 //! - `dio` with `iolock`: techniques 2 and 3, checksummed direct I/O with
-//!   large requests and the shared inode lock for overwrites.
+//!   large requests and the shared inode lock for overwrites;
+//! - `overwrite`: overwrites of written blocks, logged with their
+//!   checksums (small) or written out of place (large).
 //!
 //! write, one step per folio: find or make the folio (fresh memory mapped
 //!        without the metadata lock) -> wait while it is under writeback
 //!        (stable pages) -> reserve space for holes -> read or zero partial
 //!        blocks -> mark the blocks dirty and pin the folio -> copy (large
 //!        steps without the metadata lock) -> unpin
-//! writeback: classify dirty blocks -> log overwrite intents -> allocate
-//!        holes as unwritten extents -> write merged device runs from the
-//!        folios -> flush -> record checksums, convert to written, publish
-//!        the size
+//! writeback: classify dirty blocks -> log small overwrites, take new
+//!        blocks for large ones -> allocate holes as unwritten extents ->
+//!        write merged device runs from the folios -> record checksums,
+//!        remap out-of-place runs, convert to written, publish the size
 //!
 //! Ordering rules that make crashes safe:
 //! - newly allocated blocks are mapped unwritten until their data is on the
 //!   device, so a crash never exposes what was there before;
-//! - an in-place overwrite first commits "no checksum" for its blocks, so a
-//!   torn overwrite reads back (old, new or mixed sectors) without a false
-//!   EIO; the new checksum is committed after the data is flushed;
+//! - an overwrite never writes a home block before its new image and
+//!   checksum are durable in the journal (logged), or never writes the
+//!   old blocks at all (out of place), so a written block's checksum
+//!   always matches it after a crash;
 //! - the on-disk size only covers data already on the device.
 
 pub(super) mod contexts;
@@ -41,6 +44,7 @@ mod delalloc;
 pub(super) mod dio;
 pub(super) mod folio;
 pub(super) mod iolock;
+pub(super) mod overwrite;
 mod pagecache;
 mod read;
 mod size;

@@ -25,6 +25,11 @@ impl Inode {
         let bs = cx.meta.geo.block_size;
         cx.meta.dev.read_at(out, pblk * bs)?;
         bump(&cx.counters.data_device_reads, 1);
+        // Logged overwrites not yet home: the log has the newest data.
+        for (b, img) in cx.meta.logged_range(pblk, count) {
+            let at = ((b - pblk) * bs) as usize;
+            out[at..at + bs as usize].copy_from_slice(img);
+        }
         let mut crcs = Vec::with_capacity(count as usize);
         get_csums(cx.meta, pblk, count, &mut crcs)?;
         for (i, stored) in crcs.iter().enumerate() {

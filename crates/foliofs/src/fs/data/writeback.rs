@@ -24,6 +24,7 @@ use crate::books::{take, take_clamped};
 use crate::csums::{clear_csums, set_csums};
 use crate::device::Device;
 use crate::format::data_crc;
+use crate::fs::data::overwrite::{cow_alloc, log_overwrite, unalloc, Cow};
 use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Error, Result};
@@ -73,6 +74,9 @@ pub(crate) struct Job {
     blocks: Vec<u64>,
     /// Overwrite intents were logged: they must be durable first.
     needs_intent_commit: bool,
+    /// Out-of-place overwrites: written to new blocks, remapped at
+    /// completion.
+    cows: Vec<Cow>,
     /// (device block, checksum), filled by `submit`.
     crcs: Vec<(u64, u32)>,
     error: Option<Error>,
@@ -119,6 +123,7 @@ impl Inner {
     ) -> Result<Prepared> {
         let bs = self.meta.geo.block_size;
         let ag = self.meta.geo.inode_ag(ino);
+        let max = self.log_max_blocks();
         let (ip, mut cx) = self.with(ino)?;
         if ip.wb_busy {
             return Ok(Prepared::Busy);
@@ -158,6 +163,54 @@ impl Inner {
                 }
                 _ => holes.push(l),
             }
+        }
+        // Overwrites with the log on: small runs logged (their blocks are
+        // done here), large ones moved to new blocks.
+        let mut cows: Vec<Cow> = Vec::new();
+        if max > 0 && !overwrites.is_empty() {
+            let bsz = bs as usize;
+            let mut logged: Vec<u64> = Vec::new();
+            let mut moved: Vec<(u64, u64)> = Vec::new(); // (lblk, new pblk)
+            let over: Vec<(u64, u64)> = targets
+                .iter()
+                .filter(|t| !t.2)
+                .map(|t| (t.0, t.1))
+                .collect();
+            let follows = |a: &(u64, u64), b: &(u64, u64)| b.0 == a.0 + 1 && b.1 == a.1 + 1;
+            for Range { start: i, end: j } in runs_by(&over, usize::MAX, follows) {
+                let (l0, p0, n) = (over[i].0, over[i].1, (j - i) as u64);
+                if n >= max {
+                    if let Some(c) = cow_alloc(&mut cx, ag, Some(p0), l0, n)? {
+                        for c in &c {
+                            moved.extend((0..c.len).map(|k| (c.lblk + k, c.pblk + k)));
+                        }
+                        cows.extend(c);
+                        continue;
+                    }
+                }
+                // Logged, a block at a time from its folio.
+                for &(l, p) in &over[i..j] {
+                    let (first, f) = ip.cache.find_mut(l).expect("dirty block cached");
+                    let fi = (l - first) as usize;
+                    f.clear_dirty(fi, fi + 1);
+                    let img = f.block(fi, bsz).to_vec();
+                    ip.cache.note_cleaned(first);
+                    log_overwrite(&mut cx, p, &img)?;
+                    logged.push(l);
+                }
+            }
+            if !logged.is_empty() {
+                // fdatasync waits for the transaction holding the data.
+                ip.datasync_seq = cx.meta.running_seq();
+                targets.retain(|t| t.2 || logged.binary_search(&t.0).is_err());
+            }
+            moved.sort_unstable();
+            for t in targets.iter_mut().filter(|t| !t.2) {
+                if let Ok(k) = moved.binary_search_by_key(&t.0, |m| m.0) {
+                    t.1 = moved[k].1;
+                }
+            }
+            overwrites.clear();
         }
         // Overwrite intents: "no checksum" must be durable before the data
         // changes (the caller commits before submitting).
@@ -238,6 +291,7 @@ impl Inner {
             fresh: Vec::new(),
             blocks: lblks,
             needs_intent_commit: !overwrites.is_empty(),
+            cows,
             crcs: Vec::with_capacity(targets.len()),
             error: None,
             bytes: 0,
@@ -286,7 +340,7 @@ impl Inner {
     /// Step 3: record what reached the device, unpin, publish the size.
     pub(super) fn wb_complete(&mut self, job: Job) -> Result<()> {
         let bs = self.meta.geo.block_size;
-        if job.error.is_none() {
+        if job.error.is_none() && !job.runs.is_empty() {
             // Before the checksums below join a transaction, whose commit
             // then flushes this data first.
             self.meta.data_flush().note_written();
@@ -320,10 +374,20 @@ impl Inner {
                 // checksum, so nothing stale or falsely failing shows.
                 log::error!("writeback of inode {ino} failed: {e}");
                 ip.wb_errors += 1;
+                unalloc(&mut cx, &job.cows);
             }
             None => {
                 let mut crcs = job.crcs;
                 crcs.sort_unstable_by_key(|c| c.0);
+                if !job.cows.is_empty() {
+                    let cow_crcs: Vec<u32> = job
+                        .cows
+                        .iter()
+                        .flat_map(|c| c.pblk..c.pblk + c.len)
+                        .map(|p| crcs[crcs.partition_point(|x| x.0 < p)].1)
+                        .collect();
+                    ip.cow_remap(&mut cx, &job.cows, &cow_crcs)?;
+                }
                 let mut v = Vec::new();
                 for r in runs_by(&crcs, usize::MAX, |a, b| b.0 == a.0 + 1) {
                     v.clear();
@@ -348,7 +412,7 @@ impl Inner {
                 // Nothing dirty left: all of the size is on the device.
                 let hi = if ip.cache.any_dirty() { hi } else { u64::MAX };
                 let size = ip.d.size.max(ip.size.min(hi));
-                reach_changed = size != ip.d.size || !job.fresh.is_empty();
+                reach_changed = size != ip.d.size || !job.fresh.is_empty() || !job.cows.is_empty();
                 ip.d.size = size;
             }
         }
@@ -482,13 +546,29 @@ impl Shared {
     /// the journal seals and writes them all (group commit).
     pub(in crate::fs) fn commit_sync<'a>(
         &'a self,
+        g: MutexGuard<'a, Inner>,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        self.commit_to(g, true)
+    }
+
+    /// `commit_sync`, or with `durable` false: every change made so far is
+    /// written to the log, not necessarily flushed (what a plain direct
+    /// overwrite needs: its data on the device, like XFS's, no flush).
+    pub(in crate::fs) fn commit_to<'a>(
+        &'a self,
         mut g: MutexGuard<'a, Inner>,
+        durable: bool,
     ) -> Result<MutexGuard<'a, Inner>> {
         let target = g.meta.running_seq();
         loop {
             g.meta.reap()?;
             g.meta.check_live()?;
-            if g.meta.done_seq() > target || (!g.meta.has_running() && !g.meta.io_busy()) {
+            let reached = if durable {
+                g.meta.done_seq()
+            } else {
+                g.meta.written_seq()
+            };
+            if reached > target {
                 return Ok(g);
             }
             if g.meta.io_busy() {
@@ -498,7 +578,21 @@ impl Shared {
                 g = self.inner.lock();
                 continue;
             }
-            if let Some(tx) = g.meta.seal()? {
+            if !g.meta.has_running() {
+                // All is written; a flush makes unflushed commits durable.
+                let upto = g.meta.written_seq();
+                if durable && upto > g.meta.done_seq() {
+                    drop(g);
+                    let r = self.dev.flush();
+                    g = self.inner.lock();
+                    if let Err(e) = r {
+                        return Err(g.meta.poison(format!("journal flush failed: {e}")));
+                    }
+                    g.meta.mark_durable(upto);
+                }
+                return Ok(g);
+            }
+            if let Some(tx) = g.meta.seal_with(durable)? {
                 drop(g);
                 tx.write();
                 g = self.inner.lock();
