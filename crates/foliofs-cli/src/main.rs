@@ -70,7 +70,7 @@ enum Cmd {
         /// Allocation groups (default: from the size).
         #[arg(long)]
         ag_count: Option<u32>,
-        /// Journal size in blocks (default: 1/32 of the device, 64 blocks to 128 MiB).
+        /// Journal (log) size in blocks (default: 1/16 of the device, 64 blocks to 128 MiB).
         #[arg(long)]
         journal_blocks: Option<u64>,
         #[arg(long, default_value = "")]

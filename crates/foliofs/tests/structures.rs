@@ -29,6 +29,8 @@ fn formatted(bytes: u64, block_size: u32) -> MemDevice {
     let mem = MemDevice::new(bytes);
     let opts = MkfsOptions {
         block_size,
+        // Small, so a dozen transactions fill it and checkpoint.
+        journal_blocks: Some(128),
         ..Default::default()
     };
     mkfs(&mem, &opts, |_, _| {}).unwrap();

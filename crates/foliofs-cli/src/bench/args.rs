@@ -36,6 +36,12 @@ pub struct BenchArgs {
     /// is a variant, compared with the first. Repeat for several.
     #[arg(long, value_name = "DIR")]
     pub target: Vec<PathBuf>,
+    /// Also run W1 and W3 through system calls on this directory (a
+    /// kernel file system, e.g. an XFS loop mount) as one more variant in
+    /// the same alternated rounds: `kernel (DIR)`, with `engine / kernel`
+    /// ratios.
+    #[arg(long, value_name = "DIR", conflicts_with = "target")]
+    pub vs: Option<PathBuf>,
     /// Write a chart per workload (SVG and PNG) into this directory.
     #[arg(long, value_name = "DIR")]
     pub chart: Option<PathBuf>,

@@ -124,45 +124,58 @@ fn rounds(
     Ok(())
 }
 
+/// W1's files in `dir`: `jobs` files of `mib` MiB.
+pub(super) fn w1_files(dir: &Path, jobs: usize, mib: u64) -> Result<()> {
+    for j in 0..jobs {
+        make_file(&dir.join(format!("w1-{j}")), mib)?;
+    }
+    Ok(())
+}
+
+/// One W1 pass on `dir` (files from `w1_files`): read into the cache,
+/// then random 4 KiB overwrites each followed by fdatasync. Returns the
+/// overwrites done.
+pub(super) fn w1_pass(args: &BenchArgs, dir: &Path, jobs: usize, mib: u64) -> Result<f64> {
+    let files: Vec<Arc<File>> = (0..jobs)
+        .map(|j| open_rw(&dir.join(format!("w1-{j}")), false).map(Arc::new))
+        .collect::<Result<_>>()?;
+    let mut buf = vec![0u8; 1 << 20];
+    for f in &files {
+        for m in 0..mib {
+            f.read_exact_at(&mut buf, m << 20)?;
+        }
+    }
+    run_threads(jobs, args.seconds, |j, stop, count| {
+        let f = files[j].clone();
+        move || -> Result<()> {
+            let mut rng = 0x2545_F491u64 ^ ((j as u64 + 7) * 0x9E37);
+            let mut buf = vec![0u8; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let b = rng % ((mib << 20) / 4096);
+                fill(&mut buf, b, 4096);
+                f.write_all_at(&buf, b * 4096)?;
+                f.sync_data()?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+}
+
 /// W1: two cached files, random 4 KiB overwrites each followed by
 /// fdatasync.
 fn w1(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     let jobs = 2usize;
     let mib = (args.file_mib / 4).max(1);
     for d in dirs {
-        for j in 0..jobs {
-            make_file(&d.join(format!("w1-{j}")), mib)?;
-        }
+        w1_files(d, jobs, mib)?;
     }
     let mut mibs = vec![Vec::new(); dirs.len()];
     rounds(args, "W1", dirs, names, |t, dir| {
-        let files: Vec<Arc<File>> = (0..jobs)
-            .map(|j| open_rw(&dir.join(format!("w1-{j}")), false).map(Arc::new))
-            .collect::<Result<_>>()?;
-        let mut buf = vec![0u8; 1 << 20];
-        for f in &files {
-            for m in 0..mib {
-                f.read_exact_at(&mut buf, m << 20)?;
-            }
-        }
-        let ops = run_threads(jobs, args.seconds, |j, stop, count| {
-            let f = files[j].clone();
-            move || -> Result<()> {
-                let mut rng = 0x2545_F491u64 ^ ((j as u64 + 7) * 0x9E37);
-                let mut buf = vec![0u8; 4096];
-                while !stop.load(Ordering::Relaxed) {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let b = rng % ((mib << 20) / 4096);
-                    fill(&mut buf, b, 4096);
-                    f.write_all_at(&buf, b * 4096)?;
-                    f.sync_data()?;
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-        })?;
+        let ops = w1_pass(args, dir, jobs, mib)?;
         mibs[t].push(ops * 4096.0 / (1 << 20) as f64);
         Ok(())
     })?;
@@ -212,40 +225,50 @@ fn w2(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     })
 }
 
+/// W3's file in `dir`.
+pub(super) fn w3_file(dir: &Path, mib: u64) -> Result<()> {
+    make_file(&dir.join("w3"), mib)
+}
+
+/// One W3 pass on `dir` (file from `w3_file`): `threads` threads of 4 KiB
+/// O_DIRECT random reads and overwrites, 50/50. Returns the operations.
+pub(super) fn w3_pass(args: &BenchArgs, dir: &Path, threads: usize) -> Result<f64> {
+    let blocks = (args.file_mib << 20) / 4096;
+    let f = Arc::new(open_rw(&dir.join("w3"), true)?);
+    run_threads(threads, args.seconds, |i, stop, count| {
+        let f = f.clone();
+        move || -> Result<()> {
+            let mut rng = 0x9E37_79B9u64 ^ ((i as u64 + 1) * 0x1000_0001);
+            let mut buf = AlignedBuf::zeroed(4096);
+            while !stop.load(Ordering::Relaxed) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let b = (rng >> 1) % blocks;
+                if rng & 1 == 1 {
+                    fill(&mut buf, b, 4096);
+                    f.write_all_at(&buf, b * 4096)?;
+                } else {
+                    f.read_exact_at(&mut buf, b * 4096)?;
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+}
+
 /// W3: threads of 4 KiB O_DIRECT random reads and overwrites, 50/50.
 fn w3(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     for d in dirs {
-        make_file(&d.join("w3"), args.file_mib)?;
+        w3_file(d, args.file_mib)?;
     }
-    let blocks = (args.file_mib << 20) / 4096;
     let mut series = Vec::new();
     let mut ratios = Vec::new();
     for &threads in &args.threads {
         let mut iops = vec![Vec::new(); dirs.len()];
         rounds(args, &format!("W3 {threads}t"), dirs, names, |t, dir| {
-            let f = Arc::new(open_rw(&dir.join("w3"), true)?);
-            let ops = run_threads(threads, args.seconds, |i, stop, count| {
-                let f = f.clone();
-                move || -> Result<()> {
-                    let mut rng = 0x9E37_79B9u64 ^ ((i as u64 + 1) * 0x1000_0001);
-                    let mut buf = AlignedBuf::zeroed(4096);
-                    while !stop.load(Ordering::Relaxed) {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let b = (rng >> 1) % blocks;
-                        if rng & 1 == 1 {
-                            fill(&mut buf, b, 4096);
-                            f.write_all_at(&buf, b * 4096)?;
-                        } else {
-                            f.read_exact_at(&mut buf, b * 4096)?;
-                        }
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(())
-                }
-            })?;
-            iops[t].push(ops);
+            iops[t].push(w3_pass(args, dir, threads)?);
             Ok(())
         })?;
         let (s, r) = per_target(names, &plural(threads, "thread"), "IOPS", &iops, "");
@@ -262,6 +285,21 @@ fn w3(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
         ratios,
         notes: vec![],
     })
+}
+
+/// `--vs DIR`: the working directory for the kernel variant (made anew)
+/// and the variant's name, `kernel (DIR)`.
+pub(super) fn vs_dir(args: &BenchArgs) -> Result<Option<(PathBuf, String)>> {
+    let Some(t) = &args.vs else {
+        return Ok(None);
+    };
+    if !t.is_dir() {
+        bail!("--vs {}: not a directory", t.display());
+    }
+    let d = t.join("foliofs-bench-vs");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
+    Ok(Some((d, format!("kernel ({})", t.display()))))
 }
 
 /// W4: four writers, each a file in its own directory, 1 MiB buffered

@@ -5,21 +5,65 @@
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, make_file, open_raw};
 use super::report::{fill, plural, progress, ratio, run_threads, Outcome, Series};
+use super::target::{vs_dir, w3_file, w3_pass};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
+use foliofs::fs::CounterSnapshot;
 use foliofs::DioLock;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// One way of running W3.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Engine {
+        lock: DioLock,
+        log: bool,
+    },
+    Raw,
+    /// The same pattern through system calls on `--vs DIR`.
+    Kernel,
+}
+
 /// W3: threads of 4 KiB direct random reads and overwrites, 50/50,
-/// synchronous; shared-overwrite lock vs exclusive, and the raw file.
+/// synchronous; shared-overwrite lock vs exclusive, the overwrite log on
+/// and off, the raw file, and a kernel file system (`--vs`).
 pub fn w3(args: &BenchArgs) -> Result<Outcome> {
-    let mut variants = vec!["shared overwrite", "exclusive"];
+    let shared = DioLock::SharedOverwrite;
+    let mut variants: Vec<(String, Variant)> = vec![
+        (
+            "shared overwrite".into(),
+            Variant::Engine {
+                lock: shared,
+                log: true,
+            },
+        ),
+        (
+            "exclusive".into(),
+            Variant::Engine {
+                lock: DioLock::Exclusive,
+                log: true,
+            },
+        ),
+        (
+            "shared overwrite, overwrite log off".into(),
+            Variant::Engine {
+                lock: shared,
+                log: false,
+            },
+        ),
+    ];
     if args.raw {
-        variants.push("raw O_DIRECT");
+        variants.push(("raw O_DIRECT".into(), Variant::Raw));
     }
-    let pb = progress((args.rounds * variants.len() * args.threads.len()) as u64);
+    let vs = vs_dir(args)?;
+    if let Some((dir, name)) = &vs {
+        w3_file(dir, args.file_mib)?;
+        variants.push((name.clone(), Variant::Kernel));
+    }
+    let nv = variants.len();
+    let pb = progress((args.rounds * nv * args.threads.len()) as u64);
     let (_dev, fs) = fresh_fs(args)?;
     let ino = make_file(&fs, "w3", args.file_mib, &pb)?;
     let fs = Arc::new(fs);
@@ -32,62 +76,74 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
     }
     let map = Arc::new(map);
     let raw = Arc::new(open_raw(args)?);
+    let extents_before = fs.extents(ino)?.len();
     let mut series = Vec::new();
     let mut ratios = Vec::new();
     let c0 = fs.counters();
     for &threads in &args.threads {
-        let mut values = vec![Vec::new(); variants.len()];
+        let mut values = vec![Vec::new(); nv];
         for round in 0..args.rounds {
-            for k in 0..variants.len() {
-                let v = (k + round) % variants.len();
-                pb.set_message(format!("W3 {threads}t {}", variants[v]));
-                fs.set_dio_lock(if v == 1 {
-                    DioLock::Exclusive
-                } else {
-                    DioLock::SharedOverwrite
-                });
-                let ops = run_threads(threads, args.seconds, |t, stop, count| {
-                    let (fs, raw, map) = (fs.clone(), raw.clone(), map.clone());
-                    move || -> Result<()> {
-                        let mut rng = 0x9E37_79B9u64 ^ ((t as u64 + 1) * 0x1000_0001);
-                        let mut buf = AlignedBuf::zeroed(bs as usize);
-                        while !stop.load(Ordering::Relaxed) {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            let b = (rng >> 1) % blocks;
-                            let write = rng & 1 == 1;
-                            if write {
-                                fill(&mut buf, b, bs as usize);
-                            }
-                            match (v, write) {
-                                (2, false) => raw.read_exact_at(&mut buf, map[b as usize])?,
-                                (2, true) => raw.write_all_at(&buf, map[b as usize])?,
-                                (_, false) => {
-                                    fs.read_direct(ino, b * bs, &mut buf)?;
-                                }
-                                (_, true) => {
-                                    fs.write_direct(ino, b * bs, &buf)?;
-                                }
-                            }
-                            count.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(())
+            for k in 0..nv {
+                let v = (k + round) % nv;
+                pb.set_message(format!("W3 {threads}t {}", variants[v].0));
+                let ops = match variants[v].1 {
+                    Variant::Kernel => {
+                        let dir = &vs.as_ref().expect("a --vs directory").0;
+                        w3_pass(args, dir, threads)?
                     }
-                })?;
+                    kind => {
+                        if let Variant::Engine { lock, log } = kind {
+                            fs.set_dio_lock(lock);
+                            fs.set_overwrite_log(log)?;
+                        }
+                        let raw_pass = kind == Variant::Raw;
+                        run_threads(threads, args.seconds, |t, stop, count| {
+                            let (fs, raw, map) = (fs.clone(), raw.clone(), map.clone());
+                            move || -> Result<()> {
+                                let mut rng = 0x9E37_79B9u64 ^ ((t as u64 + 1) * 0x1000_0001);
+                                let mut buf = AlignedBuf::zeroed(bs as usize);
+                                while !stop.load(Ordering::Relaxed) {
+                                    rng ^= rng << 13;
+                                    rng ^= rng >> 7;
+                                    rng ^= rng << 17;
+                                    let b = (rng >> 1) % blocks;
+                                    let write = rng & 1 == 1;
+                                    if write {
+                                        fill(&mut buf, b, bs as usize);
+                                    }
+                                    match (raw_pass, write) {
+                                        (true, false) => {
+                                            raw.read_exact_at(&mut buf, map[b as usize])?
+                                        }
+                                        (true, true) => raw.write_all_at(&buf, map[b as usize])?,
+                                        (false, false) => {
+                                            fs.read_direct(ino, b * bs, &mut buf)?;
+                                        }
+                                        (false, true) => {
+                                            fs.write_direct(ino, b * bs, &buf)?;
+                                        }
+                                    }
+                                    count.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Ok(())
+                            }
+                        })?
+                    }
+                };
                 values[v].push(ops);
                 pb.inc(1);
             }
         }
-        for (n, vals) in variants.iter().zip(&values) {
+        for ((n, _), vals) in variants.iter().zip(&values) {
             series.push(Series {
                 name: format!("{}, {n}", plural(threads, "thread")),
                 unit: "IOPS".into(),
                 values: vals.clone(),
             });
         }
+        let t = plural(threads, "thread");
         ratios.push(ratio(
-            &format!("{}: shared / exclusive", plural(threads, "thread")),
+            &format!("{t}: shared / exclusive"),
             &values[0],
             &values[1],
             if threads >= 8 {
@@ -96,34 +152,62 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
                 "up to +140% at 24 threads"
             },
         ));
+        ratios.push(ratio(
+            &format!("{t}: overwrite log on / off"),
+            &values[0],
+            &values[2],
+            "",
+        ));
         if args.raw {
             ratios.push(ratio(
-                &format!("{}: shared / raw device", plural(threads, "thread")),
+                &format!("{t}: shared / raw device"),
                 &values[0],
-                &values[2],
+                &values[3],
                 "",
+            ));
+        }
+        if let Some((_, name)) = &vs {
+            ratios.push(ratio(
+                &format!("{t}: engine / {name}"),
+                &values[0],
+                &values[nv - 1],
+                if threads >= 8 { "target >= 1.0" } else { "" },
             ));
         }
     }
     pb.finish_and_clear();
+    fs.set_overwrite_log(true)?;
     let c = fs.counters();
     if c.csum_failures != 0 {
         bail!("{} checksum failures during W3", c.csum_failures);
     }
+    let extents_after = fs.extents(ino)?.len();
+    let d = |f: fn(&CounterSnapshot) -> u64| f(&c) - f(&c0);
     let notes = vec![
         format!(
             "lock waits: shared {} ({:.1} ms), exclusive {} ({:.1} ms)",
-            c.lock_shared_waits - c0.lock_shared_waits,
-            (c.lock_shared_wait_ns - c0.lock_shared_wait_ns) as f64 / 1e6,
-            c.lock_exclusive_waits - c0.lock_exclusive_waits,
-            (c.lock_exclusive_wait_ns - c0.lock_exclusive_wait_ns) as f64 / 1e6,
+            d(|c| c.lock_shared_waits),
+            d(|c| c.lock_shared_wait_ns) as f64 / 1e6,
+            d(|c| c.lock_exclusive_waits),
+            d(|c| c.lock_exclusive_wait_ns) as f64 / 1e6,
         ),
         format!(
-            "journal commits {} for {} direct overwrites (group commit)",
-            c.journal.commits - c0.journal.commits,
-            (c.dio_overwrites_shared + c.dio_writes_exclusive)
-                - (c0.dio_overwrites_shared + c0.dio_writes_exclusive),
+            "journal commits {} ({} without a flush) for {} direct overwrites; {} checkpoints, {} of them stalls",
+            d(|c| c.journal.commits),
+            d(|c| c.journal.commits_unflushed),
+            d(|c| c.dio_overwrites_shared + c.dio_writes_exclusive),
+            d(|c| c.journal.checkpoints),
+            d(|c| c.journal.checkpoint_stalls),
         ),
+        format!(
+            "overwrite log: {} MiB logged, {} MiB out of place; journal {} MiB written, {} logged blocks written home in {} writes",
+            d(|c| c.overwrite_logged_bytes) >> 20,
+            d(|c| c.overwrite_cow_bytes) >> 20,
+            d(|c| c.journal.blocks_logged) * bs >> 20,
+            d(|c| c.journal.data_home_blocks),
+            d(|c| c.journal.data_home_writes),
+        ),
+        format!("extents of the file before W3 {extents_before}, after {extents_after}"),
     ];
     match Arc::try_unwrap(fs) {
         Ok(fs) => fs.unmount()?,

@@ -8,8 +8,11 @@
 //! ```text
 //! 0   header   48   magic FJDS, blkno = its device address, lsn = sequence
 //! 48  count    u32  images following this descriptor
-//! 52  flags    u32  bit 0: last descriptor of the transaction
-//! 56  (pad)    8
+//! 52  flags    u32  bit 0: last descriptor of the transaction; bit 1:
+//!                   committed here (no commit block: the transaction is
+//!                   this descriptor and its images)
+//! 56  data_crc u32  with bit 1: crc32c over the images, in order
+//! 60  (pad)    4
 //! 64  targets  count x u64: home address of each image, in order; bit 63
 //!              set: the image is a data block (the overwrite log), not
 //!              metadata
@@ -26,6 +29,8 @@ use super::*;
 
 pub const TARGETS_OFFSET: usize = 64;
 pub const DESC_LAST: u32 = 1;
+/// The descriptor is also the commit: its `data_crc` covers its images.
+pub const DESC_COMMITTED: u32 = 2;
 /// Set in a descriptor's target: the image is logged file data.
 pub const DATA_TARGET: u64 = 1 << 63;
 
@@ -59,9 +64,27 @@ pub fn encode_desc(
     header::stamp(buf);
 }
 
-/// Decode a verified descriptor: (targets, last). None if the count is
-/// impossible for the block size.
-pub fn decode_desc(buf: &[u8]) -> Option<(Vec<u64>, bool)> {
+/// Make a (last) descriptor the transaction's commit too: `data_crc`
+/// over the images that follow it. Restamps its header checksum.
+pub fn commit_in_desc(buf: &mut [u8], data_crc: u32) {
+    let flags = get_u32(buf, 52) | DESC_LAST | DESC_COMMITTED;
+    put_u32(buf, 52, flags);
+    put_u32(buf, 56, data_crc);
+    header::stamp(buf);
+}
+
+/// A decoded descriptor.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Desc {
+    pub targets: Vec<u64>,
+    pub last: bool,
+    /// Committed here: the crc its images must have.
+    pub commit_crc: Option<u32>,
+}
+
+/// Decode a verified descriptor. None if the count is impossible for the
+/// block size.
+pub fn decode_desc(buf: &[u8]) -> Option<Desc> {
     let count = get_u32(buf, 48) as usize;
     if count > targets_per_desc(buf.len()) {
         return None;
@@ -69,7 +92,12 @@ pub fn decode_desc(buf: &[u8]) -> Option<(Vec<u64>, bool)> {
     let targets = (0..count)
         .map(|i| get_u64(buf, TARGETS_OFFSET + 8 * i))
         .collect();
-    Some((targets, get_u32(buf, 52) & DESC_LAST != 0))
+    let flags = get_u32(buf, 52);
+    Some(Desc {
+        targets,
+        last: flags & (DESC_LAST | DESC_COMMITTED) != 0,
+        commit_crc: (flags & DESC_COMMITTED != 0).then(|| get_u32(buf, 56)),
+    })
 }
 
 pub fn encode_commit(
@@ -110,7 +138,14 @@ mod tests {
         let h =
             header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).unwrap();
         assert_eq!(h.lsn, 5);
-        assert_eq!(decode_desc(&b).unwrap(), (vec![100, 200, 300], true));
+        let d = decode_desc(&b).unwrap();
+        assert_eq!(
+            (d.targets, d.last, d.commit_crc),
+            (vec![100, 200, 300], true, None)
+        );
+        commit_in_desc(&mut b, 0xfeed);
+        header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).unwrap();
+        assert_eq!(decode_desc(&b).unwrap().commit_crc, Some(0xfeed));
         b[70] ^= 1;
         assert!(
             header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).is_err()

@@ -187,13 +187,18 @@ impl Inode {
     /// `store` for a change fdatasync need not wait for: timestamps, and
     /// checksums of overwritten blocks whose "no checksum" intent is
     /// already durable.
+    /// An inode whose record is unchanged (a write within the same clock
+    /// tick as the last) is not written again, so the block stays out of
+    /// the transaction.
     pub fn store_times(&self, cx: &mut Ctx) -> Result<()> {
         let (blk, off) = cx.meta.geo.inode_loc(self.d.ino);
         let uuid = cx.meta.uuid;
-        cx.meta.read_itable(blk)?;
-        let buf = cx.meta.write(blk);
-        self.to_disk()
-            .encode(&mut buf[off..off + INODE_SIZE], &uuid);
+        let mut rec = [0u8; INODE_SIZE];
+        self.to_disk().encode(&mut rec, &uuid);
+        if cx.meta.read_itable(blk)?[off..off + INODE_SIZE] == rec {
+            return Ok(());
+        }
+        cx.meta.write(blk)[off..off + INODE_SIZE].copy_from_slice(&rec);
         Ok(())
     }
 

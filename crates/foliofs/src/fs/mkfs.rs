@@ -115,7 +115,9 @@ pub fn plan(bytes: u64, o: &MkfsOptions) -> Result<Superblock> {
     let meta = 3 + bmap_blocks + imap_blocks + csum_blocks + itable_blocks;
     let journal_blocks = o
         .journal_blocks
-        .unwrap_or((total / 32).clamp(64, (128 << 20) / bs as u64));
+        // The log also holds small overwrites until a checkpoint writes
+        // them home: a sixteenth of the device, 64 blocks to 128 MiB.
+        .unwrap_or((total / 16).clamp(64, (128 << 20) / bs as u64));
     let mut total = total;
     let last = total - (ag_count - 1) * ag_blocks;
     if ag_count > 1 && last < meta + 64 {

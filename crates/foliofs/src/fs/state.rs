@@ -184,8 +184,19 @@ impl Inner {
         if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
             self.meta.commit()?;
         }
+        // Half full: write the committed blocks home in the background,
+        // so the log has room before writers need it.
+        self.meta.checkpoint_reap()?;
         if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
-            self.meta.checkpoint()?;
+            if let Some(job) = self.meta.checkpoint_begin()? {
+                let abort = job.abort_handle();
+                if let Err(e) = std::thread::Builder::new()
+                    .name("foliofs-checkpoint".into())
+                    .spawn(move || job.run())
+                {
+                    abort.abort(format!("cannot start its thread: {e}"));
+                }
+            }
         }
         // After every operation, so free-space counts (ENOSPC pressure,
         // reservations) see what its commits made reusable.
@@ -194,7 +205,21 @@ impl Inner {
     }
 }
 
+/// The time for timestamps: the kernel's coarse clock (one tick, a few
+/// milliseconds), as Linux file systems stamp files, so writes within a
+/// tick leave the inode unchanged and out of the transaction.
 pub(crate) fn now() -> crate::format::inode::Timespec {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        return crate::format::inode::Timespec {
+            sec: ts.tv_sec,
+            nsec: ts.tv_nsec as u32,
+        };
+    }
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

@@ -15,6 +15,7 @@ use crate::format::{header, journal, magic};
 use crate::geometry::Geometry;
 use crate::runs::runs_by;
 use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,9 +30,12 @@ pub(super) struct InFlight {
     flush: bool,
 }
 
-/// Completion state of the one journal write in flight. Waiting on it
-/// needs no other lock, so the writer never needs the caller's lock to
-/// finish.
+/// Most transactions written at once: their log writes go to the device
+/// side by side (a direct overwrite waits for its own), completed in order.
+pub const MAX_IN_FLIGHT: usize = 8;
+
+/// Completion state of the journal writes in flight. Waiting on it needs
+/// no other lock, so a writer never needs the caller's lock to finish.
 #[derive(Default)]
 pub struct JournalIo {
     state: Mutex<IoState>,
@@ -40,14 +44,42 @@ pub struct JournalIo {
 
 #[derive(Default)]
 pub(super) struct IoState {
-    busy: bool,
-    done: Option<std::result::Result<(), String>>,
+    /// Sealed transactions whose write has not completed.
+    pending: BTreeSet<u64>,
+    /// Outcomes of completed writes, not yet reaped.
+    done: BTreeMap<u64, std::result::Result<(), String>>,
+    /// Completions so far.
+    completions: u64,
 }
 
 impl JournalIo {
+    /// Wait until no journal write is in flight.
     pub fn wait_idle(&self) {
         let mut st = self.state.lock();
-        while st.busy {
+        while !st.pending.is_empty() {
+            self.cv.wait(&mut st);
+        }
+    }
+
+    /// Completions so far: a ticket for `wait_after`.
+    pub fn completions(&self) -> u64 {
+        self.state.lock().completions
+    }
+
+    /// Wait until a write completes after `ticket` was taken (at once if
+    /// one has, or none is in flight).
+    pub fn wait_after(&self, ticket: u64) {
+        let mut st = self.state.lock();
+        while st.completions == ticket && !st.pending.is_empty() {
+            self.cv.wait(&mut st);
+        }
+    }
+
+    /// Wait until every transaction before `seq` is written (a flush then
+    /// covers them).
+    fn wait_before(&self, seq: u64) {
+        let mut st = self.state.lock();
+        while st.pending.range(..seq).next().is_some() {
             self.cv.wait(&mut st);
         }
     }
@@ -138,13 +170,20 @@ impl SealedTx {
                 self.dev.write_at(&self.buf[split..], self.at)?;
             }
             if self.flush {
+                // The flush makes this transaction durable only if every
+                // one before it is written too.
+                self.io.wait_before(self.seq);
                 self.dev.flush()?;
             }
             Ok(())
         })();
         let mut st = self.io.state.lock();
-        st.busy = false;
-        st.done = Some(r.map_err(|e| format!("transaction {}: {e}", self.seq)));
+        st.pending.remove(&self.seq);
+        st.done.insert(
+            self.seq,
+            r.map_err(|e| format!("transaction {}: {e}", self.seq)),
+        );
+        st.completions += 1;
         self.io.cv.notify_all();
     }
 }
@@ -175,6 +214,115 @@ pub struct JournalStats {
     pub replayed_transactions: u64,
 }
 
+/// A checkpoint's writes, done without the metadata lock.
+pub struct CheckpointJob {
+    dev: Arc<dyn Device>,
+    bs: u64,
+    /// (first home block, images) in block order.
+    runs: Vec<(u64, AlignedBuf)>,
+    /// Some transaction is written but not flushed: flush before any
+    /// home write.
+    flush_first: bool,
+    /// The superblock with the new tail.
+    sb: Superblock,
+    io: Arc<CheckpointIo>,
+}
+
+/// Ends a checkpoint whose job could not run (its thread did not start).
+pub struct CheckpointAbort(Arc<CheckpointIo>);
+
+impl CheckpointAbort {
+    pub fn abort(self, why: String) {
+        self.0.finish(Err(why));
+    }
+}
+
+impl CheckpointJob {
+    pub fn abort_handle(&self) -> CheckpointAbort {
+        CheckpointAbort(self.io.clone())
+    }
+
+    /// Write the images home (several writes at once when there are many),
+    /// flush, then write the superblock with the new tail.
+    pub fn run(mut self) {
+        let r = (|| -> Result<Superblock> {
+            if self.flush_first {
+                self.dev.flush()?;
+            }
+            let lanes = self.runs.len().div_ceil(64).clamp(1, 8);
+            let per = self.runs.len().div_ceil(lanes).max(1);
+            let (dev, bs) = (&self.dev, self.bs);
+            std::thread::scope(|sc| -> Result<()> {
+                let lanes: Vec<_> = self
+                    .runs
+                    .chunks(per)
+                    .map(|chunk| {
+                        sc.spawn(move || -> std::io::Result<()> {
+                            for (blk, buf) in chunk {
+                                dev.write_at(buf, blk * bs)?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for l in lanes {
+                    l.join().expect("checkpoint writer panicked")?;
+                }
+                Ok(())
+            })?;
+            self.dev.flush()?;
+            write_superblock(&*self.dev, &mut self.sb)?;
+            Ok(self.sb.clone())
+        })();
+        self.io.finish(r.map_err(|e| e.to_string()));
+    }
+}
+
+/// Completion of a checkpoint's writes.
+#[derive(Default)]
+pub(super) struct CheckpointIo {
+    done: Mutex<Option<std::result::Result<Superblock, String>>>,
+    cv: Condvar,
+}
+
+impl CheckpointIo {
+    fn finish(&self, r: std::result::Result<Superblock, String>) {
+        *self.done.lock() = Some(r);
+        self.cv.notify_all();
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.lock().is_some()
+    }
+
+    fn wait(&self) {
+        let mut d = self.done.lock();
+        while d.is_none() {
+            self.cv.wait(&mut d);
+        }
+    }
+
+    fn take(&self) -> std::result::Result<Superblock, String> {
+        self.wait();
+        self.done.lock().take().expect("waited")
+    }
+}
+
+/// What a checkpoint in progress will retire when its writes are done.
+pub(super) struct CheckpointState {
+    /// It covers every transaction below this.
+    upto_seq: u64,
+    /// Transactions below this were written unflushed; its first flush
+    /// made them durable.
+    unflushed: Option<u64>,
+    /// How many of `freed_committed` (the oldest) it makes reusable.
+    freed: usize,
+    blocks: u64,
+    home_blocks: u64,
+    home_writes: u64,
+    io: Arc<CheckpointIo>,
+}
+
 impl Meta {
     pub fn running_blocks(&self) -> usize {
         self.running.len()
@@ -196,6 +344,10 @@ impl Meta {
     /// Blocks a transaction of `n` metadata blocks takes in the journal.
     pub(super) fn tx_len(&self, n: usize) -> u64 {
         let per = journal::targets_per_desc(self.geo.block_size as usize);
+        if n <= per {
+            // One descriptor, which is also the commit.
+            return (n + 1) as u64;
+        }
         (n.div_ceil(per) + n + 1) as u64
     }
 
@@ -228,7 +380,16 @@ impl Meta {
     /// written without one is in the log (`written_seq`) but not durable
     /// (`done_seq`) until some later flush.
     pub fn seal_with(&mut self, flush: bool) -> Result<Option<SealedTx>> {
-        self.wait_io()?;
+        self.reap()?;
+        while self.sealed.len() >= MAX_IN_FLIGHT {
+            let ticket = self.io.completions();
+            self.reap()?;
+            if self.sealed.len() < MAX_IN_FLIGHT {
+                break;
+            }
+            self.io.wait_after(ticket);
+            self.reap()?;
+        }
         self.check_live()?;
         if self.running.is_empty() {
             self.freed_committed.append(&mut self.freed_running);
@@ -266,9 +427,9 @@ impl Meta {
         self.head_pos = (self.head_pos + total) % self.geo.journal_blocks;
         self.head_seq += 1;
         for b in &blocks {
-            self.sealed_set.insert(*b);
+            *self.sealed_set.entry(*b).or_default() += 1;
         }
-        self.sealed = Some(InFlight {
+        self.sealed.push_back(InFlight {
             seq: tx.seq,
             blocks: blocks.into_iter().zip(offsets).collect(),
             buf,
@@ -277,27 +438,32 @@ impl Meta {
         });
         self.running.clear();
         self.running_data = 0;
-        self.io.state.lock().busy = true;
+        self.io.state.lock().pending.insert(tx.seq);
         Ok(Some(tx))
     }
 
-    /// Complete the sealed transaction if its write has finished.
+    /// Complete the sealed transactions whose writes have finished, in
+    /// order (one still being written holds back those after it).
     pub fn reap(&mut self) -> Result<()> {
-        let done = self.io.state.lock().done.take();
-        match done {
-            Some(r) => self.finish(r),
-            None => Ok(()),
+        self.checkpoint_reap()?;
+        while let Some(seq) = self.sealed.front().map(|t| t.seq) {
+            let Some(r) = self.io.state.lock().done.remove(&seq) else {
+                return Ok(());
+            };
+            self.finish(r)?;
         }
+        Ok(())
     }
 
-    /// Wait for the sealed transaction's write and complete it.
+    /// Wait for every sealed transaction's write and complete them.
     pub fn wait_io(&mut self) -> Result<()> {
         self.io.wait_idle();
         self.reap()
     }
 
+    /// Complete the oldest sealed transaction, whose write gave `r`.
     pub(super) fn finish(&mut self, r: std::result::Result<(), String>) -> Result<()> {
-        let Some(tx) = self.sealed.take() else {
+        let Some(tx) = self.sealed.pop_front() else {
             return Ok(());
         };
         if let Err(e) = r {
@@ -312,17 +478,27 @@ impl Meta {
         }
         self.stats.blocks_logged += tx.blocks.len() as u64;
         for (b, off) in tx.blocks {
-            self.sealed_set.remove(&b);
-            if self.running.contains(&b) || !self.cache.contains_key(&b) {
-                // Changed again (or dropped) since sealing: the committed
-                // image is the one in the journal buffer.
+            let later = match self.sealed_set.get_mut(&b) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    true
+                }
+                _ => {
+                    self.sealed_set.remove(&b);
+                    false
+                }
+            };
+            if later || self.running.contains(&b) || !self.cache.contains_key(&b) {
+                // Changed again (or dropped) since sealing, perhaps sealed
+                // again: the committed image is the one in the journal
+                // buffer.
                 let mut img = AlignedBuf::zeroed(bs);
                 img.copy_from_slice(&tx.buf[off * bs..(off + 1) * bs]);
                 self.frozen.insert(b, img);
             } else {
                 self.frozen.remove(&b);
             }
-            self.checkpoint.insert(b);
+            self.checkpoint.insert(b, tx.seq);
         }
         // The free is durable now. Blocks no journaled image can be
         // replayed over (data blocks, mostly) are reusable at once; the
@@ -332,7 +508,9 @@ impl Meta {
             let imaged = self.checkpoint.range(start..end).next().is_some()
                 || self.sealed_set.range(start..end).next().is_some()
                 || self.running.range(start..end).next().is_some();
-            if imaged {
+            // A transaction written without a flush is not durable yet:
+            // its frees wait for the checkpoint (which flushes first).
+            if imaged || !tx.flush {
                 self.freed_committed.push((start, len));
             } else {
                 self.freed_reusable.push((start, len));
@@ -372,8 +550,14 @@ impl Meta {
         !self.running.is_empty()
     }
 
+    /// Some sealed transaction is being written.
     pub fn io_busy(&self) -> bool {
-        self.io.state.lock().busy
+        !self.io.state.lock().pending.is_empty()
+    }
+
+    /// Sealed transactions not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.sealed.len()
     }
 
     pub fn journal_io(&self) -> Arc<JournalIo> {
@@ -427,6 +611,12 @@ impl Meta {
             let desc = &mut out[di * bs..(di + 1) * bs];
             journal::encode_desc(desc, jstart + dpos, self.uuid, seq, &targets, last);
         }
+        if blocks.len() <= per {
+            // One descriptor: it commits its images itself.
+            let crc = crc32c::crc32c(&out[bs..total * bs]);
+            journal::commit_in_desc(&mut out[..bs], crc);
+            return (out, offsets);
+        }
         let nblocks = (total - 1) as u32;
         // Every descriptor and image, in journal order.
         let crc = crc32c::crc32c(&out[..(total - 1) * bs]);
@@ -442,67 +632,149 @@ impl Meta {
     }
 
     /// Write every committed block home, then move the journal tail to the
-    /// head. The extents freed by committed transactions are now safe to
-    /// reuse (`freed_reusable`).
+    /// head, holding the caller's lock throughout (a background checkpoint
+    /// in progress is waited for first). The extents freed by committed
+    /// transactions are now safe to reuse (`freed_reusable`).
     pub fn checkpoint(&mut self) -> Result<()> {
+        self.checkpoint_wait()?;
         self.wait_io()?;
         self.check_live()?;
-        let blocks: Vec<u64> = self.checkpoint.iter().copied().collect();
+        let (job, st) = self.checkpoint_prepare();
+        job.run();
+        self.checkpoint_reap_state(st)
+    }
+
+    /// Start a checkpoint of everything committed so far whose writes run
+    /// without the caller's lock (`CheckpointJob::run`, on a thread of its
+    /// own); writers go on filling the log meanwhile, and the next `reap`
+    /// after the job is done moves the tail. None when one is already in
+    /// progress or nothing is committed.
+    pub fn checkpoint_begin(&mut self) -> Result<Option<CheckpointJob>> {
+        self.checkpoint_reap()?;
+        if self.cp.is_some() || self.checkpoint.is_empty() {
+            return Ok(None);
+        }
+        self.wait_io()?;
+        self.check_live()?;
+        let (job, st) = self.checkpoint_prepare();
+        self.cp = Some(st);
+        Ok(Some(job))
+    }
+
+    /// A background checkpoint is in progress.
+    pub fn checkpointing(&self) -> bool {
+        self.cp.is_some()
+    }
+
+    /// Complete a background checkpoint whose writes are done.
+    pub fn checkpoint_reap(&mut self) -> Result<()> {
+        if self.cp.as_ref().is_some_and(|st| st.io.is_done()) {
+            let st = self.cp.take().expect("checked");
+            self.checkpoint_reap_state(st)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for a background checkpoint's writes and complete it.
+    fn checkpoint_wait(&mut self) -> Result<()> {
+        if let Some(st) = self.cp.take() {
+            st.io.wait();
+            self.checkpoint_reap_state(st)?;
+        }
+        Ok(())
+    }
+
+    /// Lay out a checkpoint of every block committed so far (no
+    /// transaction in flight): the home writes, sorted, up to 256
+    /// consecutive blocks a write, and the superblock after.
+    fn checkpoint_prepare(&mut self) -> (CheckpointJob, CheckpointState) {
+        let blocks: Vec<u64> = self.checkpoint.keys().copied().collect();
         let bs = self.geo.block_size as usize;
         let (mut home_blocks, mut home_writes) = (0u64, 0u64);
-        let r: Result<()> = (|| {
-            // Nothing goes home before its transaction is durable.
-            if self.written_seq > self.done_seq {
-                self.dev.flush()?;
-                self.mark_durable(self.written_seq);
+        let mut runs = Vec::new();
+        for Range { start: i, end: j } in runs_by(&blocks, 256, |a, b| *b == a + 1) {
+            let mut buf = AlignedBuf::zeroed((j - i) * bs);
+            let data = blocks[i..j]
+                .iter()
+                .filter(|b| self.logged.contains(b))
+                .count();
+            if data > 0 {
+                home_blocks += data as u64;
+                home_writes += 1;
             }
-            // Up to 256 consecutive blocks a write.
-            for Range { start: i, end: j } in runs_by(&blocks, 256, |a, b| *b == a + 1) {
-                let mut buf = AlignedBuf::zeroed((j - i) * bs);
-                let data = blocks[i..j]
-                    .iter()
-                    .filter(|b| self.logged.contains(b))
-                    .count();
-                if data > 0 {
-                    home_blocks += data as u64;
-                    home_writes += 1;
-                }
-                for (k, b) in blocks[i..j].iter().enumerate() {
-                    let img: &[u8] = match self.frozen.get(b) {
-                        Some(f) => f,
-                        None => &self.cache[b].data,
-                    };
-                    buf[k * bs..(k + 1) * bs].copy_from_slice(img);
-                }
-                self.dev.write_at(&buf, blocks[i] * bs as u64)?;
+            for (k, b) in blocks[i..j].iter().enumerate() {
+                let img: &[u8] = match self.frozen.get(b) {
+                    Some(f) => f,
+                    None => &self.cache[b].data,
+                };
+                buf[k * bs..(k + 1) * bs].copy_from_slice(img);
             }
-            self.dev.flush()?;
-            let mut sb = self.sb.clone();
-            sb.tail_pos = self.head_pos;
-            sb.tail_seq = self.head_seq;
-            write_superblock(&*self.dev, &mut sb)?;
-            self.sb = sb;
-            Ok(())
-        })();
-        if let Err(e) = r {
-            return Err(self.poison(format!("checkpoint failed: {e}")));
+            runs.push((blocks[i], buf));
         }
+        let mut sb = self.sb.clone();
+        sb.tail_pos = self.head_pos;
+        sb.tail_seq = self.head_seq;
+        let io = Arc::new(CheckpointIo::default());
+        // Nothing goes home before its transaction is durable.
+        let unflushed = (self.written_seq > self.done_seq).then_some(self.written_seq);
+        let job = CheckpointJob {
+            dev: self.dev.clone(),
+            bs: bs as u64,
+            runs,
+            flush_first: unflushed.is_some(),
+            sb,
+            io: io.clone(),
+        };
+        let st = CheckpointState {
+            upto_seq: self.head_seq,
+            unflushed,
+            freed: self.freed_committed.len(),
+            blocks: blocks.len() as u64,
+            home_blocks,
+            home_writes,
+            io,
+        };
+        (job, st)
+    }
+
+    /// A checkpoint's writes are done: move the tail (the superblock is
+    /// written), retire what it wrote home, free what waited for it.
+    fn checkpoint_reap_state(&mut self, st: CheckpointState) -> Result<()> {
+        let sb = match st.io.take() {
+            Ok(sb) => sb,
+            Err(e) => return Err(self.poison(format!("checkpoint failed: {e}"))),
+        };
+        if let Some(upto) = st.unflushed {
+            self.mark_durable(upto);
+        }
+        self.sb = sb;
         self.stats.checkpoints += 1;
         // Its own and the superblock's.
         self.stats.flushes += 2;
-        self.stats.blocks_checkpointed += blocks.len() as u64;
-        self.stats.data_home_blocks += home_blocks;
-        self.stats.data_home_writes += home_writes;
-        // Logged data now home leaves the cache, unless changed again
-        // since (the running transaction has a newer image).
-        for b in &blocks {
-            if !self.running.contains(b) && self.logged.remove(b) {
-                self.cache.remove(b);
+        self.stats.blocks_checkpointed += st.blocks;
+        self.stats.data_home_blocks += st.home_blocks;
+        self.stats.data_home_writes += st.home_writes;
+        // Blocks committed again since it began stay for the next one.
+        let done: Vec<u64> = self
+            .checkpoint
+            .iter()
+            .filter(|(_, seq)| **seq < st.upto_seq)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in done {
+            self.checkpoint.remove(&b);
+            self.frozen.remove(&b);
+            // Logged data now home leaves the cache, unless a newer image
+            // is running or being written.
+            if !self.running.contains(&b)
+                && !self.sealed_set.contains_key(&b)
+                && self.logged.remove(&b)
+            {
+                self.cache.remove(&b);
             }
         }
-        self.checkpoint.clear();
-        self.frozen.clear();
-        self.freed_reusable.append(&mut self.freed_committed);
+        let freed: Vec<(u64, u64)> = self.freed_committed.drain(..st.freed).collect();
+        self.freed_reusable.extend(freed);
         Ok(())
     }
 
@@ -541,6 +813,10 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
         let mut crc = 0u32;
         let mut images: Vec<(u64, AlignedBuf)> = Vec::new();
         let mut count = 0u32;
+        // A transaction of one descriptor that commits itself: the crc
+        // its images must have, and theirs.
+        let mut in_desc: Option<u32> = None;
+        let mut img_crc = 0u32;
         loop {
             let d = read(p)?;
             let ok = header::verify(
@@ -553,9 +829,17 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
             if !matches!(ok, Ok(h) if h.lsn == seq) {
                 break 'tx;
             }
-            let Some((targets, last)) = journal::decode_desc(&d) else {
+            let Some(desc) = journal::decode_desc(&d) else {
                 break 'tx;
             };
+            if desc.commit_crc.is_some() {
+                if count > 0 {
+                    // Only a transaction's only descriptor commits itself.
+                    break 'tx;
+                }
+                in_desc = desc.commit_crc;
+            }
+            let (targets, last) = (desc.targets, desc.last);
             crc = crc32c::crc32c_append(crc, &d);
             count += 1;
             p = (p + 1) % jlen;
@@ -570,6 +854,7 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
                 }
                 let img = read(p)?;
                 crc = crc32c::crc32c_append(crc, &img);
+                img_crc = crc32c::crc32c_append(img_crc, &img);
                 count += 1;
                 p = (p + 1) % jlen;
                 images.push((t, img));
@@ -577,26 +862,36 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
                     break 'tx;
                 }
             }
-            if last {
+            if last || in_desc.is_some() {
                 break;
             }
         }
-        let c = read(p)?;
-        match header::verify(
-            &c,
-            "journal commit",
-            magic::JOURNAL_COMMIT,
-            jstart + p,
-            &sb.uuid,
-        ) {
-            Ok(h) if h.lsn == seq && journal::decode_commit(&c) == (count, crc) => {}
-            _ => break 'tx,
+        match in_desc {
+            Some(want) => {
+                if img_crc != want {
+                    break 'tx;
+                }
+            }
+            None => {
+                let c = read(p)?;
+                match header::verify(
+                    &c,
+                    "journal commit",
+                    magic::JOURNAL_COMMIT,
+                    jstart + p,
+                    &sb.uuid,
+                ) {
+                    Ok(h) if h.lsn == seq && journal::decode_commit(&c) == (count, crc) => {}
+                    _ => break 'tx,
+                }
+                p = (p + 1) % jlen;
+            }
         }
         for (t, img) in &images {
             dev.write_at(img, t * bs as u64)?;
         }
         applied += 1;
-        pos = (p + 1) % jlen;
+        pos = p;
         seq += 1;
     }
     if applied > 0 || pos != sb.tail_pos {

@@ -32,7 +32,9 @@ use crate::format::superblock::Superblock;
 use crate::geometry::Geometry;
 use crate::U64Map;
 use journal::InFlight;
-pub use journal::{replay, DataFlush, JournalIo, JournalStats, SealedTx};
+pub use journal::{
+    replay, CheckpointJob, DataFlush, JournalIo, JournalStats, SealedTx, MAX_IN_FLIGHT,
+};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -61,7 +63,11 @@ pub struct Meta {
     running: BTreeSet<u64>,
     /// Metadata changes made so far (each write or create of a block).
     changes: u64,
-    checkpoint: BTreeSet<u64>,
+    /// Committed blocks not yet home, with the transaction that last
+    /// committed each.
+    checkpoint: std::collections::BTreeMap<u64, u64>,
+    /// A checkpoint whose writes run in the background.
+    cp: Option<journal::CheckpointState>,
     frozen: U64Map<AlignedBuf>,
     /// Data blocks whose newest contents are a logged image in this cache,
     /// not (yet) at home: readers take them from here.
@@ -81,8 +87,9 @@ pub struct Meta {
     cache_limit: usize,
     pub stats: JournalStats,
     /// The sealed transaction being written, and its blocks.
-    sealed: Option<InFlight>,
-    sealed_set: BTreeSet<u64>,
+    sealed: std::collections::VecDeque<InFlight>,
+    /// Blocks of the sealed transactions, and in how many of them.
+    sealed_set: std::collections::BTreeMap<u64, u32>,
     /// Every transaction below this is durable (written and flushed).
     done_seq: u64,
     /// Every transaction below this is written to the log, perhaps not
@@ -107,7 +114,8 @@ impl Meta {
             cache: Default::default(),
             running: BTreeSet::new(),
             changes: 0,
-            checkpoint: BTreeSet::new(),
+            checkpoint: Default::default(),
+            cp: None,
             frozen: Default::default(),
             logged: BTreeSet::new(),
             running_data: 0,
@@ -116,8 +124,8 @@ impl Meta {
             freed_reusable: Vec::new(),
             shutdown: None,
             stats: JournalStats::default(),
-            sealed: None,
-            sealed_set: BTreeSet::new(),
+            sealed: Default::default(),
+            sealed_set: Default::default(),
             done_seq: head_seq,
             written_seq: head_seq,
             io: Arc::new(JournalIo::default()),
@@ -193,7 +201,7 @@ impl Meta {
 
     pub fn write(&mut self, blk: u64) -> &mut [u8] {
         self.changes += 1;
-        if self.checkpoint.contains(&blk)
+        if self.checkpoint.contains_key(&blk)
             && !self.running.contains(&blk)
             && !self.frozen.contains_key(&blk)
         {
@@ -275,11 +283,11 @@ impl Meta {
         if was_running && self.logged.contains(&blk) {
             self.running_data -= 1;
         }
-        if was_running || self.checkpoint.contains(&blk) {
+        if was_running || self.checkpoint.contains_key(&blk) {
             // Keep writing its committed image home if a checkpoint is
             // pending: harmless (the block is free) and simpler than revoking.
             if let Some(c) = self.cache.get(&blk) {
-                if self.checkpoint.contains(&blk) && !self.frozen.contains_key(&blk) {
+                if self.checkpoint.contains_key(&blk) && !self.frozen.contains_key(&blk) {
                     let img = c.data.clone();
                     self.frozen.insert(blk, img);
                 }
@@ -308,8 +316,8 @@ impl Meta {
             .copied()
             .filter(|b| {
                 !self.running.contains(b)
-                    && !self.checkpoint.contains(b)
-                    && !self.sealed_set.contains(b)
+                    && !self.checkpoint.contains_key(b)
+                    && !self.sealed_set.contains_key(b)
             })
             .take(self.cache.len().saturating_sub(target))
             .collect();

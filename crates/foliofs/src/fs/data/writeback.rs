@@ -28,6 +28,7 @@ use crate::fs::data::overwrite::{cow_alloc, log_overwrite, unalloc, Cow};
 use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Error, Result};
+use crate::meta::MAX_IN_FLIGHT;
 use crate::runs::runs_by;
 use parking_lot::MutexGuard;
 use std::ops::Range;
@@ -559,7 +560,15 @@ impl Shared {
         mut g: MutexGuard<'a, Inner>,
         durable: bool,
     ) -> Result<MutexGuard<'a, Inner>> {
-        let target = g.meta.running_seq();
+        // The transaction holding the caller's changes: the running one,
+        // or, when that is empty, the last sealed.
+        let mut target = g.meta.running_seq();
+        if !g.meta.has_running() {
+            match target.checked_sub(1) {
+                Some(t) => target = t,
+                None => return Ok(g),
+            }
+        }
         loop {
             g.meta.reap()?;
             g.meta.check_live()?;
@@ -571,32 +580,43 @@ impl Shared {
             if reached > target {
                 return Ok(g);
             }
-            if g.meta.io_busy() {
-                let io = g.meta.journal_io();
+            if target >= g.meta.running_seq() {
+                // Still running: seal and write it, beside the writes in
+                // flight, if there is room.
+                if g.meta.in_flight() < MAX_IN_FLIGHT {
+                    match g.meta.seal_with(durable)? {
+                        Some(tx) => {
+                            drop(g);
+                            tx.write();
+                            g = self.inner.lock();
+                        }
+                        // Emptied since (its blocks freed): what is left
+                        // of the caller's changes was sealed before.
+                        None => match g.meta.running_seq().checked_sub(1) {
+                            Some(t) => target = t,
+                            None => return Ok(g),
+                        },
+                    }
+                    continue;
+                }
+            } else if durable && g.meta.written_seq() > target {
+                // Written without a flush: one flush makes it durable.
+                let upto = g.meta.written_seq();
                 drop(g);
-                io.wait_idle();
+                let r = self.dev.flush();
                 g = self.inner.lock();
+                if let Err(e) = r {
+                    return Err(g.meta.poison(format!("journal flush failed: {e}")));
+                }
+                g.meta.mark_durable(upto);
                 continue;
             }
-            if !g.meta.has_running() {
-                // All is written; a flush makes unflushed commits durable.
-                let upto = g.meta.written_seq();
-                if durable && upto > g.meta.done_seq() {
-                    drop(g);
-                    let r = self.dev.flush();
-                    g = self.inner.lock();
-                    if let Err(e) = r {
-                        return Err(g.meta.poison(format!("journal flush failed: {e}")));
-                    }
-                    g.meta.mark_durable(upto);
-                }
-                return Ok(g);
-            }
-            if let Some(tx) = g.meta.seal_with(durable)? {
-                drop(g);
-                tx.write();
-                g = self.inner.lock();
-            }
+            // Wait for a journal write to complete.
+            let io = g.meta.journal_io();
+            let ticket = io.completions();
+            drop(g);
+            io.wait_after(ticket);
+            g = self.inner.lock();
         }
     }
 
