@@ -203,7 +203,7 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
             "overwrite log: {} MiB logged, {} MiB out of place; journal {} MiB written, {} logged blocks written home in {} writes",
             d(|c| c.overwrite_logged_bytes) >> 20,
             d(|c| c.overwrite_cow_bytes) >> 20,
-            d(|c| c.journal.blocks_logged) * bs >> 20,
+            (d(|c| c.journal.blocks_logged) * bs) >> 20,
             d(|c| c.journal.data_home_blocks),
             d(|c| c.journal.data_home_writes),
         ),
