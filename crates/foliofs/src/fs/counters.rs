@@ -62,6 +62,8 @@ counters! {
     overwrite_cow_bytes,
     /// fsync and fdatasync calls (for flushes per fdatasync).
     fsyncs,
+    /// Durable commits that waited for other committers to join.
+    commit_batch_waits,
     /// fdatasync calls that only flushed the data (no journal commit).
     datasync_flush_only,
     /// Clean folios evicted from the page cache.

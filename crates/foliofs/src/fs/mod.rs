@@ -85,6 +85,7 @@ impl Fs {
             behind_queues: Vec::new(),
             wb_errors: 0,
             wb_errors_synced: 0,
+            batch: Default::default(),
         };
         inner.dirty_queues = vec![Default::default(); inner.meta.geo.ag_count as usize];
         inner.behind_queues = inner.dirty_queues.clone();
@@ -127,6 +128,7 @@ impl Fs {
                 next_dio_id: AtomicU64::new(1),
                 wb_done: Condvar::new(),
                 wb_kick: Condvar::new(),
+                batch_joined: Condvar::new(),
                 wb_stats: (0..MAX_WB_CONTEXTS)
                     .map(|_| contexts::ContextStats::default())
                     .collect(),

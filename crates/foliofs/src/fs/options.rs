@@ -253,6 +253,11 @@ mod tests {
         assert!(o.no_prealloc && o.read_only);
         assert!(MountOptions::parse("wb_contexts=0").is_err());
         assert!(MountOptions::parse("dio_lock=maybe").is_err());
+        let o = MountOptions::parse("overwrite_log=off,overwrite_log_max=1M").unwrap();
+        assert!(!o.overwrite_log);
+        assert_eq!(o.overwrite_log_max, 1 << 20);
+        assert!(MountOptions::parse("").unwrap().overwrite_log);
+        assert!(MountOptions::parse("overwrite_log=maybe").is_err());
         assert!(MountOptions::parse("allow_other").is_err());
         assert_eq!(MountOptions::parse("").unwrap().atime, Atime::Relatime);
         let o = MountOptions::parse("noatime,nodiratime").unwrap();

@@ -93,6 +93,25 @@ pub(crate) struct Inner {
     /// reported.
     pub wb_errors: u64,
     pub wb_errors_synced: u64,
+    /// Durable commits gathering (`Shared::commit_to`).
+    pub batch: Batch,
+}
+
+/// Durable commits batched across threads, as jbd2 batches fsync: a
+/// committer that expects others (the last group had more than one)
+/// waits a moment, at most about one commit's time, for them to join the
+/// running transaction, so one write and one flush serve them all.
+#[derive(Default)]
+pub(crate) struct Batch {
+    /// The running transaction being gathered for, and its committers.
+    pub seq: u64,
+    pub joined: usize,
+    /// Threads in a durable commit now, and how many there were when the
+    /// last durable transaction was sealed (the group to expect).
+    pub active: usize,
+    pub last_group: usize,
+    /// Average time of a durable commit's write and flush.
+    pub avg_ns: u64,
 }
 
 /// What the API and the writeback threads share.
@@ -112,6 +131,8 @@ pub(crate) struct Shared {
     pub wb_done: Condvar,
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
+    /// Signalled (with `inner`) when a durable committer joins a batch.
+    pub batch_joined: Condvar,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
     pub wb_stats: Vec<ContextStats>,
     /// Set at unmount: the writeback threads exit.

@@ -894,11 +894,51 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
         pos = p;
         seq += 1;
     }
-    if applied > 0 || pos != sb.tail_pos {
+    // Transactions are written several at once, some without a flush, so
+    // after a crash the log may hold whole transactions beyond the one
+    // replay stopped at (a later one written, an earlier one torn). New
+    // transactions must never carry their numbers: written over the torn
+    // one, the next replay would find the old successor valid and apply
+    // it. The sequence continues past every number in the log.
+    let mut next = seq;
+    if sb.flags & crate::format::superblock::FLAG_CLEAN == 0 {
+        if let Some(top) = highest_lsn(dev, &geo, &sb.uuid)? {
+            next = next.max(top + 1);
+        }
+    }
+    if applied > 0 || pos != sb.tail_pos || next != seq {
         dev.flush()?;
         sb.tail_pos = pos;
-        sb.tail_seq = seq;
+        sb.tail_seq = next;
         write_superblock(dev, sb)?;
     }
     Ok(applied)
+}
+
+/// The highest transaction number of any descriptor or commit block in
+/// the journal area, valid or not as a transaction.
+fn highest_lsn(dev: &dyn Device, geo: &Geometry, uuid: &[u8; 16]) -> Result<Option<u64>> {
+    let bs = geo.block_size as usize;
+    let per_read = ((1usize << 20) / bs).max(1) as u64;
+    let mut buf = AlignedBuf::zeroed(per_read as usize * bs);
+    let mut top = None;
+    let mut p = 0u64;
+    while p < geo.journal_blocks {
+        let n = per_read.min(geo.journal_blocks - p);
+        let chunk = &mut buf[..n as usize * bs];
+        dev.read_at(chunk, (geo.journal_start + p) * bs as u64)?;
+        for (k, b) in chunk.chunks(bs).enumerate() {
+            let at = geo.journal_start + p + k as u64;
+            for (m, what) in [
+                (magic::JOURNAL_DESC, "journal descriptor"),
+                (magic::JOURNAL_COMMIT, "journal commit"),
+            ] {
+                if let Ok(h) = header::verify(b, what, m, at, uuid) {
+                    top = top.max(Some(h.lsn));
+                }
+            }
+        }
+        p += n;
+    }
+    Ok(top)
 }

@@ -86,7 +86,7 @@ pub struct Meta {
     shutdown: Option<String>,
     cache_limit: usize,
     pub stats: JournalStats,
-    /// The sealed transaction being written, and its blocks.
+    /// The sealed transactions being written, oldest first.
     sealed: std::collections::VecDeque<InFlight>,
     /// Blocks of the sealed transactions, and in how many of them.
     sealed_set: std::collections::BTreeMap<u64, u32>,

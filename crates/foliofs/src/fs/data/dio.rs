@@ -7,17 +7,18 @@
 //!       device read per mapped run, holes and unwritten blocks zero-filled
 //!       -> verify every block -> EIO on a mismatch (counted, logged).
 //! overwrite (every block allocated and written, inside the file): shared
-//!       lock -> commit "no checksum" for the blocks -> write -> record the
-//!       new checksums in the running transaction.
+//!       lock -> small runs logged with their checksums (the writer waits
+//!       for the log write), large runs written to new blocks and remapped
+//!       (`overwrite`).
 //! other writes: exclusive lock -> write back the cache -> allocate holes
-//!       as unwritten -> commit "no checksum" for written blocks it covers
-//!       -> write -> checksums, written extents and the size in the running
-//!       transaction.
+//!       as unwritten -> write unwritten blocks in place, written ones as
+//!       overwrites -> checksums, written extents and the size in the
+//!       running transaction.
 //!
 //! A data write is counted (`DataFlush`), so the commit that makes
 //! its checksums, extents or size durable first flushes the data. A
-//! checksum on disk therefore always matches the data, or is zero while an
-//! overwrite may be torn (docs/DESIGN.md, "Overwrites and checksums").
+//! checksum on disk therefore always matches the data (with the overwrite
+//! log off, it is zero while an in-place overwrite may be torn).
 //!
 //! Readers racing a direct overwrite of the same blocks may see new data
 //! with the old checksum: `Inode::data_gen` and the in-flight list tell a

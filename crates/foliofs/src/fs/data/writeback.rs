@@ -1,8 +1,9 @@
 //! Writeback: dirty folio blocks to the device, in three steps so that no
 //! lock is held across device I/O:
 //!
-//! prepare (metadata lock): pick the inode's dirty blocks, log overwrite
-//!     intents, allocate delayed ranges (a speculative preallocation past
+//! prepare (metadata lock): pick the inode's dirty blocks, log small
+//!     overwrite runs and take new blocks for large ones (`overwrite`),
+//!     allocate delayed ranges (a speculative preallocation past
 //!     EOF is allocated whole with the blocks that reach it), gather the
 //!     blocks into merged device runs over the folios' own memory, clear
 //!     their dirty bits and pin their folios (`wb_pending`);
@@ -32,6 +33,7 @@ use crate::meta::MAX_IN_FLIGHT;
 use crate::runs::runs_by;
 use parking_lot::MutexGuard;
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 /// Most bytes one job writes: a writer that must change a folio under
 /// writeback waits for its whole job.
@@ -371,8 +373,9 @@ impl Inner {
             Some(e) => {
                 // Like Linux: the blocks stay clean, the error goes to the
                 // next fsync of every open file description. Fresh blocks
-                // stay unwritten (zeros), overwritten ones without a
-                // checksum, so nothing stale or falsely failing shows.
+                // stay unwritten (zeros), out-of-place runs keep their old
+                // blocks (with the log off, overwritten ones lose their
+                // checksum), so nothing stale or falsely failing shows.
                 log::error!("writeback of inode {ino} failed: {e}");
                 ip.wb_errors += 1;
                 unalloc(&mut cx, &job.cows);
@@ -420,7 +423,8 @@ impl Inner {
         if reach_changed {
             ip.store(&mut cx)?;
         } else {
-            // Pure overwrites: their intents are durable, so fdatasync
+            // Pure overwrites: logged ones set `datasync_seq` when logged;
+            // with the log off their intents are durable, so fdatasync
             // need not wait for these checksums (the data reads back
             // without them) or the timestamps.
             ip.store_times(&mut cx)?;
@@ -560,6 +564,27 @@ impl Shared {
         mut g: MutexGuard<'a, Inner>,
         durable: bool,
     ) -> Result<MutexGuard<'a, Inner>> {
+        if !durable {
+            return self.commit_inner(g, false);
+        }
+        g.batch.active += 1;
+        match self.commit_inner(g, true) {
+            Ok(mut g) => {
+                g.batch.active -= 1;
+                Ok(g)
+            }
+            Err(e) => {
+                self.inner.lock().batch.active -= 1;
+                Err(e)
+            }
+        }
+    }
+
+    fn commit_inner<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+        durable: bool,
+    ) -> Result<MutexGuard<'a, Inner>> {
         // The transaction holding the caller's changes: the running one,
         // or, when that is empty, the last sealed.
         let mut target = g.meta.running_seq();
@@ -569,6 +594,8 @@ impl Shared {
                 None => return Ok(g),
             }
         }
+        let mut joined = false;
+        let mut waited = false;
         loop {
             g.meta.reap()?;
             g.meta.check_live()?;
@@ -583,12 +610,45 @@ impl Shared {
             if target >= g.meta.running_seq() {
                 // Still running: seal and write it, beside the writes in
                 // flight, if there is room.
+                if durable && !joined {
+                    joined = true;
+                    if g.batch.seq != target {
+                        g.batch.seq = target;
+                        g.batch.joined = 0;
+                    }
+                    g.batch.joined += 1;
+                    self.batch_joined.notify_all();
+                }
+                if durable && !waited && g.batch.joined < g.batch.last_group {
+                    // Others committed with us last time: give them a
+                    // moment to join this one.
+                    waited = true;
+                    let wait = Duration::from_nanos(g.batch.avg_ns.clamp(20_000, 2_000_000));
+                    let deadline = Instant::now() + wait;
+                    while g.batch.seq == target
+                        && g.batch.joined < g.batch.last_group
+                        && g.meta.running_seq() <= target
+                        && !self.batch_joined.wait_until(&mut g, deadline).timed_out()
+                    {
+                    }
+                    bump(&self.counters.commit_batch_waits, 1);
+                    continue;
+                }
                 if g.meta.in_flight() < MAX_IN_FLIGHT {
+                    if durable {
+                        // Committers now: the group to expect next time.
+                        g.batch.last_group = g.batch.active;
+                    }
                     match g.meta.seal_with(durable)? {
                         Some(tx) => {
                             drop(g);
+                            let t = Instant::now();
                             tx.write();
+                            let ns = t.elapsed().as_nanos() as u64;
                             g = self.inner.lock();
+                            if durable {
+                                g.batch.avg_ns = (g.batch.avg_ns * 7 + ns) / 8;
+                            }
                         }
                         // Emptied since (its blocks freed): what is left
                         // of the caller's changes was sealed before.
