@@ -207,7 +207,13 @@ impl Inode {
     }
 
     pub fn touch_mtime(&mut self) {
-        let t = crate::fs::state::now();
+        let mut t = crate::fs::state::now_coarse();
+        // Not behind a finer stamp of this same tick (a rename or chmod
+        // just before).
+        let c = self.d.ctime;
+        if (c.sec, c.nsec) > (t.sec, t.nsec) && c.sec <= t.sec + 1 {
+            t = c;
+        }
         self.d.mtime = t;
         self.d.ctime = t;
     }

@@ -226,10 +226,21 @@ impl Inner {
     }
 }
 
-/// The time for timestamps: the kernel's coarse clock (one tick, a few
-/// milliseconds), as Linux file systems stamp files, so writes within a
-/// tick leave the inode unchanged and out of the transaction.
 pub(crate) fn now() -> crate::format::inode::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::format::inode::Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
+
+/// The time for a modification by a write: the kernel's coarse clock (one
+/// tick, a few milliseconds), as Linux stamps a file's mtime, so writes
+/// within a tick leave the inode record unchanged and out of the
+/// transaction.
+pub(crate) fn now_coarse() -> crate::format::inode::Timespec {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -241,11 +252,5 @@ pub(crate) fn now() -> crate::format::inode::Timespec {
             nsec: ts.tv_nsec as u32,
         };
     }
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    crate::format::inode::Timespec {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
-    }
+    now()
 }
