@@ -93,8 +93,18 @@ pub(crate) struct Inner {
     /// reported.
     pub wb_errors: u64,
     pub wb_errors_synced: u64,
-    /// Durable commits gathering (`Shared::commit_to`).
-    pub batch: Batch,
+    /// Commits gathering (`Shared::commit_to`): [written only, durable].
+    pub batches: [Batch; 2],
+}
+
+impl Inner {
+    pub(crate) fn batch(&self, durable: bool) -> &Batch {
+        &self.batches[durable as usize]
+    }
+
+    pub(crate) fn batch_mut(&mut self, durable: bool) -> &mut Batch {
+        &mut self.batches[durable as usize]
+    }
 }
 
 /// Durable commits batched across threads, as jbd2 batches fsync: a

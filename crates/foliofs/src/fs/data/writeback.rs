@@ -564,17 +564,15 @@ impl Shared {
         mut g: MutexGuard<'a, Inner>,
         durable: bool,
     ) -> Result<MutexGuard<'a, Inner>> {
-        if !durable {
-            return self.commit_inner(g, false);
-        }
-        g.batch.active += 1;
-        match self.commit_inner(g, true) {
+        let k = durable as usize;
+        g.batches[k].active += 1;
+        match self.commit_inner(g, durable) {
             Ok(mut g) => {
-                g.batch.active -= 1;
+                g.batches[k].active -= 1;
                 Ok(g)
             }
             Err(e) => {
-                self.inner.lock().batch.active -= 1;
+                self.inner.lock().batches[k].active -= 1;
                 Err(e)
             }
         }
@@ -610,23 +608,25 @@ impl Shared {
             if target >= g.meta.running_seq() {
                 // Still running: seal and write it, beside the writes in
                 // flight, if there is room.
-                if durable && !joined {
+                if !joined {
                     joined = true;
-                    if g.batch.seq != target {
-                        g.batch.seq = target;
-                        g.batch.joined = 0;
+                    let b = g.batch_mut(durable);
+                    if b.seq != target {
+                        b.seq = target;
+                        b.joined = 0;
                     }
-                    g.batch.joined += 1;
+                    b.joined += 1;
                     self.batch_joined.notify_all();
                 }
-                if durable && !waited && g.batch.joined < g.batch.last_group {
+                if !waited && g.batch(durable).joined < g.batch(durable).last_group {
                     // Others committed with us last time: give them a
                     // moment to join this one.
                     waited = true;
-                    let wait = Duration::from_nanos(g.batch.avg_ns.clamp(20_000, 2_000_000));
+                    let wait =
+                        Duration::from_nanos(g.batch(durable).avg_ns.clamp(20_000, 2_000_000));
                     let deadline = Instant::now() + wait;
-                    while g.batch.seq == target
-                        && g.batch.joined < g.batch.last_group
+                    while g.batch(durable).seq == target
+                        && g.batch(durable).joined < g.batch(durable).last_group
                         && g.meta.running_seq() <= target
                         && !self.batch_joined.wait_until(&mut g, deadline).timed_out()
                     {
@@ -635,10 +635,9 @@ impl Shared {
                     continue;
                 }
                 if g.meta.in_flight() < MAX_IN_FLIGHT {
-                    if durable {
-                        // Committers now: the group to expect next time.
-                        g.batch.last_group = g.batch.active;
-                    }
+                    // Committers now: the group to expect next time.
+                    let b = g.batch_mut(durable);
+                    b.last_group = b.active;
                     match g.meta.seal_with(durable)? {
                         Some(tx) => {
                             drop(g);
@@ -646,9 +645,8 @@ impl Shared {
                             tx.write();
                             let ns = t.elapsed().as_nanos() as u64;
                             g = self.inner.lock();
-                            if durable {
-                                g.batch.avg_ns = (g.batch.avg_ns * 7 + ns) / 8;
-                            }
+                            let b = g.batch_mut(durable);
+                            b.avg_ns = (b.avg_ns * 7 + ns) / 8;
                         }
                         // Emptied since (its blocks freed): what is left
                         // of the caller's changes was sealed before.
