@@ -277,7 +277,13 @@ impl Fs {
     }
 
     pub fn counters(&self) -> CounterSnapshot {
-        let mut journal = self.s.inner.lock().meta.stats.clone();
+        let mut journal = {
+            let g = self.s.inner.lock();
+            let mut j = g.meta.stats.clone();
+            j.log_used_blocks = g.meta.journal_used();
+            j.log_blocks = g.meta.geo.journal_blocks;
+            j
+        };
         journal.data_flushes = self.s.data_flush.flushes();
         self.s.counters.snapshot(journal)
     }

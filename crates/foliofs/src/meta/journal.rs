@@ -212,6 +212,9 @@ pub struct JournalStats {
     pub data_home_blocks: u64,
     pub data_home_writes: u64,
     pub replayed_transactions: u64,
+    /// Log fill when read: blocks between tail and head, of the log's.
+    pub log_used_blocks: u64,
+    pub log_blocks: u64,
 }
 
 /// A checkpoint's writes, done without the metadata lock.
