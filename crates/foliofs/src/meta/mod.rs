@@ -220,16 +220,7 @@ impl Meta {
     /// running transaction like a metadata block, replay writes it home,
     /// and until a checkpoint has, readers get it from `logged_range`.
     pub fn write_data(&mut self, blk: u64, img: &[u8]) {
-        if !self.cache.contains_key(&blk) {
-            self.evict_if_needed();
-            self.cache.insert(
-                blk,
-                Cached {
-                    data: AlignedBuf::zeroed(self.geo.block_size as usize),
-                    kind: Kind::Data,
-                },
-            );
-        }
+        self.cache_zeroed(blk, Kind::Data);
         debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
         self.logged.insert(blk);
         self.stats.data_blocks_logged += 1;
@@ -247,19 +238,13 @@ impl Meta {
             .map(|b| (*b, &self.cache[b].data[..]))
     }
 
-    /// Data blocks logged and not yet written home.
-    pub fn logged_blocks(&self) -> usize {
-        self.logged.len()
-    }
-
     /// Data blocks logged in the running transaction.
     pub fn running_data_blocks(&self) -> usize {
         self.running_data
     }
 
-    /// A new block with zeroed contents, in the running transaction.
-    pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
-        self.changes += 1;
+    /// Put a zeroed block in the cache unless it is there.
+    fn cache_zeroed(&mut self, blk: u64, kind: Kind) {
         if !self.cache.contains_key(&blk) {
             self.evict_if_needed();
             self.cache.insert(
@@ -270,6 +255,12 @@ impl Meta {
                 },
             );
         }
+    }
+
+    /// A new block with zeroed contents, in the running transaction.
+    pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
+        self.changes += 1;
+        self.cache_zeroed(blk, kind);
         let b = self.write(blk);
         b.fill(0);
         b
