@@ -195,8 +195,9 @@ pub struct JournalStats {
     /// their data on the device); a later flush makes them durable.
     pub commits_unflushed: u64,
     /// Flushes issued for the journal: commits, checkpoints, and flushes
-    /// that made unflushed commits durable.
+    /// that made unflushed commits durable; of them, the checkpoints'.
     pub flushes: u64,
+    pub checkpoint_flushes: u64,
     /// Flushes issued for data written in place before the metadata
     /// pointing at it (`DataFlush`), and by fdatasync of such data.
     pub data_flushes: u64,
@@ -540,7 +541,6 @@ impl Meta {
     /// A flush issued after `written_seq` read `upto` made those
     /// transactions durable.
     pub fn mark_durable(&mut self, upto: u64) {
-        self.stats.flushes += 1;
         self.done_seq = self.done_seq.max(upto);
     }
 
@@ -747,13 +747,17 @@ impl Meta {
             Ok(sb) => sb,
             Err(e) => return Err(self.poison(format!("checkpoint failed: {e}"))),
         };
+        // Its own and the superblock's, and one first for unflushed
+        // transactions.
+        let mut flushes = 2;
         if let Some(upto) = st.unflushed {
             self.mark_durable(upto);
+            flushes += 1;
         }
         self.sb = sb;
         self.stats.checkpoints += 1;
-        // Its own and the superblock's.
-        self.stats.flushes += 2;
+        self.stats.flushes += flushes;
+        self.stats.checkpoint_flushes += flushes;
         self.stats.blocks_checkpointed += st.blocks;
         self.stats.data_home_blocks += st.home_blocks;
         self.stats.data_home_writes += st.home_writes;

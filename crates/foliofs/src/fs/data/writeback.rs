@@ -667,6 +667,7 @@ impl Shared {
                     return Err(g.meta.poison(format!("journal flush failed: {e}")));
                 }
                 g.meta.mark_durable(upto);
+                g.meta.stats.flushes += 1;
                 continue;
             }
             // Wait for a journal write to complete.
