@@ -221,6 +221,22 @@ fn plan(g: &mut Inner, ino: u64, segs: &[Seg], from: u64, data: &[u8]) -> Result
         cows: Vec::new(),
         logged: false,
     };
+    let r = plan_into(cx, &mut out, (ag, max, bs), segs, from, data);
+    if r.is_err() {
+        // New blocks taken so far go back.
+        unalloc(cx, &out.cows);
+    }
+    r.map(|()| out)
+}
+
+fn plan_into(
+    cx: &mut Ctx,
+    out: &mut Plan,
+    (ag, max, bs): (u32, u64, u64),
+    segs: &[Seg],
+    from: u64,
+    data: &[u8],
+) -> Result<()> {
     for s in segs {
         let at = ((s.lblk - from) * bs) as usize;
         let bytes = &data[at..at + (s.len * bs) as usize];
@@ -251,7 +267,7 @@ fn plan(g: &mut Inner, ino: u64, segs: &[Seg], from: u64, data: &[u8]) -> Result
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 impl Plan {
