@@ -107,20 +107,21 @@ impl Inner {
     }
 }
 
-/// Durable commits batched across threads, as jbd2 batches fsync: a
-/// committer that expects others (the last group had more than one)
-/// waits a moment, at most about one commit's time, for them to join the
-/// running transaction, so one write and one flush serve them all.
+/// Commits of one kind (durable, or written only) batched across
+/// threads, as jbd2 batches fsync: a committer that expects others (the
+/// last group had more than one) waits a moment, at most about one
+/// commit's time, for them to join the running transaction, so one write
+/// (and flush) serves them all.
 #[derive(Default)]
 pub(crate) struct Batch {
     /// The running transaction being gathered for, and its committers.
     pub seq: u64,
     pub joined: usize,
-    /// Threads in a durable commit now, and how many there were when the
-    /// last durable transaction was sealed (the group to expect).
+    /// Threads committing now, and how many there were when the last
+    /// transaction of this kind was sealed (the group to expect).
     pub active: usize,
     pub last_group: usize,
-    /// Average time of a durable commit's write and flush.
+    /// Average time of a commit's write (and flush).
     pub avg_ns: u64,
 }
 
@@ -141,7 +142,7 @@ pub(crate) struct Shared {
     pub wb_done: Condvar,
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
-    /// Signalled (with `inner`) when a durable committer joins a batch.
+    /// Signalled (with `inner`) when a committer joins a batch.
     pub batch_joined: Condvar,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
     pub wb_stats: Vec<ContextStats>,
@@ -216,17 +217,13 @@ impl Inner {
             self.meta.commit()?;
         }
         // Half full: write the committed blocks home in the background,
-        // so the log has room before writers need it.
-        self.meta.checkpoint_reap()?;
+        // so the log has room before writers need it. (A job whose thread
+        // cannot start is dropped, which fails the checkpoint.)
         if self.meta.journal_used() > self.meta.geo.journal_blocks / 2 {
             if let Some(job) = self.meta.checkpoint_begin()? {
-                let abort = job.abort_handle();
-                if let Err(e) = std::thread::Builder::new()
+                let _ = std::thread::Builder::new()
                     .name("foliofs-checkpoint".into())
-                    .spawn(move || job.run())
-                {
-                    abort.abort(format!("cannot start its thread: {e}"));
-                }
+                    .spawn(move || job.run());
             }
         }
         // After every operation, so free-space counts (ENOSPC pressure,

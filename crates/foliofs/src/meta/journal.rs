@@ -230,22 +230,21 @@ pub struct CheckpointJob {
     /// The superblock with the new tail.
     sb: Superblock,
     io: Arc<CheckpointIo>,
+    ran: bool,
 }
 
-/// Ends a checkpoint whose job could not run (its thread did not start).
-pub struct CheckpointAbort(Arc<CheckpointIo>);
-
-impl CheckpointAbort {
-    pub fn abort(self, why: String) {
-        self.0.finish(Err(why));
+/// A job dropped without running (its thread did not start) ends its
+/// checkpoint with an error instead of leaving it pending for ever.
+impl Drop for CheckpointJob {
+    fn drop(&mut self) {
+        if !self.ran {
+            self.io
+                .finish(Err("the checkpoint's writes never ran".into()));
+        }
     }
 }
 
 impl CheckpointJob {
-    pub fn abort_handle(&self) -> CheckpointAbort {
-        CheckpointAbort(self.io.clone())
-    }
-
     /// Write the images home (several writes at once when there are many),
     /// flush, then write the superblock with the new tail.
     pub fn run(mut self) {
@@ -278,6 +277,7 @@ impl CheckpointJob {
             write_superblock(&*self.dev, &mut self.sb)?;
             Ok(self.sb.clone())
         })();
+        self.ran = true;
         self.io.finish(r.map_err(|e| e.to_string()));
     }
 }
@@ -374,8 +374,8 @@ impl Meta {
     /// Seal the running transaction into a journal image and reserve its
     /// place in the log. The caller writes it (`SealedTx::write`), usually
     /// without holding the lock around `Meta`, and the next `reap` or
-    /// `wait_io` completes it. One sealed transaction is in flight at a
-    /// time; sealing waits for the previous one.
+    /// `wait_io` completes it. Up to `MAX_IN_FLIGHT` sealed transactions
+    /// are written at once; sealing one more waits for the oldest.
     pub fn seal(&mut self) -> Result<Option<SealedTx>> {
         self.seal_with(true)
     }
@@ -384,15 +384,14 @@ impl Meta {
     /// written without one is in the log (`written_seq`) but not durable
     /// (`done_seq`) until some later flush.
     pub fn seal_with(&mut self, flush: bool) -> Result<Option<SealedTx>> {
-        self.reap()?;
-        while self.sealed.len() >= MAX_IN_FLIGHT {
+        loop {
+            // The ticket first: a write completing after it wakes the wait.
             let ticket = self.io.completions();
             self.reap()?;
             if self.sealed.len() < MAX_IN_FLIGHT {
                 break;
             }
             self.io.wait_after(ticket);
-            self.reap()?;
         }
         self.check_live()?;
         if self.running.is_empty() {
@@ -553,11 +552,6 @@ impl Meta {
         !self.running.is_empty()
     }
 
-    /// Some sealed transaction is being written.
-    pub fn io_busy(&self) -> bool {
-        !self.io.state.lock().pending.is_empty()
-    }
-
     /// Sealed transactions not yet completed.
     pub fn in_flight(&self) -> usize {
         self.sealed.len()
@@ -664,11 +658,6 @@ impl Meta {
         Ok(Some(job))
     }
 
-    /// A background checkpoint is in progress.
-    pub fn checkpointing(&self) -> bool {
-        self.cp.is_some()
-    }
-
     /// Complete a background checkpoint whose writes are done.
     pub fn checkpoint_reap(&mut self) -> Result<()> {
         if self.cp.as_ref().is_some_and(|st| st.io.is_done()) {
@@ -727,6 +716,7 @@ impl Meta {
             flush_first: unflushed.is_some(),
             sb,
             io: io.clone(),
+            ran: false,
         };
         let st = CheckpointState {
             upto_seq: self.head_seq,
@@ -936,13 +926,13 @@ fn highest_lsn(dev: &dyn Device, geo: &Geometry, uuid: &[u8; 16]) -> Result<Opti
         dev.read_at(chunk, (geo.journal_start + p) * bs as u64)?;
         for (k, b) in chunk.chunks(bs).enumerate() {
             let at = geo.journal_start + p + k as u64;
-            for (m, what) in [
-                (magic::JOURNAL_DESC, "journal descriptor"),
-                (magic::JOURNAL_COMMIT, "journal commit"),
-            ] {
-                if let Ok(h) = header::verify(b, what, m, at, uuid) {
-                    top = top.max(Some(h.lsn));
-                }
+            // One check a block: the magic picks which kind to verify.
+            let m = header::BlockHeader::decode(b).magic;
+            if m != magic::JOURNAL_DESC && m != magic::JOURNAL_COMMIT {
+                continue;
+            }
+            if let Ok(h) = header::verify(b, "journal block", m, at, uuid) {
+                top = top.max(Some(h.lsn));
             }
         }
         p += n;

@@ -44,7 +44,7 @@ use super::MAX_FILE_SIZE;
 use crate::csums::{clear_csums, get_csums, set_csums};
 use crate::error::{Error, Result};
 use crate::format::data_crc;
-use crate::fs::data::overwrite::{cow_alloc, log_overwrite, unalloc, Cow};
+use crate::fs::data::overwrite::{cow_alloc, unalloc, Cow};
 use crate::fs::inode::{DioWrite, Inode};
 use crate::fs::iolock::Mode;
 use crate::fs::state::{Ctx, Inner};
@@ -215,21 +215,22 @@ fn plan(g: &mut Inner, ino: u64, segs: &[Seg], from: u64, data: &[u8]) -> Result
     let bs = g.meta.geo.block_size;
     let max = g.log_max_blocks();
     let ag = g.meta.geo.inode_ag(ino);
-    let cx = &mut g.with(ino)?.1;
+    let (ip, mut cx) = g.with(ino)?;
     let mut out = Plan {
         writes: Vec::new(),
         cows: Vec::new(),
         logged: false,
     };
-    let r = plan_into(cx, &mut out, (ag, max, bs), segs, from, data);
+    let r = plan_into(ip, &mut cx, &mut out, (ag, max, bs), segs, from, data);
     if r.is_err() {
         // New blocks taken so far go back.
-        unalloc(cx, &out.cows);
+        unalloc(&mut cx, &out.cows);
     }
     r.map(|()| out)
 }
 
 fn plan_into(
+    ip: &mut Inode,
     cx: &mut Ctx,
     out: &mut Plan,
     (ag, max, bs): (u32, u64, u64),
@@ -257,12 +258,12 @@ fn plan_into(
                 }
                 // No room for a second copy: logged, a piece at a time.
                 for (k, piece) in bytes.chunks((max * bs) as usize).enumerate() {
-                    log_overwrite(cx, p + k as u64 * max, piece)?;
+                    ip.log_overwrite(cx, p + k as u64 * max, piece)?;
                 }
                 out.logged = true;
             }
             State::Written(p) => {
-                log_overwrite(cx, p, bytes)?;
+                ip.log_overwrite(cx, p, bytes)?;
                 out.logged = true;
             }
         }
@@ -530,21 +531,12 @@ impl Fs {
         data: &[u8],
         segs: &[Seg],
     ) -> Result<()> {
-        let bs = self.s.block_size;
         g.guarded(|g| {
+            // Every run is written and short: all of it is logged.
+            plan(g, ino, segs, from, data)?;
             let (ip, mut cx) = g.with(ino)?;
-            for s in segs {
-                let State::Written(p) = s.state else {
-                    return Err(Error::Invalid(
-                        "logged overwrite of an unwritten block".into(),
-                    ));
-                };
-                let at = ((s.lblk - from) * bs) as usize;
-                log_overwrite(&mut cx, p, &data[at..at + (s.len * bs) as usize])?;
-            }
             ip.data_gen += 1;
             ip.touch_mtime();
-            // Also makes fdatasync wait for the transaction with the data.
             ip.store(&mut cx)?;
             g.drop_cached(ino, from, to)
         })?;
@@ -572,7 +564,6 @@ impl Fs {
     ) -> Result<()> {
         let plan = g.guarded(|g| plan(g, ino, segs, from, data));
         let r = if plan.as_ref().is_ok_and(|p| p.logged) {
-            g.with(ino)?.0.datasync_seq = g.meta.running_seq();
             self.s.commit_to(g, false).map(drop)
         } else {
             drop(g);

@@ -56,25 +56,6 @@ impl Inner {
     }
 }
 
-/// Log new contents for written device blocks from `pblk` (`data` in
-/// whole blocks): images and checksums join the running transaction,
-/// committed first when it already holds a large share of the log.
-pub(in crate::fs) fn log_overwrite(cx: &mut Ctx, pblk: u64, data: &[u8]) -> Result<()> {
-    let bs = cx.meta.geo.block_size as usize;
-    let n = data.len() / bs;
-    if cx.meta.running_data_blocks() + n > (cx.meta.geo.journal_blocks / 8) as usize {
-        cx.meta.commit()?;
-    }
-    let mut crcs = Vec::with_capacity(n);
-    for (k, b) in data.chunks(bs).enumerate() {
-        cx.meta.write_data(pblk + k as u64, b);
-        crcs.push(data_crc(b));
-    }
-    set_csums(cx.meta, pblk, &crcs)?;
-    bump(&cx.counters.overwrite_logged_bytes, data.len() as u64);
-    Ok(())
-}
-
 /// New blocks for an out-of-place overwrite of file blocks
 /// [lblk, lblk + n), taken in memory (near `goal`, in AG `ag`). None when
 /// the space is not there: the caller logs the overwrite instead.
@@ -127,6 +108,32 @@ pub(in crate::fs) fn unalloc(cx: &mut Ctx, cows: &[Cow]) {
 }
 
 impl Inode {
+    /// Log new contents for this file's written device blocks from `pblk`
+    /// (`data` in whole blocks): images and checksums join the running
+    /// transaction (committed first when it already holds a large share
+    /// of the log), and fdatasync of the file waits for that transaction.
+    pub(in crate::fs) fn log_overwrite(
+        &mut self,
+        cx: &mut Ctx,
+        pblk: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let bs = cx.meta.geo.block_size as usize;
+        let n = data.len() / bs;
+        if cx.meta.running_data_blocks() + n > (cx.meta.geo.journal_blocks / 8) as usize {
+            cx.meta.commit()?;
+        }
+        let mut crcs = Vec::with_capacity(n);
+        for (k, b) in data.chunks(bs).enumerate() {
+            cx.meta.write_data(pblk + k as u64, b);
+            crcs.push(data_crc(b));
+        }
+        set_csums(cx.meta, pblk, &crcs)?;
+        self.datasync_seq = cx.meta.running_seq();
+        bump(&cx.counters.overwrite_logged_bytes, data.len() as u64);
+        Ok(())
+    }
+
     /// The data of `cows` is on the device: record their allocation, map
     /// them in place of the old blocks (freed) and set their checksums
     /// (`crcs`, one per block of `cows` in order), all in the running

@@ -25,7 +25,7 @@ use crate::books::{take, take_clamped};
 use crate::csums::{clear_csums, set_csums};
 use crate::device::Device;
 use crate::format::data_crc;
-use crate::fs::data::overwrite::{cow_alloc, log_overwrite, unalloc, Cow};
+use crate::fs::data::overwrite::{cow_alloc, unalloc, Cow};
 use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Error, Result};
@@ -173,6 +173,7 @@ impl Inner {
         if max > 0 && !overwrites.is_empty() {
             let bsz = bs as usize;
             let mut logged: Vec<u64> = Vec::new();
+            let mut img: Vec<u8> = Vec::with_capacity(bsz);
             let mut moved: Vec<(u64, u64)> = Vec::new(); // (lblk, new pblk)
             let over: Vec<(u64, u64)> = targets
                 .iter()
@@ -191,20 +192,20 @@ impl Inner {
                         continue;
                     }
                 }
-                // Logged, a block at a time from its folio.
+                // Logged, a block at a time from its folio (one buffer
+                // for the job).
                 for &(l, p) in &over[i..j] {
                     let (first, f) = ip.cache.find_mut(l).expect("dirty block cached");
                     let fi = (l - first) as usize;
                     f.clear_dirty(fi, fi + 1);
-                    let img = f.block(fi, bsz).to_vec();
+                    img.clear();
+                    img.extend_from_slice(f.block(fi, bsz));
                     ip.cache.note_cleaned(first);
-                    log_overwrite(&mut cx, p, &img)?;
+                    ip.log_overwrite(&mut cx, p, &img)?;
                     logged.push(l);
                 }
             }
             if !logged.is_empty() {
-                // fdatasync waits for the transaction holding the data.
-                ip.datasync_seq = cx.meta.running_seq();
                 targets.retain(|t| t.2 || logged.binary_search(&t.0).is_err());
             }
             moved.sort_unstable();
