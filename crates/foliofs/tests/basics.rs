@@ -127,6 +127,46 @@ fn unlinked_open_file_lives_until_release() {
 }
 
 #[test]
+fn a_held_inode_outlives_its_last_name_until_unheld_or_unmount() {
+    let (dev, fs) = fresh(16 << 20, 4096);
+    let root = fs.root_ino();
+    let before = fs.statfs().unwrap();
+    let f = fs.create(root, b"held", 0o644, 0, 0).unwrap();
+    fs.write(f.ino, 0, &vec![7u8; 1 << 20]).unwrap();
+    fs.hold(f.ino).unwrap();
+    fs.hold(f.ino).unwrap();
+    fs.unlink(root, b"held").unwrap();
+    // Still there by number: a time update, as a FUSE kernel flushes it.
+    let t = Timespec {
+        sec: 1_000,
+        nsec: 5,
+    };
+    let set = SetAttr {
+        mtime: Some(TimeSet::At(t)),
+        ctime: Some(TimeSet::At(t)),
+        ..Default::default()
+    };
+    let a = fs.setattr(f.ino, &set).unwrap();
+    assert_eq!((a.nlink, a.mtime, a.ctime), (0, (1_000, 5), (1_000, 5)));
+    // A hold is not an open: no close trims or frees it; one of two holds
+    // going leaves it.
+    fs.unhold(f.ino, 1).unwrap();
+    assert!(fs.getattr(f.ino).is_ok());
+    fs.unhold(f.ino, 1).unwrap();
+    assert!(matches!(fs.getattr(f.ino), Err(Error::NotFound)));
+    assert_eq!(fs.statfs().unwrap().blocks_free, before.blocks_free);
+    // Held at unmount: it goes then.
+    let g = fs.create(root, b"held2", 0o644, 0, 0).unwrap();
+    fs.write(g.ino, 0, &[1u8; 9000]).unwrap();
+    fs.hold(g.ino).unwrap();
+    fs.unlink(root, b"held2").unwrap();
+    let fs = remount(&dev, fs);
+    assert!(matches!(fs.getattr(g.ino), Err(Error::NotFound)));
+    assert_eq!(fs.statfs().unwrap().blocks_free, before.blocks_free);
+    fs.unmount().unwrap();
+}
+
+#[test]
 fn fsck_is_clean_after_work_and_finds_leaks() {
     let (dev, fs) = fresh(32 << 20, 4096);
     let root = fs.root_ino();

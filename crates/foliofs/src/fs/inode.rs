@@ -392,7 +392,8 @@ impl Inner {
     pub fn release(&mut self, ino: u64) -> Result<()> {
         let (ip, _) = self.with(ino)?;
         take(&mut ip.open, 1, "inode opens");
-        if ip.open == 0 && ip.d.nlink == 0 {
+        let (open, nlink) = (ip.open, ip.d.nlink);
+        if nlink == 0 && self.unused(ino, open) {
             self.check_writable()?;
             self.destroy_inode(ino)?;
         }

@@ -75,6 +75,7 @@ impl Fs {
             meta,
             alloc,
             inodes: Default::default(),
+            held: Default::default(),
             opts,
             dirty_bytes: 0,
             cache_bytes: 0,
@@ -151,6 +152,17 @@ impl Fs {
         }
         for ino in g.inodes.keys().copied().collect::<Vec<_>>() {
             self.s.wait_wb_idle(&mut g, ino);
+        }
+        // Holds end with the mount: orphans nothing else keeps go now.
+        for ino in std::mem::take(&mut g.held).into_keys() {
+            let (open, nlink) = match g.with(ino) {
+                Ok((ip, _)) => (ip.open, ip.d.nlink),
+                Err(Error::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            if open == 0 && nlink == 0 {
+                g.guarded(|g| g.destroy_inode(ino))?;
+            }
         }
         g.trim_all_prealloc()?;
         drop(g);
@@ -412,6 +424,27 @@ impl Fs {
         Ok(r)
     }
 
+    /// `readdir` with each entry's attributes, under one hold of the
+    /// metadata lock (FUSE's readdirplus).
+    pub fn readdir_attrs(
+        &self,
+        ino: u64,
+        cookie: u64,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Attr)>> {
+        let mut g = self.s.inner.lock();
+        let list = g.readdir(ino, cookie, max)?;
+        let mut out = Vec::with_capacity(list.len());
+        for e in list {
+            let a = g.getattr(e.ino)?;
+            out.push((e, a));
+        }
+        if cookie == 0 {
+            self.accessed(&mut g, ino)?;
+        }
+        Ok(out)
+    }
+
     /// A read of `ino` happened: update its access time as the mount's
     /// atime mode says (nothing on a read-only or shut-down mount).
     fn accessed(&self, g: &mut MutexGuard<Inner>, ino: u64) -> Result<()> {
@@ -446,6 +479,46 @@ impl Fs {
         g.load_inode(ino)?;
         g.inodes.get_mut(&ino).unwrap().open += 1;
         g.getattr(ino)
+    }
+
+    /// Hold `ino` beside its opens: unlinked, it stays (an orphan) until
+    /// `unhold` lets go of the last hold. For a caller that keeps
+    /// referring to inodes by number after their names go, as a FUSE
+    /// kernel does between lookup and forget. A hold is not an open: the
+    /// last close still trims preallocation.
+    pub fn hold(&self, ino: u64) -> Result<()> {
+        let mut g = self.s.inner.lock();
+        g.load_inode(ino)?;
+        *g.held.entry(ino).or_default() += 1;
+        Ok(())
+    }
+
+    /// Let go of `n` holds of `ino`; an unlinked, unopened inode goes
+    /// with its last.
+    pub fn unhold(&self, ino: u64, n: u64) -> Result<()> {
+        let mut g = self.s.inner.lock();
+        let Some(c) = g.held.get_mut(&ino) else {
+            return Ok(());
+        };
+        *c = c.saturating_sub(n);
+        if *c > 0 {
+            return Ok(());
+        }
+        g.held.remove(&ino);
+        if g.check_writable().is_err() {
+            return Ok(());
+        }
+        self.s.wait_wb_idle(&mut g, ino);
+        let (open, nlink) = match g.with(ino) {
+            Ok((ip, _)) => (ip.open, ip.d.nlink),
+            Err(Error::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if open == 0 && nlink == 0 {
+            g.guarded(|g| g.destroy_inode(ino))?;
+            g.maybe_commit()?;
+        }
+        Ok(())
     }
 
     /// The last close of a file trims its speculative preallocation.

@@ -100,7 +100,10 @@ impl Inner {
         if let Some(t) = set.mtime {
             ip.d.mtime = ts(t);
         }
-        ip.touch_ctime();
+        match set.ctime {
+            Some(t) => ip.d.ctime = ts(t),
+            None => ip.touch_ctime(),
+        }
         ip.store(&mut cx)?;
         if let Some(m) = set.mode {
             self.acl_chmod(ino, m)?;
@@ -270,7 +273,7 @@ impl Inner {
         if ip.d.nlink == 0 {
             let open = ip.open;
             self.orphan_add(ino)?;
-            if open == 0 {
+            if self.unused(ino, open) {
                 self.destroy_inode(ino)?;
             }
         }

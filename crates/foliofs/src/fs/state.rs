@@ -76,6 +76,10 @@ pub(crate) struct Inner {
     pub meta: Meta,
     pub alloc: Alloc,
     pub inodes: U64Map<Inode>,
+    /// Inodes a caller holds beside its opens (`Fs::hold`: a FUSE
+    /// kernel's lookups), with their counts: one unlinked stays, as an
+    /// orphan, until its last hold goes.
+    pub held: U64Map<u64>,
     pub opts: MountOptions,
     pub dirty_bytes: u64,
     /// Bytes of all folios in the page cache.
@@ -98,6 +102,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Nothing keeps `ino` once it has no name: not an open, not a hold.
+    pub(crate) fn unused(&self, ino: u64, open: u32) -> bool {
+        open == 0 && !self.held.contains_key(&ino)
+    }
+
     pub(crate) fn batch(&self, durable: bool) -> &Batch {
         &self.batches[durable as usize]
     }

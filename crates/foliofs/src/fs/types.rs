@@ -48,6 +48,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// Set the change time to this instead of now (a FUSE kernel that
+    /// caches writes owns the times and hands them over).
+    pub ctime: Option<TimeSet>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -300,8 +300,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Finish a write: size, timestamps, dirty accounting; unpin the
-    /// inode. The bytes written, or the error if none were.
     /// Finish a write: the size, the dirty accounting, write-behind. The
     /// bytes written, and whether the inode was queued for write-behind
     /// now (its writeback context should be woken).
@@ -310,6 +308,7 @@ impl Inner {
             self.pool.put(b);
         }
         let threshold = self.opts.write_behind_bytes;
+        let held = self.held.contains_key(&ino);
         let (ip, cx) = self.with(ino)?;
         if w.done > 0 {
             ip.size = ip.size.max(w.offset + w.done as u64);
@@ -321,7 +320,7 @@ impl Inner {
             ip.stream_end = w.offset + w.done as u64;
         }
         take(&mut ip.open, 1, "inode opens");
-        let destroy = ip.open == 0 && ip.d.nlink == 0;
+        let destroy = ip.d.nlink == 0 && ip.open == 0 && !held;
         let behind = threshold > 0 && !destroy && !ip.behind_queued && ip.stream_dirty >= threshold;
         ip.behind_queued |= behind;
         bump(&cx.counters.bytes_written_app, w.done as u64);

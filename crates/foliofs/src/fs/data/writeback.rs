@@ -430,7 +430,8 @@ impl Inner {
             // without them) or the timestamps.
             ip.store_times(&mut cx)?;
         }
-        let destroy = ip.open == 0 && ip.d.nlink == 0;
+        let (open, nlink) = (ip.open, ip.d.nlink);
+        let destroy = nlink == 0 && self.unused(ino, open);
         if failed {
             self.wb_errors += 1;
         }
