@@ -1,8 +1,9 @@
 //! `foliofs torture fsx`: an exerciser in the spirit of fsx. Long random
 //! sequences of operations on one file (sub-block, unaligned and large
 //! buffered reads and writes, O_DIRECT reads and writes, truncate up and
-//! down, punch hole, zero range, fallocate, fsync, remount or reopen)
-//! against an in-memory model; every read and every size is checked.
+//! down, punch hole, zero range, fallocate, fsync, SEEK_DATA/SEEK_HOLE,
+//! remount or reopen) against an in-memory model; every read, every size
+//! and every data/hole answer is checked (a hole must hold only zeros).
 //!
 //! It runs on the engine (an image file, remounted and checked by fsck
 //! along the way) or through system calls on a file in any directory (a
@@ -12,7 +13,7 @@
 
 use anyhow::{bail, Context, Result};
 use foliofs::device::{AlignedBuf, FileDevice};
-use foliofs::fs::{Falloc, SetAttr};
+use foliofs::fs::{Falloc, SetAttr, Whence};
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -38,6 +39,8 @@ trait Subject {
     fn fallocate(&mut self, mode: Falloc, off: u64, len: u64) -> Result<bool>;
     fn fsync(&mut self, datasync: bool) -> Result<()>;
     fn size(&mut self) -> Result<u64>;
+    /// SEEK_DATA (`data`) or SEEK_HOLE from `off`; None for ENXIO.
+    fn seek(&mut self, off: u64, data: bool) -> Result<Option<u64>>;
     /// Remount (engine) or close and reopen (system calls).
     fn cycle(&mut self) -> Result<()>;
     fn finish(self: Box<Self>) -> Result<()>;
@@ -149,6 +152,10 @@ impl Subject for Engine {
     }
     fn size(&mut self) -> Result<u64> {
         Ok(self.fs().getattr(self.ino)?.size)
+    }
+    fn seek(&mut self, off: u64, data: bool) -> Result<Option<u64>> {
+        let w = if data { Whence::Data } else { Whence::Hole };
+        Ok(self.fs().seek(self.ino, off, w)?)
     }
     fn cycle(&mut self) -> Result<()> {
         self.fs().check_invariants()?;
@@ -265,6 +272,23 @@ impl Subject for Syscalls {
     fn size(&mut self) -> Result<u64> {
         Ok(self.buffered.metadata()?.len())
     }
+    fn seek(&mut self, off: u64, data: bool) -> Result<Option<u64>> {
+        let whence = if data {
+            libc::SEEK_DATA
+        } else {
+            libc::SEEK_HOLE
+        };
+        // SAFETY: a valid descriptor; lseek reads no memory.
+        let r = unsafe { libc::lseek(self.buffered.as_raw_fd(), off as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            return Ok(None);
+        }
+        Err(e).context("lseek")
+    }
     fn cycle(&mut self) -> Result<()> {
         let (b, d) = Syscalls::open(&self.path, false)?;
         self.buffered = b;
@@ -364,6 +388,27 @@ fn check_read(model: &[u8], off: u64, got: &[u8], n: usize, what: &str) -> Resul
 }
 
 /// One run: `ops` operations from `seed`.
+/// A SEEK_DATA/SEEK_HOLE answer against the model: past the end, ENXIO;
+/// SEEK_DATA may skip only zeros, and finds nothing only if nothing but
+/// zeros follows; SEEK_HOLE lands at the end or in a block of zeros.
+fn check_seek(model: &[u8], off: u64, data: bool, got: Option<u64>) -> Result<()> {
+    let size = model.len() as u64;
+    let what = if data { "SEEK_DATA" } else { "SEEK_HOLE" };
+    let zeros = |a: u64, b: u64| model[a as usize..b as usize].iter().all(|&x| x == 0);
+    let ok = match (off >= size, got) {
+        (true, None) => true,
+        (true, Some(_)) => false,
+        (false, None) => data && zeros(off, size),
+        (false, Some(p)) if p < off || p > size => false,
+        (false, Some(p)) if data => p < size && zeros(off, p),
+        (false, Some(p)) => zeros(p, (p / DIO + 1).saturating_mul(DIO).min(size)),
+    };
+    if !ok {
+        bail!("{what} from {off} answered {got:?}: wrong for a file of {size} bytes as the model has it (a hole holds only zeros)");
+    }
+    Ok(())
+}
+
 fn run_one(
     subject: &mut dyn Subject,
     seed: u64,
@@ -540,6 +585,13 @@ fn step(
             note("remount/reopen".into());
             s.cycle()?;
             tally.cycles += 1;
+        }
+        91..=94 => {
+            let off = rng.random_range(0..=size + 5000);
+            let data = rng.random_bool(0.5);
+            note(format!("seek {} {off}", if data { "data" } else { "hole" }));
+            let got = s.seek(off, data)?;
+            check_seek(model, off, data, got)?;
         }
         _ => {
             // Read the whole file back.

@@ -104,8 +104,10 @@ enum Cmd {
         /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE,
         /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
         /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
-        /// noatime, strictatime, nodiratime, threads=N, writeback_cache,
-        /// no_default_permissions, log=FILE, log_level=LEVEL.
+        /// noatime, strictatime, nodiratime, threads=N, no_writeback_cache (the
+        /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
+        /// negative_timeout=S, max_background=N, no_default_permissions, log=FILE,
+        /// log_level=LEVEL.
         #[arg(short = 'o')]
         options: Vec<String>,
         /// Stay in the foreground (messages on stderr).

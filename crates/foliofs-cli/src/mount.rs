@@ -25,7 +25,7 @@ use foliofs::device::lock;
 use foliofs::device::{DeviceOptions, FileDevice};
 use foliofs::fs::ENGINE_OPTIONS;
 use foliofs::{Fs, MountOptions};
-use foliofs_fuse::FuseFs;
+use foliofs_fuse::{CacheOptions, FuseFs};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -44,8 +44,9 @@ pub struct Options {
     pub allow_root: bool,
     pub default_permissions: bool,
     pub threads: usize,
-    /// The kernel's FUSE writeback cache (`-o writeback_cache`).
-    pub writeback_cache: bool,
+    /// What the kernel may cache: `-o writeback_cache|no_writeback_cache,
+    /// attr_timeout=S, entry_timeout=S, negative_timeout=S, max_background=N`.
+    pub cache: CacheOptions,
     /// `-o log=FILE`: the daemon logs there instead of syslog/stderr.
     pub log_file: Option<PathBuf>,
     pub log_level: log::LevelFilter,
@@ -95,7 +96,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         allow_root: false,
         default_permissions: true,
         threads,
-        writeback_cache: false,
+        cache: CacheOptions::default(),
         log_file: None,
         log_level: log::LevelFilter::Info,
     };
@@ -121,8 +122,20 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("allow_root", None) => o.allow_root = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
-            ("writeback_cache", None) => o.writeback_cache = true,
-            ("no_writeback_cache", None) => o.writeback_cache = false,
+            ("writeback_cache", None) => o.cache.writeback_cache = true,
+            ("no_writeback_cache", None) => o.cache.writeback_cache = false,
+            ("readdirplus", None) => o.cache.readdirplus = true,
+            ("no_readdirplus", None) => o.cache.readdirplus = false,
+            ("attr_timeout", Some(v)) => o.cache.attr_timeout = seconds(k, v)?,
+            ("entry_timeout", Some(v)) => o.cache.entry_timeout = seconds(k, v)?,
+            ("negative_timeout", Some(v)) => o.cache.negative_timeout = seconds(k, v)?,
+            ("max_background", Some(v)) => {
+                o.cache.max_background = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .with_context(|| format!("-o max_background={v}: want 1 to 65535"))?
+            }
             ("threads", Some(v)) => {
                 o.threads = v
                     .parse()
@@ -135,7 +148,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             _ => bail!(
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
                  noallow_other, allow_root, default_permissions, no_default_permissions, \
-                 writeback_cache, no_writeback_cache, threads=N, log=FILE, \
+                 writeback_cache, no_writeback_cache, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
+                 negative_timeout=S, max_background=N, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
         }
@@ -143,7 +157,21 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
     if o.allow_other == Some(true) && o.allow_root {
         bail!("allow_other and allow_root exclude each other");
     }
+    if o.cache.writeback_cache && o.threads < 2 {
+        // A SEEK_DATA/SEEK_HOLE waits for the kernel's writeback, which
+        // another worker serves.
+        bail!("threads=1 needs no_writeback_cache (with the kernel's write cache, one worker waits for another)");
+    }
     Ok(o)
+}
+
+/// A timeout option in seconds (fractions allowed, 0 for none).
+fn seconds(k: &str, v: &str) -> Result<Duration> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && (0.0..=1e9).contains(s))
+        .map(Duration::from_secs_f64)
+        .with_context(|| format!("-o {k}={v}: want seconds, 0 or more"))
 }
 
 /// `p` made absolute against the current directory (the daemon may run
@@ -214,14 +242,13 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         };
         cfg.n_threads = Some(o.threads);
         cfg.clone_fd = true;
-        let session = fuser::Session::new(
-            FuseFs::new(fs.clone())
-                .with_writeback_cache(o.writeback_cache)
-                .with_posix_acl(o.default_permissions),
-            dir,
-            &cfg,
-        )
-        .with_context(|| format!("cannot mount on {}", dir.display()))?;
+        let fuse = FuseFs::new(fs.clone(), o.cache.clone())
+            .with_posix_acl(o.default_permissions)
+            .with_workers(o.threads);
+        let notifier = fuse.notifier_slot();
+        let session = fuser::Session::new(fuse, dir, &cfg)
+            .with_context(|| format!("cannot mount on {}", dir.display()))?;
+        let _ = notifier.set(session.notifier());
         log::info!(
             "mounted {} on {} ({}{})",
             image.display(),
