@@ -448,6 +448,29 @@ fn data_reply(r: foliofs::Result<Vec<u8>>, reply: ReplyData) {
     }
 }
 
+/// A directory listing from `cookie` on, fetched in batches, each entry
+/// handed to `add` until the reply is full (`add` returns whether it was,
+/// and the entry's cookie) or the directory ends.
+fn listing<T>(
+    mut cookie: u64,
+    fetch: impl Fn(u64) -> foliofs::Result<Vec<T>>,
+    mut add: impl FnMut(T) -> (bool, u64),
+) -> foliofs::Result<()> {
+    loop {
+        let batch = fetch(cookie)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        for e in batch {
+            let (full, next) = add(e);
+            if full {
+                return Ok(());
+            }
+            cookie = next;
+        }
+    }
+}
+
 /// Reply to getxattr/listxattr: the size when asked for it, ERANGE when
 /// the buffer is too small.
 fn xattr_reply(data: &[u8], size: u32, reply: ReplyXattr) {
@@ -865,26 +888,22 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut cookie = offset;
-        loop {
-            let batch = match self.fs.readdir(self.ino(ino), cookie, 128) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(e)),
-            };
-            if batch.is_empty() {
-                return reply.ok();
-            }
-            for e in batch {
-                if reply.add(
+        let r = listing(
+            offset,
+            |c| self.fs.readdir(self.ino(ino), c, 128),
+            |e| {
+                let full = reply.add(
                     INodeNo(e.ino),
                     e.cookie,
                     kind(e.kind),
                     OsStr::from_bytes(&e.name),
-                ) {
-                    return reply.ok();
-                }
-                cookie = e.cookie;
-            }
+                );
+                (full, e.cookie)
+            },
+        );
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -899,34 +918,30 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut cookie = offset;
-        loop {
-            let batch = match self.fs.readdir_attrs(self.ino(ino), cookie, 64) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(e)),
-            };
-            if batch.is_empty() {
-                return reply.ok();
-            }
-            for (e, a) in batch {
-                if reply.add(
+        let r = listing(
+            offset,
+            |c| self.fs.readdir_attrs(self.ino(ino), c, 64),
+            |(e, a)| {
+                let full = reply.add(
                     INodeNo(e.ino),
                     e.cookie,
                     OsStr::from_bytes(&e.name),
                     &self.cache.entry_timeout,
                     &file_attr(&a),
                     Generation(a.generation as u64),
-                ) {
-                    return reply.ok();
-                }
+                );
                 // The kernel counts a lookup of each entry but "." and "..".
-                if e.name != b"." && e.name != b".." {
+                if !full && e.name != b"." && e.name != b".." {
                     if let Err(err) = self.fs.hold(e.ino) {
                         log::debug!("readdirplus: holding inode {}: {err}", e.ino);
                     }
                 }
-                cookie = e.cookie;
-            }
+                (full, e.cookie)
+            },
+        );
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
         }
     }
 
