@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
-# FUSE tests with real programs (fio, tar, git, sqlite3, cp -a), CLI smoke.
+# FUSE tests with real programs (fio, tar, git, sqlite3, cp -a) over both
+# FUSE transports (io_uring rings where the kernel has them, /dev/fuse), CLI smoke.
 # FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +19,22 @@ echo "== cargo clippy -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 echo "== fuzz targets compile (run them with cargo +nightly fuzz, see docs/RELIABILITY.md)"
 cargo check --locked --manifest-path fuzz/Cargo.toml -q
+echo "== FUSE over io_uring: turned on where the kernel has it"
+uring=/sys/module/fuse/parameters/enable_uring
+if [ -w "$uring" ]; then
+  echo Y > "$uring"
+  echo "fuse.enable_uring=Y: the FUSE tests run over rings, then again over /dev/fuse"
+elif [ -e "$uring" ]; then
+  echo "fuse.enable_uring is $(cat "$uring") and not writable here: the FUSE tests run over /dev/fuse"
+else
+  echo "this kernel has no FUSE over io_uring: the FUSE tests run over /dev/fuse"
+fi
 echo "== cargo test"
 cargo test --locked --release
+if [ "$(cat "$uring" 2>/dev/null)" = Y ]; then
+  echo "== FUSE tests over /dev/fuse (io_uring=off)"
+  FOLIOFS_FUSE_OPTS=io_uring=off cargo test --locked --release -p foliofs-cli --test fuse
+fi
 echo "== concurrency and crash tests with debug assertions"
 cargo test --locked -q -p foliofs --test threads_and_faults --test buffered --test crash
 echo "== pjdfstest (POSIX suite) through a FUSE mount, as root and its dummy users"

@@ -106,8 +106,9 @@ enum Cmd {
         /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
         /// noatime, strictatime, nodiratime, threads=N, no_writeback_cache (the
         /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
-        /// negative_timeout=S, max_background=N, no_default_permissions, log=FILE,
-        /// log_level=LEVEL.
+        /// negative_timeout=S, max_background=N, readdirplus, io_uring=on|off (FUSE over
+        /// io_uring where the kernel offers it, on by default), ring_depth=N,
+        /// no_default_permissions, log=FILE, log_level=LEVEL.
         #[arg(short = 'o')]
         options: Vec<String>,
         /// Stay in the foreground (messages on stderr).

@@ -47,6 +47,10 @@ pub struct Options {
     /// What the kernel may cache: `-o writeback_cache|no_writeback_cache,
     /// attr_timeout=S, entry_timeout=S, negative_timeout=S, max_background=N`.
     pub cache: CacheOptions,
+    /// FUSE over io_uring when the kernel offers it (`-o io_uring=on|off`),
+    /// with `ring_depth` serving threads per CPU queue.
+    pub io_uring: bool,
+    pub ring_depth: usize,
     /// `-o log=FILE`: the daemon logs there instead of syslog/stderr.
     pub log_file: Option<PathBuf>,
     pub log_level: log::LevelFilter,
@@ -87,9 +91,9 @@ const IGNORED: &[&str] = &[
 
 pub fn parse_options(list: &[String]) -> Result<Options> {
     let threads = std::thread::available_parallelism()
-        .map(|n| n.get() * 2)
-        .unwrap_or(4)
-        .clamp(2, 16);
+        .map(|n| n.get() * 4)
+        .unwrap_or(8)
+        .clamp(4, 32);
     let mut o = Options {
         engine: MountOptions::default(),
         allow_other: None,
@@ -97,6 +101,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         default_permissions: true,
         threads,
         cache: CacheOptions::default(),
+        io_uring: true,
+        ring_depth: 4,
         log_file: None,
         log_level: log::LevelFilter::Info,
     };
@@ -124,6 +130,15 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
             ("no_writeback_cache", None) => o.cache.writeback_cache = false,
+            ("io_uring", Some("on")) => o.io_uring = true,
+            ("io_uring", Some("off")) => o.io_uring = false,
+            ("ring_depth", Some(v)) => {
+                o.ring_depth = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .with_context(|| format!("-o ring_depth={v}: want 1 to 64"))?
+            }
             ("readdirplus", None) => o.cache.readdirplus = true,
             ("no_readdirplus", None) => o.cache.readdirplus = false,
             ("attr_timeout", Some(v)) => o.cache.attr_timeout = seconds(k, v)?,
@@ -148,7 +163,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             _ => bail!(
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
                  noallow_other, allow_root, default_permissions, no_default_permissions, \
-                 writeback_cache, no_writeback_cache, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
+                 writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
                  negative_timeout=S, max_background=N, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
@@ -157,10 +172,13 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
     if o.allow_other == Some(true) && o.allow_root {
         bail!("allow_other and allow_root exclude each other");
     }
-    if o.cache.writeback_cache && o.threads < 2 {
+    if o.cache.writeback_cache && o.threads.min(o.ring_depth) < 2 {
         // A SEEK_DATA/SEEK_HOLE waits for the kernel's writeback, which
         // another worker serves.
-        bail!("threads=1 needs no_writeback_cache (with the kernel's write cache, one worker waits for another)");
+        bail!(
+            "threads=1 and ring_depth=1 need no_writeback_cache (with the kernel's write cache, \
+             one worker waits for another)"
+        );
     }
     Ok(o)
 }
@@ -244,11 +262,16 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         cfg.clone_fd = true;
         let fuse = FuseFs::new(fs.clone(), o.cache.clone())
             .with_posix_acl(o.default_permissions)
-            .with_workers(o.threads);
+            // Over rings, a queue's threads serve the kernel's writeback.
+            .with_workers(o.threads.min(o.ring_depth))
+            .with_io_uring(o.io_uring);
         let notifier = fuse.notifier_slot();
+        let uring = fuse.uring_slot();
         let session = fuser::Session::new(fuse, dir, &cfg)
             .with_context(|| format!("cannot mount on {}", dir.display()))?;
         let _ = notifier.set(session.notifier());
+        // INIT is done (Session::new waits for it): did the kernel agree?
+        let uring = uring.load(std::sync::atomic::Ordering::Acquire);
         log::info!(
             "mounted {} on {} ({}{})",
             image.display(),
@@ -256,9 +279,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             if o.engine.read_only { "ro" } else { "rw" },
             if o.allow_other() { ", allow_other" } else { "" }
         );
-        Ok((fs, session))
+        Ok((fs, session, uring))
     })();
-    let (fs, mut session) = match r {
+    let (fs, mut session, uring) = match r {
         Ok(v) => v,
         Err(e) => {
             log::error!("{e:#}");
@@ -283,7 +306,21 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     if let Some(mut p) = ready.take() {
         let _ = writeln!(p, "ok");
     }
-    let served = session.run();
+    let depth = o.ring_depth;
+    let served = if uring {
+        session.run_with_transport(|d| {
+            let payload = foliofs_fuse::MAX_WRITE as usize + (64 << 10);
+            match foliofs_fuse::uring::start(d, depth, payload) {
+                Ok(t) => t,
+                Err(e) => {
+                    log::error!("FUSE over io_uring: {e}; serving /dev/fuse only");
+                    Vec::new()
+                }
+            }
+        })
+    } else {
+        session.run()
+    };
     handle.close();
     let fs = match Arc::try_unwrap(fs) {
         Ok(fs) => fs,

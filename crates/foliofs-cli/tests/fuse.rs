@@ -98,8 +98,9 @@ impl Mounted {
     fn mount(&mut self, opts: &str) {
         let mut cmd = Command::new(BIN);
         cmd.args(["mount", "-f"]).arg(&self.img).arg(&self.dir);
+        let opts = with_suite_options(opts);
         if !opts.is_empty() {
-            cmd.args(["-o", opts]);
+            cmd.args(["-o", &opts]);
         }
         self.child = Some(cmd.spawn().unwrap());
         let dir = self.dir.clone();
@@ -480,6 +481,42 @@ fn fsx_through_the_mount_against_a_model() {
     m.unmount_and_check();
 }
 
+/// The mount's counters (the root's foliofs.counters xattr).
+fn counters(dir: &Path) -> serde_json::Value {
+    let out = run(Command::new("getfattr")
+        .args(["-n", "foliofs.counters", "--only-values"])
+        .arg(dir));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// FUSE over io_uring: with the kernel's `fuse.enable_uring` on, a mount
+/// serves its requests from the rings (`io_uring=on`, the default), and
+/// from /dev/fuse with `io_uring=off`; files read back the same either way.
+#[test]
+fn requests_go_through_rings_when_the_kernel_offers_them() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let param = "/sys/module/fuse/parameters/enable_uring";
+    if std::fs::read_to_string(param).map_or(true, |s| s.trim() != "Y") {
+        eprintln!("SKIPPED: {param} is not Y (scripts/test.sh turns it on as root)");
+        return;
+    }
+    let mut m = Mounted::new("uring", "io_uring=on");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(m.path("f"), &data).unwrap();
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::rename(m.path("f"), m.path("d/g")).unwrap();
+    let served = counters(&m.dir)["fuse_ring_requests"].as_u64().unwrap();
+    assert!(served > 0, "no request came through the rings");
+    m.remount("io_uring=off");
+    assert_eq!(std::fs::read(m.path("d/g")).unwrap(), data);
+    assert_eq!(counters(&m.dir)["fuse_ring_requests"].as_u64(), Some(0));
+    m.remount("io_uring=on");
+    assert_eq!(std::fs::read(m.path("d/g")).unwrap(), data);
+    m.unmount_and_check();
+}
+
 /// With the kernel's write cache, the kernel flushes a file's times after
 /// it renames or removes it (a SETATTR by inode number); the engine keeps
 /// an inode the kernel still knows until the kernel forgets it, so those
@@ -608,11 +645,24 @@ fn helper_daemon_and_sigterm() {
 }
 
 /// `foliofs mount IMG DIR` (daemonized): returns once the mount is up.
+/// The suite's options for every mount (FOLIOFS_FUSE_OPTS, e.g.
+/// `io_uring=off` to run the tests over /dev/fuse), before the test's own,
+/// which win.
+fn with_suite_options(opts: &str) -> String {
+    let suite = std::env::var("FOLIOFS_FUSE_OPTS").unwrap_or_default();
+    [suite.as_str(), opts]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn mount_daemon(img: &Path, dir: &Path, opts: &str) {
     let mut cmd = Command::new(BIN);
     cmd.arg("mount").arg(img).arg(dir);
+    let opts = with_suite_options(opts);
     if !opts.is_empty() {
-        cmd.args(["-o", opts]);
+        cmd.args(["-o", &opts]);
     }
     run(&mut cmd);
     assert!(is_mounted(dir));
@@ -1035,6 +1085,14 @@ fn a_killed_daemon_is_cleaned_up_by_foliofs_umount() {
     let mut child = m.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
+    // Over rings the kernel lets go of the connection a moment after the
+    // process is gone (the rings are torn down from a work queue).
+    wait_for("the dead mount", || {
+        std::fs::metadata(&m.dir)
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::ENOTCONN)
+    });
     let out = Command::new(BIN)
         .arg("mount")
         .arg(&m.img)

@@ -34,9 +34,11 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub mod uring;
 
 /// The virtual xattr on the root that returns the counters as JSON.
 pub const COUNTERS_XATTR: &str = "foliofs.counters";
@@ -113,6 +115,9 @@ pub struct FuseFs {
     /// serve those writes.
     workers: usize,
     in_writeback: AtomicUsize,
+    /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
+    io_uring: bool,
+    uring_on: Arc<AtomicBool>,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -214,7 +219,23 @@ impl FuseFs {
             notifier: Arc::new(OnceLock::new()),
             workers: 1,
             in_writeback: AtomicUsize::new(0),
+            io_uring: false,
+            uring_on: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Ask the kernel for FUSE over io_uring (it offers it when the
+    /// `fuse.enable_uring` parameter is on); `uring_slot` says after the
+    /// handshake whether it agreed, and then the mount starts the rings
+    /// (`uring::start`).
+    pub fn with_io_uring(mut self, on: bool) -> Self {
+        self.io_uring = on;
+        self
+    }
+
+    /// Set at INIT when the kernel agreed to FUSE over io_uring.
+    pub fn uring_slot(&self) -> Arc<AtomicBool> {
+        self.uring_on.clone()
     }
 
     /// The number of threads serving requests.
@@ -264,9 +285,10 @@ impl FuseFs {
     /// the kernel drops its pages there, writing dirty ones back first,
     /// through requests that other workers serve. So one worker always
     /// stays out of this wait: a request that finds every other worker in
-    /// it waits a while for one to come back, then goes on without (a
+    /// it waits up to 2 s for one to come back, then goes on without (a
     /// deadlock otherwise; as rare as every worker but one serving a
-    /// direct request or a seek on a file also open for cached writes).
+    /// direct request or a seek on a file also open for cached writes,
+    /// each waiting for the kernel to write back through the last).
     fn kernel_drop(&self, ino: u64, off: i64, len: i64) {
         let Some(n) = self.notifier.get() else {
             return;
@@ -281,7 +303,7 @@ impl FuseFs {
             .is_err()
         {
             tries += 1;
-            if tries > 200 {
+            if tries > 2000 {
                 log::debug!("inode {ino}: no worker free to wait for the kernel's writeback");
                 return;
             }
@@ -411,7 +433,10 @@ impl FuseFs {
     }
 
     fn counters_json(&self) -> Vec<u8> {
-        let c = self.fs.counters();
+        let mut c = serde_json::to_value(self.fs.counters()).unwrap_or_default();
+        if let Some(m) = c.as_object_mut() {
+            m.insert("fuse_ring_requests".into(), uring::served().into());
+        }
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
         v.push(b'\n');
         v
@@ -497,6 +522,14 @@ impl Filesystem for FuseFs {
             InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             let _ = config.add_capabilities(cap);
+        }
+        if self.io_uring {
+            match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+                Ok(()) => self.uring_on.store(true, Ordering::Release),
+                Err(_) => log::info!(
+                    "the kernel does not offer FUSE over io_uring (fuse.enable_uring=N?): serving /dev/fuse"
+                ),
+            }
         }
         if self.cache.readdirplus {
             let _ = config.add_capabilities(

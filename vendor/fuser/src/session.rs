@@ -244,6 +244,18 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with_transport(|_| Vec::new())
+    }
+
+    /// Run the session loop as `run` does, and also start another
+    /// transport's threads (FUSE over io_uring) with a dispatcher that
+    /// serves requests arriving there. Those threads must end once the
+    /// /dev/fuse loops have (the file system is unmounted): they are
+    /// joined before the file system is destroyed.
+    pub fn run_with_transport(
+        self,
+        start: impl FnOnce(RawDispatcher<FS>) -> Vec<thread::JoinHandle<()>>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -286,6 +298,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let raw_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +319,18 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let extra = start(RawDispatcher {
+            event_loop: Arc::new(SessionEventLoop {
+                thread_name: "fuser-raw".into(),
+                filesystem: filesystem.clone(),
+                ch: raw_ch,
+                allowed,
+                session_owner,
+            }),
+            closed: closed.clone(),
+        });
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -318,6 +343,13 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        closed.store(true, std::sync::atomic::Ordering::Release);
+        for t in extra {
+            if t.join().is_err() && reply.is_ok() {
+                reply = Err(io::Error::other("transport thread panicked"));
             }
         }
 
@@ -552,6 +584,55 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             }
         }
+    }
+}
+
+/// Serves FUSE requests that reach the server by another transport than
+/// reads of /dev/fuse (FUSE over io_uring): a request as /dev/fuse would
+/// deliver it (`fuse_in_header` and its arguments), its reply as it would
+/// be written there (`fuse_out_header` and its arguments; nothing for a
+/// request without a reply).
+pub struct RawDispatcher<FS: Filesystem> {
+    event_loop: Arc<SessionEventLoop<FS>>,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<FS: Filesystem> std::fmt::Debug for RawDispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawDispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Clone for RawDispatcher<FS> {
+    fn clone(&self) -> Self {
+        RawDispatcher {
+            event_loop: self.event_loop.clone(),
+            closed: self.closed.clone(),
+        }
+    }
+}
+
+impl<FS: Filesystem> RawDispatcher<FS> {
+    /// The /dev/fuse loops have ended (the file system is unmounted):
+    /// the transport's threads should end too.
+    pub fn closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The session's /dev/fuse descriptor (rings register on it).
+    pub fn fuse_fd(&self) -> BorrowedFd<'_> {
+        self.event_loop.ch.as_fd()
+    }
+
+    /// Serve `request`; the reply is appended to `reply`. A request that
+    /// does not parse is an error.
+    pub fn dispatch(&self, request: &[u8], reply: &mut Vec<u8>) -> io::Result<()> {
+        let out = Arc::new(std::sync::Mutex::new(std::mem::take(reply)));
+        let r = RequestWithSender::with_reply_to(crate::request::ReplyTo::Capture(out.clone()), request)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid request"))
+            .map(|req| req.dispatch(&self.event_loop));
+        *reply = std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
+        r
     }
 }
 

@@ -1,0 +1,255 @@
+//! FUSE over io_uring (Linux 6.14+, `fuse.enable_uring=Y`): requests
+//! reach the server through io_uring commands on /dev/fuse instead of
+//! read(2) and write(2) on it, one queue per possible CPU; the kernel puts
+//! a request on the queue of the CPU that made it.
+//!
+//! Each serving thread owns one ring and one ring entry (a header buffer
+//! and a payload buffer the kernel fills with a request) and serves one
+//! request at a time: it registers the entry (FUSE_IO_URING_CMD_REGISTER),
+//! waits for a request, has the file system serve it (fuser's
+//! `RawDispatcher`, the same `Filesystem` the /dev/fuse loops serve), puts
+//! the reply into the entry and sends it with the next fetch in one
+//! command (FUSE_IO_URING_CMD_COMMIT_AND_FETCH). `depth` threads per
+//! queue let that many requests of one CPU be served at once (the engine
+//! blocks on the device). The kernel switches the connection to the rings
+//! once every queue has an entry; until then, and for what never goes
+//! through them (forgets, interrupts), the /dev/fuse loops serve.
+//!
+//! Layouts from include/uapi/linux/fuse.h (protocol 7.42+): a request's
+//! `fuse_in_header` is in `in_out`, its first argument (the per-opcode
+//! header, possibly empty) in `op_in`, the other arguments in the
+//! payload, `payload_sz` bytes; a reply's `fuse_out_header` goes into
+//! `in_out` and all its arguments into the payload.
+
+use fuser::{Filesystem, RawDispatcher};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Requests served through rings since the process started.
+static SERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Requests served through rings so far (the counters' `fuse_ring_requests`).
+pub fn served() -> u64 {
+    SERVED.load(Ordering::Relaxed)
+}
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+
+/// `struct fuse_uring_req_header`.
+#[repr(C)]
+struct Header {
+    in_out: [u8; 128],
+    op_in: [u8; 128],
+    // struct fuse_uring_ent_in_out
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// One ring entry's memory: the kernel keeps pointers into it from
+/// registration on, so it stays put (boxed) for the thread's life.
+struct Entry {
+    header: Box<Header>,
+    payload: Box<[u8]>,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Entry {
+    fn new(payload: usize) -> Entry {
+        let mut header = Box::new(Header {
+            in_out: [0; 128],
+            op_in: [0; 128],
+            flags: 0,
+            commit_id: 0,
+            payload_sz: 0,
+            padding: 0,
+            reserved: 0,
+        });
+        let mut payload = vec![0u8; payload].into_boxed_slice();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: (&mut *header as *mut Header).cast(),
+                iov_len: std::mem::size_of::<Header>(),
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
+        ]);
+        Entry {
+            header,
+            payload,
+            iov,
+        }
+    }
+}
+
+/// The possible CPUs (/sys/devices/system/cpu/possible, e.g. "0-3"): one
+/// queue each.
+pub fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let mut max = 0usize;
+    for part in s.trim().split(',') {
+        let last = part.rsplit('-').next().unwrap_or(part);
+        let n: usize = last
+            .parse()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("cpu list {s:?}")))?;
+        max = max.max(n);
+    }
+    Ok(max + 1)
+}
+
+/// Start `depth` serving threads for each possible CPU's queue, each
+/// entry with a payload buffer of `payload` bytes (at least the largest
+/// read or write request).
+pub fn start<FS: Filesystem>(
+    d: RawDispatcher<FS>,
+    depth: usize,
+    payload: usize,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    let queues = possible_cpus()?;
+    let mut threads = Vec::new();
+    for qid in 0..queues {
+        for i in 0..depth {
+            let d = d.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("fuse-ring-{qid}.{i}"))
+                    .spawn(move || {
+                        pin_to_cpu(qid);
+                        if let Err(e) = serve(&d, qid as u16, payload) {
+                            log::error!("FUSE ring {qid}.{i}: {e}");
+                        }
+                    })?,
+            );
+        }
+    }
+    Ok(threads)
+}
+
+/// Run on the queue's own CPU: the kernel queues a request on the CPU
+/// that made it, so its server wakes there (as libfuse's ring threads).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for
+    // cpu < CPU_SETSIZE, and sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                log::debug!("FUSE ring thread: cannot pin to CPU {cpu}");
+            }
+        }
+    }
+}
+
+/// A FUSE ring command: `struct fuse_uring_cmd_req` in the SQE's command
+/// area; registration also points at the entry's two buffers.
+fn command(
+    fd: RawFd,
+    op: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: Option<&[libc::iovec; 2]>,
+) -> squeue::Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut b = opcode::UringCmd80::new(types::Fd(fd), op).cmd(cmd);
+    if let Some(iov) = iov {
+        b = b.addr(Some(iov.as_ptr() as u64));
+    }
+    let sqe = b.build();
+    if iov.is_none() {
+        return sqe;
+    }
+    // The kernel reads the iovec count from the SQE's len (offset 24),
+    // which the builder does not set.
+    // SAFETY: Entry128 is a 128-byte repr(C) SQE; only `len` changes.
+    unsafe {
+        let mut raw: [u8; 128] = std::mem::transmute(sqe);
+        raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+        std::mem::transmute::<[u8; 128], squeue::Entry128>(raw)
+    }
+}
+
+/// Serve one entry of queue `qid` until the session ends.
+fn serve<FS: Filesystem>(d: &RawDispatcher<FS>, qid: u16, payload: usize) -> io::Result<()> {
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
+    let fd = d.fuse_fd().as_raw_fd();
+    let mut ent = Entry::new(payload);
+    let mut next = command(fd, CMD_REGISTER, qid, 0, Some(&ent.iov));
+    let mut request = Vec::new();
+    let mut reply = Vec::new();
+    let tick = types::Timespec::from(Duration::from_millis(100));
+    loop {
+        // SAFETY: the entry's buffers outlive the command (they live as
+        // long as the ring, which this function owns).
+        unsafe { ring.submission().push(&next) }.map_err(|_| io::Error::other("ring full"))?;
+        let res = loop {
+            let args = types::SubmitArgs::new().timespec(&tick);
+            match ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(c) = ring.completion().next() {
+                break c.result();
+            }
+            if d.closed() {
+                return Ok(());
+            }
+        };
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            // Unmounted, or the kernel stopped the rings.
+            if d.closed() || matches!(-res, libc::ENOTCONN | libc::ECANCELED | libc::ENODEV) {
+                return Ok(());
+            }
+            return Err(e);
+        }
+        let h = &mut *ent.header;
+        let len = u32::from_ne_bytes(h.in_out[0..4].try_into().unwrap()) as usize;
+        let unique = u64::from_ne_bytes(h.in_out[8..16].try_into().unwrap());
+        let psz = (h.payload_sz as usize).min(ent.payload.len());
+        let op = len.saturating_sub(IN_HEADER + psz).min(h.op_in.len());
+        request.clear();
+        request.extend_from_slice(&h.in_out[..IN_HEADER]);
+        request.extend_from_slice(&h.op_in[..op]);
+        request.extend_from_slice(&ent.payload[..psz]);
+        // The header's length as /dev/fuse would give it.
+        let total = request.len() as u32;
+        request[0..4].copy_from_slice(&total.to_ne_bytes());
+        if SERVED.fetch_add(1, Ordering::Relaxed) == 0 {
+            log::info!("serving requests through FUSE over io_uring");
+        }
+        reply.clear();
+        if let Err(e) = d.dispatch(&request, &mut reply) {
+            log::warn!("FUSE ring {qid}: {e}");
+        }
+        let args = reply.len().saturating_sub(OUT_HEADER);
+        if reply.len() < OUT_HEADER || args > ent.payload.len() {
+            // No reply (a request that has none never comes here) or one
+            // too large for the entry: answer EIO so the caller goes on.
+            reply.clear();
+            reply.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+            reply.extend_from_slice(&(-libc::EIO).to_ne_bytes());
+            reply.extend_from_slice(&unique.to_ne_bytes());
+        }
+        let args = reply.len() - OUT_HEADER;
+        h.in_out[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
+        ent.payload[..args].copy_from_slice(&reply[OUT_HEADER..]);
+        h.payload_sz = args as u32;
+        next = command(fd, CMD_COMMIT_AND_FETCH, qid, h.commit_id, None);
+    }
+}
