@@ -281,8 +281,7 @@ fn namespace_through_system_calls() {
     // statfs and the counters view.
     let st = nix_statvfs(&m.dir);
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0);
-    let counters = run(Command::new(BIN).args(["stat", "--mount"]).arg(&m.dir));
-    let v: serde_json::Value = serde_json::from_str(&counters).unwrap();
+    let v = counters(&m.dir);
     assert!(v["bytes_written_app"].as_u64().unwrap() >= 12 + 8192);
     m.remount("");
     assert_eq!(std::fs::read(m.path("link")).unwrap(), b"hello, world");
@@ -436,10 +435,9 @@ fn fio_buffered_and_direct_with_verify() {
          fio --name=w3 --ioengine=psync --rw=randrw --bs=4k --size=16M --direct=1 --thread \
          --numjobs=4 --verify=crc32c --do_verify=1 --group_reporting --output-format=terse >/dev/null",
     );
-    let counters = run(Command::new(BIN).args(["stat", "--mount"]).arg(&m.dir));
-    let v: serde_json::Value = serde_json::from_str(&counters).unwrap();
-    assert!(v["dio_reads"].as_u64().unwrap() > 0, "{counters}");
-    assert!(v["dio_writes"].as_u64().unwrap() > 0, "{counters}");
+    let v = counters(&m.dir);
+    assert!(v["dio_reads"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["dio_writes"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["csum_failures"].as_u64(), Some(0));
     m.unmount_and_check();
 }
@@ -481,11 +479,9 @@ fn fsx_through_the_mount_against_a_model() {
     m.unmount_and_check();
 }
 
-/// The mount's counters (the root's foliofs.counters xattr).
+/// The mount's counters (`foliofs stat --mount`).
 fn counters(dir: &Path) -> serde_json::Value {
-    let out = run(Command::new("getfattr")
-        .args(["-n", "foliofs.counters", "--only-values"])
-        .arg(dir));
+    let out = run(Command::new(BIN).args(["stat", "--mount"]).arg(dir));
     serde_json::from_str(&out).unwrap()
 }
 
