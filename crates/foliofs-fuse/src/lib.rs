@@ -118,6 +118,8 @@ pub struct FuseFs {
     /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
     io_uring: bool,
     uring_on: Arc<AtomicBool>,
+    /// The kernel agreed to send no opendir/releasedir (see `opendir`).
+    no_opendir: AtomicBool,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -221,6 +223,7 @@ impl FuseFs {
             in_writeback: AtomicUsize::new(0),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
+            no_opendir: AtomicBool::new(false),
         }
     }
 
@@ -522,6 +525,12 @@ impl Filesystem for FuseFs {
             InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             let _ = config.add_capabilities(cap);
+        }
+        if config
+            .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
+            .is_ok()
+        {
+            self.no_opendir.store(true, Ordering::Relaxed);
         }
         if self.io_uring {
             match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
@@ -888,9 +897,16 @@ impl Filesystem for FuseFs {
         done(self.fsync_fh(self.ino(ino), fh, datasync), reply)
     }
 
-    /// An open directory counts as open in the engine, so one removed or
-    /// replaced by rename while open lives until it is closed.
+    /// With FUSE_NO_OPENDIR_SUPPORT the first opendir answers ENOSYS and
+    /// the kernel sends no more opendir or releasedir (two round trips
+    /// less per listing) and caches listings itself: an open directory is
+    /// held by the kernel's lookup of it (`entry`), so one removed or
+    /// replaced by rename while open still lives until it is closed.
+    /// Otherwise an open directory counts as an open in the engine.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir.load(Ordering::Relaxed) {
+            return reply.error(Errno::ENOSYS);
+        }
         let ino = self.ino(ino);
         match self.fs.open(ino) {
             Ok(a) if a.kind == FileType::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
