@@ -581,6 +581,70 @@ fn permissions_for_another_user() {
     m.unmount_and_check();
 }
 
+/// As on a kernel file system, a write or truncate by an unprivileged
+/// user and any chown take set-user-ID, set-group-ID (when
+/// group-executable) and the file capability from a regular file; the
+/// mount does it itself (FUSE_HANDLE_KILLPRIV_V2), so the kernel does not
+/// ask for security.capability before each write. Cached writes, direct
+/// writes and truncates each checked.
+#[test]
+fn suid_sgid_and_capabilities_go_on_write_truncate_and_chown() {
+    if !fuse_ready(&["runuser", "setfattr", "getfattr", "dd"]) {
+        return;
+    }
+    let mut m = Mounted::new("killpriv", "");
+    std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let d = m.dir.display().to_string();
+    let mode = |f: &str| std::fs::metadata(m.path(f)).unwrap().permissions().mode() & 0o7777;
+    // A file capability (version 2, CAP_NET_BIND_SERVICE permitted).
+    let cap = "0x0100000200040000000000000000000000000000";
+    for (f, how) in [
+        ("cached", "printf x >> {p}"),
+        (
+            "direct",
+            "dd if=/dev/zero of={p} bs=4096 count=1 oflag=direct conv=notrunc status=none",
+        ),
+        ("truncated", "truncate -s 1 {p}"),
+    ] {
+        let p = m.path(f);
+        write_with_mode(&p, &[0u8; 4096], 0o6775);
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6777)).unwrap();
+        run(Command::new("setfattr")
+            .args(["-n", "security.capability", "-v", cap])
+            .arg(&p));
+        assert_eq!(mode(f), 0o6777, "{f}");
+        let out = as_nobody(&how.replace("{p}", &format!("{d}/{f}")));
+        assert!(out.status.success(), "{f}: {out:?}");
+        assert_eq!(
+            mode(f),
+            0o0777,
+            "{f}: set-ID bits after an unprivileged {f} write"
+        );
+        let got = Command::new("getfattr")
+            .args(["-n", "security.capability"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert!(!got.status.success(), "{f}: the capability stays");
+    }
+    // Root writing keeps them (CAP_FSETID); chown takes them even from root.
+    let p = m.path("chowned");
+    write_with_mode(&p, b"x", 0o6775);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6775)).unwrap();
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&p)
+        .unwrap()
+        .write_all(b"y")
+        .unwrap();
+    assert_eq!(mode("chowned"), 0o6775);
+    std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+    assert_eq!(mode("chowned"), 0o0775);
+    m.unmount_and_check();
+}
+
 #[test]
 fn helper_daemon_and_sigterm() {
     if !fuse_ready(&[]) {

@@ -120,6 +120,9 @@ pub struct FuseFs {
     uring_on: Arc<AtomicBool>,
     /// The kernel agreed to send no opendir/releasedir (see `opendir`).
     no_opendir: AtomicBool,
+    /// The kernel leaves taking suid/sgid and capabilities to us
+    /// (FUSE_HANDLE_KILLPRIV_V2; see `setattr`, `write`).
+    killpriv: AtomicBool,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -224,6 +227,7 @@ impl FuseFs {
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
             no_opendir: AtomicBool::new(false),
+            killpriv: AtomicBool::new(false),
         }
     }
 
@@ -526,6 +530,15 @@ impl Filesystem for FuseFs {
         ] {
             let _ = config.add_capabilities(cap);
         }
+        // The engine takes suid/sgid and capabilities on write, truncate
+        // and chown (`Fs::kill_priv`): the kernel then need not ask for
+        // security.capability before every write.
+        if config
+            .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            .is_ok()
+        {
+            self.killpriv.store(true, Ordering::Relaxed);
+        }
         if config
             .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok()
@@ -587,9 +600,15 @@ impl Filesystem for FuseFs {
         self.attr_reply(self.fs.getattr(self.ino(ino)), reply)
     }
 
+    /// With FUSE_HANDLE_KILLPRIV_V2 the engine, not the kernel, takes
+    /// set-user-ID, set-group-ID (when group-executable) and the file
+    /// capability from a regular file on chown and on a truncate by an
+    /// unprivileged caller (the kernel's FATTR_KILL_SUIDGID, which fuser
+    /// does not pass on: a caller other than root stands for one without
+    /// CAP_FSETID). An explicit mode in the same request wins.
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -614,7 +633,18 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(time_set),
             ctime: ctime.map(|t| time_set(TimeOrNow::SpecificTime(t))),
         };
-        self.attr_reply(self.fs.setattr(self.ino(ino), &set), reply)
+        let ino = self.ino(ino);
+        let kill = self.killpriv.load(Ordering::Relaxed)
+            && mode.is_none()
+            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
+        let r = self.fs.setattr(ino, &set).and_then(|a| {
+            if !kill {
+                return Ok(a);
+            }
+            self.fs.kill_priv(ino)?;
+            self.fs.getattr(ino)
+        });
+        self.attr_reply(r, reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -836,6 +866,12 @@ impl Filesystem for FuseFs {
         // handle, an O_DIRECT one included: those go to the page cache path.
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let direct = self.is_direct(fh) && !from_cache;
+        // An unprivileged writer takes suid/sgid and capabilities.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.fs.kill_priv(ino) {
+                return reply.error(errno(e));
+            }
+        }
         if direct {
             self.bypass(ino);
             self.kernel_writeback(ino);

@@ -64,6 +64,7 @@ pub enum FileType {
 }
 
 pub const S_IFMT: u32 = 0o170000;
+pub const S_ISUID: u32 = 0o4000;
 pub const S_ISGID: u32 = 0o2000;
 
 impl FileType {

@@ -729,6 +729,34 @@ impl Fs {
         self.mutate(|g| g.setxattr(ino, name, value, flags))
     }
 
+    /// Take from a regular file what a write, truncate or chown takes on
+    /// Linux: set-user-ID, set-group-ID when group-executable, and the
+    /// file capability (`security.capability`). For an adapter that does
+    /// this instead of the kernel (FUSE_HANDLE_KILLPRIV_V2). With nothing
+    /// to take, nothing changes.
+    pub fn kill_priv(&self, ino: u64) -> Result<()> {
+        self.mutate(|g| {
+            let (ip, mut cx) = g.with(ino)?;
+            if ip.kind() != FileType::File {
+                return Ok(());
+            }
+            let m = ip.d.mode;
+            let mut new = m & !S_ISUID;
+            if m & 0o010 != 0 {
+                new &= !S_ISGID;
+            }
+            if new != m {
+                ip.d.mode = new;
+                ip.touch_ctime();
+                ip.store(&mut cx)?;
+            }
+            match g.removexattr(ino, b"security.capability") {
+                Ok(()) | Err(Error::NoAttr) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         self.s.inner.lock().listxattr(ino)
     }

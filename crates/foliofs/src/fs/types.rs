@@ -1,7 +1,7 @@
 //! Public value types of the engine API.
 
 pub use crate::format::dirent::NAME_MAX;
-pub use crate::format::inode::{FileType, Timespec, S_IFMT, S_ISGID};
+pub use crate::format::inode::{FileType, Timespec, S_IFMT, S_ISGID, S_ISUID};
 use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
