@@ -132,32 +132,14 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("no_writeback_cache", None) => o.cache.writeback_cache = false,
             ("io_uring", Some("on")) => o.io_uring = true,
             ("io_uring", Some("off")) => o.io_uring = false,
-            ("ring_depth", Some(v)) => {
-                o.ring_depth = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=64).contains(n))
-                    .with_context(|| format!("-o ring_depth={v}: want 1 to 64"))?
-            }
+            ("ring_depth", Some(v)) => o.ring_depth = number(k, v, 1..=64)?,
             ("readdirplus", None) => o.cache.readdirplus = true,
             ("no_readdirplus", None) => o.cache.readdirplus = false,
             ("attr_timeout", Some(v)) => o.cache.attr_timeout = seconds(k, v)?,
             ("entry_timeout", Some(v)) => o.cache.entry_timeout = seconds(k, v)?,
             ("negative_timeout", Some(v)) => o.cache.negative_timeout = seconds(k, v)?,
-            ("max_background", Some(v)) => {
-                o.cache.max_background = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .with_context(|| format!("-o max_background={v}: want 1 to 65535"))?
-            }
-            ("threads", Some(v)) => {
-                o.threads = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=256).contains(n))
-                    .with_context(|| format!("-o threads={v}: want 1 to 256"))?
-            }
+            ("max_background", Some(v)) => o.cache.max_background = number(k, v, 1..=u16::MAX)?,
+            ("threads", Some(v)) => o.threads = number(k, v, 1..=256)?,
             (k, None) if IGNORED.contains(&k) => {}
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
             _ => bail!(
@@ -176,11 +158,22 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         // A SEEK_DATA/SEEK_HOLE waits for the kernel's writeback, which
         // another worker serves.
         bail!(
-            "threads=1 and ring_depth=1 need no_writeback_cache (with the kernel's write cache, \
-             one worker waits for another)"
+            "threads=1 or ring_depth=1 needs no_writeback_cache (with the kernel's write \
+             cache, one worker waits for another)"
         );
     }
     Ok(o)
+}
+
+/// A whole-number option within `range`.
+fn number<T>(k: &str, v: &str, range: std::ops::RangeInclusive<T>) -> Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    v.parse()
+        .ok()
+        .filter(|n| range.contains(n))
+        .with_context(|| format!("-o {k}={v}: want {} to {}", range.start(), range.end()))
 }
 
 /// A timeout option in seconds (fractions allowed, 0 for none).
