@@ -387,7 +387,6 @@ fn check_read(model: &[u8], off: u64, got: &[u8], n: usize, what: &str) -> Resul
     Ok(())
 }
 
-/// One run: `ops` operations from `seed`.
 /// A SEEK_DATA/SEEK_HOLE answer against the model: past the end, ENXIO;
 /// SEEK_DATA may skip only zeros, and finds nothing only if nothing but
 /// zeros follows; SEEK_HOLE lands at the end or in a block of zeros.
@@ -409,6 +408,7 @@ fn check_seek(model: &[u8], off: u64, data: bool, got: Option<u64>) -> Result<()
     Ok(())
 }
 
+/// One run: `ops` operations from `seed`.
 fn run_one(
     subject: &mut dyn Subject,
     seed: u64,

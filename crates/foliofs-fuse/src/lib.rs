@@ -6,9 +6,9 @@
 //! Caching (`CacheOptions`): this mount is the only writer of its image
 //! (the image lock refuses every other opener), so the kernel may trust
 //! what it caches: attributes, names and missing names for a long time,
-//! file data across opens (FOPEN_KEEP_CACHE). With `writeback_cache` (the default) the
-//! kernel also caches writes and owns size and times while it does; its
-//! writeback reaches the engine as large writes. O_DIRECT opens get
+//! file data across opens (FOPEN_KEEP_CACHE). With `writeback_cache` (the
+//! default) the kernel also caches writes and owns size and times while
+//! it does; its writeback reaches the engine as large writes. O_DIRECT opens get
 //! FOPEN_DIRECT_IO and reach the engine's direct path as the caller made
 //! them (checksummed, overwrites in parallel under a shared inode lock).
 //! Where a file is open both ways, the adapter keeps the two coherent as
@@ -30,7 +30,7 @@ use fuser::{
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -47,8 +47,8 @@ pub const COUNTERS_XATTR: &str = "foliofs.counters";
 #[derive(Clone, Debug)]
 pub struct CacheOptions {
     /// FUSE_WRITEBACK_CACHE: the kernel caches writes and sends them as
-    /// page-cache writeback (or at fsync); O_DIRECT opens take its
-    /// coherent direct path.
+    /// page-cache writeback (or at fsync, close); the adapter keeps
+    /// O_DIRECT opens coherent with it (`kernel_writeback`).
     pub writeback_cache: bool,
     /// How long the kernel trusts attributes. Only this mount changes the
     /// file system, so the kernel's own updates keep them right.
@@ -97,16 +97,49 @@ struct Handle {
     file: OpenFile,
 }
 
+/// What the kernel may cache of a file: its cached (not FOPEN_DIRECT_IO)
+/// descriptions, those open for writing (with the writeback cache the
+/// kernel may hold dirty pages of the file until their close), and
+/// whether its data was written around the kernel's page cache (a
+/// FOPEN_DIRECT_IO write, a copy in the engine) since its last open: the
+/// next open then drops the kernel's pages instead of keeping them.
+#[derive(Default)]
+struct FileCache {
+    cached: u32,
+    cached_writable: u32,
+    bypassed: bool,
+}
+
+/// Open descriptions by handle, and per file what they mean for the
+/// kernel's cache (`FileCache`): one lock, counted as descriptions come
+/// and go, so a direct request learns it in O(1).
+#[derive(Default)]
+struct Handles {
+    by_fh: HashMap<u64, Arc<Handle>>,
+    files: HashMap<u64, FileCache>,
+}
+
+impl Handles {
+    fn file(&mut self, ino: u64) -> &mut FileCache {
+        self.files.entry(ino).or_default()
+    }
+
+    /// Forget `ino`'s entry when it says nothing any more.
+    fn tidy(&mut self, ino: u64) {
+        if let Some(f) = self.files.get(&ino) {
+            if f.cached == 0 && !f.bypassed {
+                self.files.remove(&ino);
+            }
+        }
+    }
+}
+
 pub struct FuseFs {
     fs: Arc<Fs>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    handles: Mutex<Handles>,
     next_fh: AtomicU64,
     cache: CacheOptions,
     posix_acl: bool,
-    /// Files written around the kernel's page cache (FOPEN_DIRECT_IO
-    /// writes) since their last open: their next open drops the kernel's
-    /// cached pages instead of keeping them.
-    bypassed: Mutex<HashSet<u64>>,
     /// Set once the session exists (`notifier_slot`): lets a request make
     /// the kernel write back the pages it caches.
     notifier: Arc<OnceLock<Notifier>>,
@@ -119,10 +152,10 @@ pub struct FuseFs {
     io_uring: bool,
     uring_on: Arc<AtomicBool>,
     /// The kernel agreed to send no opendir/releasedir (see `opendir`).
-    no_opendir: AtomicBool,
+    no_opendir: bool,
     /// The kernel leaves taking suid/sgid and capabilities to us
     /// (FUSE_HANDLE_KILLPRIV_V2; see `setattr`, `write`).
-    killpriv: AtomicBool,
+    killpriv: bool,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -216,18 +249,17 @@ impl FuseFs {
     pub fn new(fs: Arc<Fs>, cache: CacheOptions) -> Self {
         FuseFs {
             fs,
-            handles: Mutex::new(HashMap::new()),
+            handles: Mutex::new(Handles::default()),
             next_fh: AtomicU64::new(1),
             cache,
             posix_acl: false,
-            bypassed: Mutex::new(HashSet::new()),
             notifier: Arc::new(OnceLock::new()),
             workers: 1,
             in_writeback: AtomicUsize::new(0),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
-            no_opendir: AtomicBool::new(false),
-            killpriv: AtomicBool::new(false),
+            no_opendir: false,
+            killpriv: false,
         }
     }
 
@@ -256,35 +288,40 @@ impl FuseFs {
         self.notifier.clone()
     }
 
-    /// Cached (not FOPEN_DIRECT_IO) descriptions of `ino`: whether any is
-    /// open, and whether any is open for writing (with the writeback
-    /// cache, the kernel may then hold dirty pages of the file; a close
-    /// writes them back).
+    /// Cached descriptions of `ino`: whether any is open, and whether any
+    /// is open for writing (`FileCache`).
     fn cached_opens(&self, ino: u64) -> (bool, bool) {
-        let handles = self.handles.lock();
-        let mut cached = handles.values().filter(|h| h.ino == ino && !h.direct);
-        match cached.next() {
+        match self.handles.lock().files.get(&ino) {
+            Some(f) => (f.cached > 0, f.cached_writable > 0),
             None => (false, false),
-            Some(h) => (true, h.writable || cached.any(|h| h.writable)),
         }
     }
 
-    /// Before a request that works on the engine's copy of `ino` rather
+    /// For a request on description `fh` of `ino`: None unless it is
+    /// direct (FOPEN_DIRECT_IO); for a direct one, `cached_opens` of the
+    /// file, which a direct write also marks as written around the
+    /// kernel's cache. One look at the table.
+    fn direct(&self, fh: FileHandle, ino: u64, write: bool) -> Option<(bool, bool)> {
+        let mut hs = self.handles.lock();
+        if !hs.by_fh.get(&fh.0).is_some_and(|h| h.direct) {
+            return None;
+        }
+        let f = hs.file(ino);
+        f.bypassed |= write;
+        let opens = (f.cached > 0, f.cached_writable > 0);
+        hs.tidy(ino);
+        Some(opens)
+    }
+
+    /// Before a request that works on the engine's copy of a file rather
     /// than the kernel's (a direct read or write, SEEK_DATA/SEEK_HOLE,
     /// which the kernel passes on without writing back): with the
-    /// writeback cache and a cached description open for writing, make
-    /// the kernel write back and drop what it caches of the file.
-    fn kernel_writeback(&self, ino: u64) {
-        if self.cache.writeback_cache && self.cached_opens(ino).1 {
+    /// writeback cache and a cached description open for writing
+    /// (`cached_writable`), make the kernel write back and drop what it
+    /// caches of the file.
+    fn kernel_writeback(&self, ino: u64, cached_writable: bool) {
+        if self.cache.writeback_cache && cached_writable {
             self.kernel_drop(ino, 0, 0);
-        }
-    }
-
-    /// After a direct write of `len` bytes at `off`: the kernel's cached
-    /// pages of that range, if a cached description is open, are stale.
-    fn kernel_stale(&self, ino: u64, off: u64, len: usize) {
-        if len > 0 && self.cached_opens(ino).0 {
-            self.kernel_drop(ino, off as i64, len as i64);
         }
     }
 
@@ -377,15 +414,22 @@ impl FuseFs {
         if h.direct {
             open |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         }
-        if !self.bypassed.lock().remove(&ino) {
+        let mut hs = self.handles.lock();
+        let f = hs.file(ino);
+        if !std::mem::take(&mut f.bypassed) {
             open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
-        self.handles.lock().insert(fh, Arc::new(h));
+        if !h.direct {
+            f.cached += 1;
+            f.cached_writable += h.writable as u32;
+        }
+        hs.tidy(ino);
+        hs.by_fh.insert(fh, Arc::new(h));
         (fh, open)
     }
 
     fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
-        self.handles.lock().get(&fh.0).cloned()
+        self.handles.lock().by_fh.get(&fh.0).cloned()
     }
 
     fn is_direct(&self, fh: FileHandle) -> bool {
@@ -395,7 +439,7 @@ impl FuseFs {
     /// Data of `ino` changed where the kernel's page cache did not see
     /// it (a FOPEN_DIRECT_IO write, a copy in the engine).
     fn bypass(&self, ino: u64) {
-        self.bypassed.lock().insert(ino);
+        self.handles.lock().file(ino).bypassed = true;
     }
 
     /// fsync through the description when there is one, so a writeback
@@ -537,13 +581,13 @@ impl Filesystem for FuseFs {
             .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
             .is_ok()
         {
-            self.killpriv.store(true, Ordering::Relaxed);
+            self.killpriv = true;
         }
         if config
             .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok()
         {
-            self.no_opendir.store(true, Ordering::Relaxed);
+            self.no_opendir = true;
         }
         if self.io_uring {
             match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
@@ -632,19 +676,10 @@ impl Filesystem for FuseFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(|t| time_set(TimeOrNow::SpecificTime(t))),
+            kill_priv: self.killpriv
+                && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0)),
         };
-        let ino = self.ino(ino);
-        let kill = self.killpriv.load(Ordering::Relaxed)
-            && mode.is_none()
-            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
-        let r = self.fs.setattr(ino, &set).and_then(|a| {
-            if !kill {
-                return Ok(a);
-            }
-            self.fs.kill_priv(ino)?;
-            self.fs.getattr(ino)
-        });
-        self.attr_reply(r, reply)
+        self.attr_reply(self.fs.setattr(self.ino(ino), &set), reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -842,11 +877,15 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let (ino, direct) = (self.ino(ino), self.is_direct(fh));
-        if direct {
-            self.kernel_writeback(ino);
+        let ino = self.ino(ino);
+        let direct = self.direct(fh, ino, false);
+        if let Some((_, writable)) = direct {
+            self.kernel_writeback(ino, writable);
         }
-        data_reply(self.read_at(ino, direct, offset, size as usize), reply)
+        data_reply(
+            self.read_at(ino, direct.is_some(), offset, size as usize),
+            reply,
+        )
     }
 
     fn write(
@@ -865,28 +904,34 @@ impl Filesystem for FuseFs {
         // The kernel writes its cached pages back through any writable
         // handle, an O_DIRECT one included: those go to the page cache path.
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let direct = self.is_direct(fh) && !from_cache;
+        let direct = if from_cache {
+            None
+        } else {
+            self.direct(fh, ino, true)
+        };
         // An unprivileged writer takes suid/sgid and capabilities.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             if let Err(e) = self.fs.kill_priv(ino) {
                 return reply.error(errno(e));
             }
         }
-        if direct {
-            self.bypass(ino);
-            self.kernel_writeback(ino);
+        if let Some((_, writable)) = direct {
+            self.kernel_writeback(ino, writable);
         }
-        let r = self.write_at(ino, direct, offset, data).and_then(|n| {
-            if direct {
-                self.kernel_stale(ino, offset, n);
-            }
-            // O_SYNC / O_DSYNC: durable before the reply (after its
-            // own writeback the kernel asks for an fsync itself).
-            if !from_cache && flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
-                self.fsync_fh(ino, fh, flags.0 & libc::O_SYNC == 0)?;
-            }
-            Ok(n)
-        });
+        let r = self
+            .write_at(ino, direct.is_some(), offset, data)
+            .and_then(|n| {
+                // The kernel's cached pages of the range are stale now.
+                if direct.is_some_and(|(cached, _)| cached) && n > 0 {
+                    self.kernel_drop(ino, offset as i64, n as i64);
+                }
+                // O_SYNC / O_DSYNC: durable before the reply (after its
+                // own writeback the kernel asks for an fsync itself).
+                if !from_cache && flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+                    self.fsync_fh(ino, fh, flags.0 & libc::O_SYNC == 0)?;
+                }
+                Ok(n)
+            });
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
@@ -918,7 +963,17 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let h = self.handles.lock().remove(&fh.0);
+        let h = {
+            let mut hs = self.handles.lock();
+            let h = hs.by_fh.remove(&fh.0);
+            if let Some(h) = h.as_ref().filter(|h| !h.direct) {
+                let f = hs.file(h.ino);
+                f.cached -= 1;
+                f.cached_writable -= h.writable as u32;
+                hs.tidy(h.ino);
+            }
+            h
+        };
         let r = match h.and_then(|h| Arc::try_unwrap(h).ok()) {
             Some(h) => self.fs.release_file(h.file),
             None => self.fs.release(self.ino(ino)),
@@ -944,7 +999,7 @@ impl Filesystem for FuseFs {
     /// replaced by rename while open still lives until it is closed.
     /// Otherwise an open directory counts as an open in the engine.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_opendir.load(Ordering::Relaxed) {
+        if self.no_opendir {
             return reply.error(Errno::ENOSYS);
         }
         let ino = self.ino(ino);
@@ -1163,7 +1218,7 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::ENXIO);
         }
         let ino = self.ino(ino);
-        self.kernel_writeback(ino);
+        self.kernel_writeback(ino, self.cached_opens(ino).1);
         match self.fs.seek(ino, offset as u64, w) {
             Ok(Some(o)) => reply.offset(o as i64),
             Ok(None) => reply.error(Errno::ENXIO),

@@ -400,6 +400,20 @@ impl Inner {
         Ok(())
     }
 
+    /// Destroy `ino` if it has no name and nothing keeps it (no open, no
+    /// hold); one already gone is fine.
+    pub fn destroy_if_unkept(&mut self, ino: u64) -> Result<()> {
+        let (open, nlink) = match self.with(ino) {
+            Ok((ip, _)) => (ip.open, ip.d.nlink),
+            Err(Error::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if nlink == 0 && self.unused(ino, open) {
+            self.destroy_inode(ino)?;
+        }
+        Ok(())
+    }
+
     /// Finish inodes that were unlinked while open when the system stopped.
     pub fn process_orphans(&mut self) -> Result<()> {
         loop {

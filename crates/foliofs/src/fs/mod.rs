@@ -155,14 +155,7 @@ impl Fs {
         }
         // Holds end with the mount: orphans nothing else keeps go now.
         for ino in std::mem::take(&mut g.held).into_keys() {
-            let (open, nlink) = match g.with(ino) {
-                Ok((ip, _)) => (ip.open, ip.d.nlink),
-                Err(Error::NotFound) => continue,
-                Err(e) => return Err(e),
-            };
-            if open == 0 && nlink == 0 {
-                g.guarded(|g| g.destroy_inode(ino))?;
-            }
+            g.guarded(|g| g.destroy_if_unkept(ino))?;
         }
         g.trim_all_prealloc()?;
         drop(g);
@@ -416,12 +409,7 @@ impl Fs {
 
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
     pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let mut g = self.s.inner.lock();
-        let r = g.readdir(ino, cookie, max)?;
-        if cookie == 0 {
-            self.accessed(&mut g, ino)?;
-        }
-        Ok(r)
+        self.list(ino, cookie, max, |_, e| Ok(e))
     }
 
     /// `readdir` with each entry's attributes, under one hold of the
@@ -432,13 +420,27 @@ impl Fs {
         cookie: u64,
         max: usize,
     ) -> Result<Vec<(DirEntry, Attr)>> {
-        let mut g = self.s.inner.lock();
-        let list = g.readdir(ino, cookie, max)?;
-        let mut out = Vec::with_capacity(list.len());
-        for e in list {
+        self.list(ino, cookie, max, |g, e| {
             let a = g.getattr(e.ino)?;
-            out.push((e, a));
-        }
+            Ok((e, a))
+        })
+    }
+
+    /// A listing from `cookie`, each entry through `f` under the lock; a
+    /// listing from the start is a read of the directory (atime).
+    fn list<T>(
+        &self,
+        ino: u64,
+        cookie: u64,
+        max: usize,
+        mut f: impl FnMut(&mut Inner, DirEntry) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut g = self.s.inner.lock();
+        let out = g
+            .readdir(ino, cookie, max)?
+            .into_iter()
+            .map(|e| f(&mut g, e))
+            .collect::<Result<Vec<_>>>()?;
         if cookie == 0 {
             self.accessed(&mut g, ino)?;
         }
@@ -509,16 +511,8 @@ impl Fs {
             return Ok(());
         }
         self.s.wait_wb_idle(&mut g, ino);
-        let (open, nlink) = match g.with(ino) {
-            Ok((ip, _)) => (ip.open, ip.d.nlink),
-            Err(Error::NotFound) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        if open == 0 && nlink == 0 {
-            g.guarded(|g| g.destroy_inode(ino))?;
-            g.maybe_commit()?;
-        }
-        Ok(())
+        g.guarded(|g| g.destroy_if_unkept(ino))?;
+        g.maybe_commit()
     }
 
     /// The last close of a file trims its speculative preallocation.
@@ -735,26 +729,7 @@ impl Fs {
     /// this instead of the kernel (FUSE_HANDLE_KILLPRIV_V2). With nothing
     /// to take, nothing changes.
     pub fn kill_priv(&self, ino: u64) -> Result<()> {
-        self.mutate(|g| {
-            let (ip, mut cx) = g.with(ino)?;
-            if ip.kind() != FileType::File {
-                return Ok(());
-            }
-            let m = ip.d.mode;
-            let mut new = m & !S_ISUID;
-            if m & 0o010 != 0 {
-                new &= !S_ISGID;
-            }
-            if new != m {
-                ip.d.mode = new;
-                ip.touch_ctime();
-                ip.store(&mut cx)?;
-            }
-            match g.removexattr(ino, b"security.capability") {
-                Ok(()) | Err(Error::NoAttr) => Ok(()),
-                Err(e) => Err(e),
-            }
-        })
+        self.mutate(|g| g.kill_priv(ino))
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {

@@ -107,8 +107,35 @@ impl Inner {
         ip.store(&mut cx)?;
         if let Some(m) = set.mode {
             self.acl_chmod(ino, m)?;
+        } else if set.kill_priv {
+            self.kill_priv(ino)?;
         }
         self.getattr(ino)
+    }
+
+    /// Take from a regular file what a write, truncate or chown takes on
+    /// Linux: set-user-ID, set-group-ID when group-executable, and the
+    /// file capability (`security.capability`). With nothing to take,
+    /// nothing changes.
+    pub fn kill_priv(&mut self, ino: u64) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.kind() != FileType::File {
+            return Ok(());
+        }
+        let m = ip.d.mode;
+        let mut new = m & !S_ISUID;
+        if m & 0o010 != 0 {
+            new &= !S_ISGID;
+        }
+        if new != m {
+            ip.d.mode = new;
+            ip.touch_ctime();
+            ip.store(&mut cx)?;
+        }
+        match self.removexattr(ino, b"security.capability") {
+            Ok(()) | Err(Error::NoAttr) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Create a node. Its mode is `perm` less `umask`, unless the parent

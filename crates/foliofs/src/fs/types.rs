@@ -51,6 +51,10 @@ pub struct SetAttr {
     /// Set the change time to this instead of now (a FUSE kernel that
     /// caches writes owns the times and hands them over).
     pub ctime: Option<TimeSet>,
+    /// Also take set-user-ID, set-group-ID (when group-executable) and
+    /// the file capability, as a chown or an unprivileged truncate does
+    /// (`Fs::kill_priv`); an explicit `mode` wins.
+    pub kill_priv: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
