@@ -81,6 +81,11 @@ impl Geometry {
     pub fn csum_start(&self, ag: u32) -> u64 {
         self.imap_start(ag) + self.imap_blocks
     }
+    /// Whether `blk` is one of the data-checksum blocks of its AG.
+    pub fn is_csum_block(&self, blk: u64) -> bool {
+        let start = self.csum_start(self.ag_of(blk));
+        (start..start + self.csum_blocks).contains(&blk)
+    }
     pub fn itable_start(&self, ag: u32) -> u64 {
         self.csum_start(ag) + self.csum_blocks
     }

@@ -57,7 +57,8 @@ fn crash_at_every_flush_with_torn_writes() {
 }
 
 /// fdatasync of a small overwrite costs one flush: the block and its
-/// checksum go into the journal together, one write and one flush, and
+/// checksum go into the journal together (the checksum block itself only
+/// when the live log holds no image of it yet), one write and one flush, and
 /// the home location is written later by a checkpoint. A crash at every
 /// flush (torn writes included) reads back without a checksum error, keeps
 /// every acknowledged overwrite, and leaves no block unverified (fsck
@@ -107,6 +108,15 @@ fn fdatasync_of_an_overwrite_flushes_once_and_survives_a_crash() {
     assert!(
         c.journal.data_home_blocks > c0.journal.data_home_blocks,
         "no checkpoint wrote logged blocks home"
+    );
+    // The file's checksums sit in one checksum block: imaged by the first
+    // commit after each checkpoint, left to replay to derive from the
+    // logged data in the others (every cut below replays some of those).
+    let implied = c.journal.csum_blocks_implied - c0.journal.csum_blocks_implied;
+    let commits = c.journal.commits - c0.journal.commits;
+    assert!(
+        implied * 2 > commits,
+        "checksum blocks left out of only {implied} of {commits} commits"
     );
     let log = dev.log();
     drop(fs);

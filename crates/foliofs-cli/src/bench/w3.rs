@@ -200,10 +200,11 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
             d(|c| c.journal.checkpoint_stalls),
         ),
         format!(
-            "overwrite log: {} MiB logged, {} MiB out of place; journal {} MiB written, {} logged blocks written home in {} writes",
+            "overwrite log: {} MiB logged, {} MiB out of place; journal {} MiB written ({} checksum blocks left to replay to derive), {} logged blocks written home in {} writes",
             d(|c| c.overwrite_logged_bytes) >> 20,
             d(|c| c.overwrite_cow_bytes) >> 20,
             (d(|c| c.journal.blocks_logged) * bs) >> 20,
+            d(|c| c.journal.csum_blocks_implied),
             d(|c| c.journal.data_home_blocks),
             d(|c| c.journal.data_home_writes),
         ),

@@ -79,6 +79,12 @@ pub fn stamp_lsn(buf: &mut [u8], lsn: u64) {
     stamp(buf);
 }
 
+/// Whether a block's stored checksum matches its contents (nothing else
+/// checked).
+pub fn checksum_holds(buf: &[u8]) -> bool {
+    buf.len() >= 512 && get_u32(buf, CRC_OFF) == crc_with_hole(buf, CRC_OFF)
+}
+
 /// Verify checksum, then magic, address and UUID. Returns the header.
 pub fn verify(
     buf: &[u8],

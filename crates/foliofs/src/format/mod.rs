@@ -35,7 +35,13 @@ pub mod magic {
 
 pub const MIN_BLOCK_SIZE: u32 = 512;
 pub const MAX_BLOCK_SIZE: u32 = 65536;
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this engine writes. 2: a journal transaction may leave out
+/// a checksum block whose changes its logged data implies (replay derives
+/// them); version 1 replay would not, so a read-write mount raises a
+/// version 1 image to 2 and version 1 engines refuse it.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this engine reads (and raises on a read-write mount).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 #[inline]
 pub(crate) fn get_u16(b: &[u8], off: usize) -> u16 {

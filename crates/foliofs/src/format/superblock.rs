@@ -136,7 +136,7 @@ impl Superblock {
     /// Geometry checks: everything later arithmetic relies on.
     pub fn check(&self, blkno: u64) -> Result<()> {
         let bad = |r: String| Err(Error::corrupted("superblock", blkno, r));
-        if self.version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&self.version) {
             return bad(format!("unsupported format version {}", self.version));
         }
         let bs = self.block_size;

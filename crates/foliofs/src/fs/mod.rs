@@ -58,6 +58,9 @@ impl Fs {
             if n > 0 {
                 log::info!("journal replay: {n} transactions applied");
             }
+            // Written with the clean flag cleared below, before any
+            // transaction of this format's.
+            sb.version = crate::format::FORMAT_VERSION;
         } else if has_journal_work(&*dev, &sb)? {
             return Err(Error::Invalid(
                 "the journal needs replay; mount read-write once (or run fsck) first".into(),

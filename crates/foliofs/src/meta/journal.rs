@@ -11,7 +11,7 @@ use super::{write_superblock, Kind, Meta};
 use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
-use crate::format::{header, journal, magic};
+use crate::format::{csum, data_crc, header, journal, magic};
 use crate::geometry::Geometry;
 use crate::runs::runs_by;
 use parking_lot::{Condvar, Mutex};
@@ -24,6 +24,9 @@ pub(super) struct InFlight {
     seq: u64,
     /// (metadata block, index of its image in `buf`)
     blocks: Vec<(u64, usize)>,
+    /// Checksum blocks left out of the image (their changes are implied
+    /// by the data in it), with their contents as sealed.
+    implied: Vec<(u64, AlignedBuf)>,
     buf: Arc<AlignedBuf>,
     freed: Vec<(u64, u64)>,
     /// The write is followed by a flush: durable once it completes.
@@ -202,6 +205,9 @@ pub struct JournalStats {
     /// pointing at it (`DataFlush`), and by fdatasync of such data.
     pub data_flushes: u64,
     pub blocks_logged: u64,
+    /// Checksum blocks whose changes a transaction left to replay to
+    /// derive from its logged data instead of imaging them.
+    pub csum_blocks_implied: u64,
     /// Data blocks logged by overwrites (images put in a transaction).
     pub data_blocks_logged: u64,
     pub checkpoints: u64,
@@ -355,6 +361,25 @@ impl Meta {
         (n.div_ceil(per) + n + 1) as u64
     }
 
+    /// The running transaction's blocks to image, and the checksum blocks
+    /// it may leave out: those changed only by the checksums of data it
+    /// logs, when the live log already holds an image of them that replay
+    /// will apply first. "Live" counts from where the tail will be once a
+    /// checkpoint in progress is done.
+    fn tx_blocks(&self) -> (Vec<u64>, Vec<u64>) {
+        let from = self.cp.as_ref().map_or(self.sb.tail_seq, |c| c.upto_seq);
+        let mut blocks: BTreeSet<u64> = self.running.clone();
+        let mut implied = Vec::new();
+        for b in &self.running_implied {
+            if self.imaged_at.get(b).is_some_and(|s| *s >= from) {
+                implied.push(*b);
+            } else {
+                blocks.insert(*b);
+            }
+        }
+        (blocks.into_iter().collect(), implied)
+    }
+
     /// Largest number of metadata blocks one transaction may hold; the
     /// engine commits at operation boundaries long before this.
     pub fn max_tx_blocks(&self) -> usize {
@@ -395,22 +420,42 @@ impl Meta {
         }
         self.check_live()?;
         if self.running.is_empty() {
+            self.running.append(&mut self.running_implied);
+        }
+        if self.running.is_empty() {
             self.freed_committed.append(&mut self.freed_running);
             return Ok(None);
         }
-        let blocks: Vec<u64> = self.running.iter().copied().collect();
+        let (mut blocks, mut implied) = self.tx_blocks();
         let need = self.tx_len(blocks.len());
-        if need > self.geo.journal_blocks - 1 {
+        if need > self.journal_free() {
+            self.stats.checkpoint_stalls += 1;
+            self.checkpoint()?;
+            // The log is empty now: no image left for replay to start from.
+            (blocks, implied) = self.tx_blocks();
+        }
+        if self.tx_len(blocks.len()) > self.geo.journal_blocks - 1 {
             return Err(self.poison(format!(
                 "transaction of {} blocks does not fit the {}-block journal",
                 blocks.len(),
                 self.geo.journal_blocks
             )));
         }
-        if need > self.journal_free() {
-            self.stats.checkpoint_stalls += 1;
-            self.checkpoint()?;
+        let seq = self.head_seq;
+        for b in &blocks {
+            if self.geo.is_csum_block(*b) {
+                self.imaged_at.insert(*b, seq);
+            }
         }
+        let implied: Vec<(u64, AlignedBuf)> = implied
+            .into_iter()
+            .map(|b| {
+                let c = self.cache.get_mut(&b).expect("running block not cached");
+                header::stamp_lsn(&mut c.data, seq);
+                (b, c.data.clone())
+            })
+            .collect();
+        self.stats.csum_blocks_implied += implied.len() as u64;
         let (buf, offsets) = self.build_transaction(&blocks);
         let buf = Arc::new(buf);
         let tx = SealedTx {
@@ -429,17 +474,19 @@ impl Meta {
         let total = self.tx_len(blocks.len());
         self.head_pos = (self.head_pos + total) % self.geo.journal_blocks;
         self.head_seq += 1;
-        for b in &blocks {
+        for b in blocks.iter().chain(implied.iter().map(|(b, _)| b)) {
             *self.sealed_set.entry(*b).or_default() += 1;
         }
         self.sealed.push_back(InFlight {
             seq: tx.seq,
             blocks: blocks.into_iter().zip(offsets).collect(),
+            implied,
             buf,
             freed: std::mem::take(&mut self.freed_running),
             flush,
         });
         self.running.clear();
+        self.running_implied.clear();
         self.running_data = 0;
         self.io.state.lock().pending.insert(tx.seq);
         Ok(Some(tx))
@@ -481,27 +528,14 @@ impl Meta {
         }
         self.stats.blocks_logged += tx.blocks.len() as u64;
         for (b, off) in tx.blocks {
-            let later = match self.sealed_set.get_mut(&b) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    true
-                }
-                _ => {
-                    self.sealed_set.remove(&b);
-                    false
-                }
-            };
-            if later || self.running.contains(&b) || !self.cache.contains_key(&b) {
-                // Changed again (or dropped) since sealing, perhaps sealed
-                // again: the committed image is the one in the journal
-                // buffer.
+            self.committed(b, tx.seq, || {
                 let mut img = AlignedBuf::zeroed(bs);
                 img.copy_from_slice(&tx.buf[off * bs..(off + 1) * bs]);
-                self.frozen.insert(b, img);
-            } else {
-                self.frozen.remove(&b);
-            }
-            self.checkpoint.insert(b, tx.seq);
+                img
+            });
+        }
+        for (b, img) in tx.implied {
+            self.committed(b, tx.seq, || img);
         }
         // The free is durable now. Blocks no journaled image can be
         // replayed over (data blocks, mostly) are reusable at once; the
@@ -524,6 +558,33 @@ impl Meta {
             self.done_seq = tx.seq + 1;
         }
         Ok(())
+    }
+
+    /// Block `b` of transaction `seq` is in the log: it waits for a
+    /// checkpoint. Changed again (or dropped) since sealing, perhaps
+    /// sealed again, it keeps its committed image (`img`: the one in the
+    /// journal buffer, or, left out of it, the one taken at sealing).
+    fn committed(&mut self, b: u64, seq: u64, img: impl FnOnce() -> AlignedBuf) {
+        let later = match self.sealed_set.get_mut(&b) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            _ => {
+                self.sealed_set.remove(&b);
+                false
+            }
+        };
+        if later
+            || self.running.contains(&b)
+            || self.running_implied.contains(&b)
+            || !self.cache.contains_key(&b)
+        {
+            self.frozen.insert(b, img());
+        } else {
+            self.frozen.remove(&b);
+        }
+        self.checkpoint.insert(b, seq);
     }
 
     /// Every transaction with a sequence number below this is durable.
@@ -800,6 +861,11 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
     let mut pos = sb.tail_pos;
     let mut seq = sb.tail_seq;
     let mut applied = 0u64;
+    // The newest contents of each checksum block imaged so far, and those
+    // changed since by checksums derived from logged data (written home
+    // at the end).
+    let mut csum_blocks: crate::U64Map<AlignedBuf> = Default::default();
+    let mut derived: BTreeSet<u64> = BTreeSet::new();
     let read = |p: u64| -> Result<AlignedBuf> {
         let mut b = AlignedBuf::zeroed(bs);
         dev.read_at(&mut b, (jstart + p) * bs as u64)?;
@@ -808,7 +874,8 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
     'tx: loop {
         let mut p = pos;
         let mut crc = 0u32;
-        let mut images: Vec<(u64, AlignedBuf)> = Vec::new();
+        // (home block, a data record, image)
+        let mut images: Vec<(u64, bool, AlignedBuf)> = Vec::new();
         let mut count = 0u32;
         // A transaction of one descriptor that commits itself: the crc
         // its images must have, and theirs.
@@ -841,6 +908,7 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
             count += 1;
             p = (p + 1) % jlen;
             for t in targets {
+                let data = t & journal::DATA_TARGET != 0;
                 let t = t & !journal::DATA_TARGET;
                 if t >= geo.total_blocks || (t >= jstart && t < jstart + jlen) || t < 2 {
                     return Err(Error::corrupted(
@@ -854,7 +922,7 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
                 img_crc = crc32c::crc32c_append(img_crc, &img);
                 count += 1;
                 p = (p + 1) % jlen;
-                images.push((t, img));
+                images.push((t, data, img));
                 if count as u64 >= jlen {
                     break 'tx;
                 }
@@ -884,12 +952,45 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
                 p = (p + 1) % jlen;
             }
         }
-        for (t, img) in &images {
-            dev.write_at(img, t * bs as u64)?;
+        // Logged data implies its checksum, in the checksum blocks the
+        // transaction does not image itself (an image carries them).
+        let imaged: BTreeSet<u64> = images
+            .iter()
+            .filter(|(_, data, _)| !data)
+            .map(|(t, _, _)| *t)
+            .collect();
+        for (t, _, img) in images.iter().filter(|(_, data, _)| *data) {
+            let (cblk, idx) = geo.csum_loc(*t);
+            if imaged.contains(&cblk) {
+                continue;
+            }
+            let Some(c) = csum_blocks.get_mut(&cblk) else {
+                return Err(Error::corrupted(
+                    "journal descriptor",
+                    jstart + pos,
+                    format!(
+                        "transaction {seq} logs data block {t} without an image of its \
+                         checksum block {cblk} earlier in the log"
+                    ),
+                ));
+            };
+            csum::set(c, idx, data_crc(img));
+            header::stamp_lsn(c, seq);
+            derived.insert(cblk);
+        }
+        for (t, _, img) in images {
+            dev.write_at(&img, t * bs as u64)?;
+            if geo.is_csum_block(t) {
+                derived.remove(&t);
+                csum_blocks.insert(t, img);
+            }
         }
         applied += 1;
         pos = p;
         seq += 1;
+    }
+    for cblk in derived {
+        dev.write_at(&csum_blocks[&cblk], cblk * bs as u64)?;
     }
     // Transactions are written several at once, some without a flush, so
     // after a crash the log may hold whole transactions beyond the one

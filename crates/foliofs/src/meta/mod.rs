@@ -22,13 +22,20 @@
 //! would write home again; they are therefore not reused until the
 //! checkpoint after the commit that freed them (see `Alloc::free` and
 //! `Alloc::take_freed`).
+//!
+//! Logged data implies its checksum: a checksum block changed only by the
+//! checksums of data logged in the same transaction (`write_data`) is not
+//! imaged again when the live journal already holds an image of it from
+//! which replay can start (`imaged_at`); replay sets those checksums from
+//! the logged data itself. A direct overwrite's transaction is then its
+//! descriptor and its data, not also a checksum block per block written.
 
 mod journal;
 
 use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
-use crate::format::header;
 use crate::format::superblock::Superblock;
+use crate::format::{csum, data_crc, header, magic};
 use crate::geometry::Geometry;
 use crate::U64Map;
 use journal::InFlight;
@@ -61,6 +68,12 @@ pub struct Meta {
     pub sb: Superblock,
     cache: U64Map<Cached>,
     running: BTreeSet<u64>,
+    /// Checksum blocks changed in the running transaction only by the
+    /// checksums of data logged in it (`write_data`); a block changed
+    /// otherwise as well is in `running` instead.
+    running_implied: BTreeSet<u64>,
+    /// Checksum block -> the transaction that last logged its full image.
+    imaged_at: U64Map<u64>,
     /// Metadata changes made so far (each write or create of a block).
     changes: u64,
     /// Committed blocks not yet home, with the transaction that last
@@ -113,6 +126,8 @@ impl Meta {
             sb,
             cache: Default::default(),
             running: BTreeSet::new(),
+            running_implied: BTreeSet::new(),
+            imaged_at: Default::default(),
             changes: 0,
             checkpoint: Default::default(),
             cp: None,
@@ -200,15 +215,27 @@ impl Meta {
     }
 
     pub fn write(&mut self, blk: u64) -> &mut [u8] {
+        self.freeze_before_change(blk);
+        self.running_implied.remove(&blk);
+        self.running.insert(blk);
+        self.block_mut(blk)
+    }
+
+    /// A block's first change in the running transaction: keep its
+    /// committed image for a pending checkpoint (`frozen`).
+    fn freeze_before_change(&mut self, blk: u64) {
         self.changes += 1;
         if self.checkpoint.contains_key(&blk)
             && !self.running.contains(&blk)
+            && !self.running_implied.contains(&blk)
             && !self.frozen.contains_key(&blk)
         {
             let img = self.cache[&blk].data.clone();
             self.frozen.insert(blk, img);
         }
-        self.running.insert(blk);
+    }
+
+    fn block_mut(&mut self, blk: u64) -> &mut [u8] {
         &mut self
             .cache
             .get_mut(&blk)
@@ -216,10 +243,18 @@ impl Meta {
             .data
     }
 
-    /// Log a new image of data block `blk` (an overwrite): it joins the
-    /// running transaction like a metadata block, replay writes it home,
-    /// and until a checkpoint has, readers get it from `logged_range`.
-    pub fn write_data(&mut self, blk: u64, img: &[u8]) {
+    /// Log a new image of data block `blk` (an overwrite) and set its
+    /// checksum: it joins the running transaction like a metadata block,
+    /// replay writes it home and sets the checksum from it, and until a
+    /// checkpoint has, readers get it from `logged_range`.
+    pub fn write_data(&mut self, blk: u64, img: &[u8]) -> Result<()> {
+        let (cblk, idx) = self.geo.csum_loc(blk);
+        self.read(cblk, magic::CSUM, "checksum block")?;
+        self.freeze_before_change(cblk);
+        if !self.running.contains(&cblk) {
+            self.running_implied.insert(cblk);
+        }
+        csum::set(self.block_mut(cblk), idx, data_crc(img));
         self.cache_zeroed(blk, Kind::Data);
         debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
         self.logged.insert(blk);
@@ -228,6 +263,7 @@ impl Meta {
             self.running_data += 1;
         }
         self.write(blk).copy_from_slice(img);
+        Ok(())
     }
 
     /// The logged images of data blocks in [start, start + len), in order:
@@ -273,6 +309,12 @@ impl Meta {
         let was_running = self.running.remove(&blk);
         if was_running && self.logged.contains(&blk) {
             self.running_data -= 1;
+            // Its checksum is no longer implied by an image in this
+            // transaction: the checksum block must carry it itself.
+            let cblk = self.geo.csum_loc(blk).0;
+            if self.running_implied.remove(&cblk) {
+                self.running.insert(cblk);
+            }
         }
         if was_running || self.checkpoint.contains_key(&blk) {
             // Keep writing its committed image home if a checkpoint is
@@ -307,6 +349,7 @@ impl Meta {
             .copied()
             .filter(|b| {
                 !self.running.contains(b)
+                    && !self.running_implied.contains(b)
                     && !self.checkpoint.contains_key(b)
                     && !self.sealed_set.contains_key(b)
             })
@@ -337,9 +380,13 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     let mut first = AlignedBuf::zeroed(512);
     dev.read_at(&mut first, 0)?;
     let mut best: Option<Superblock> = None;
-    let mut err = None;
     // The block size is in the superblock; slot 1 is one block further.
     let guess = Superblock::decode(&first, 0).map(|s| s.block_size).ok();
+    let mut err = None;
+    // A slot whose checksum holds at some size but whose contents are
+    // refused (an unsupported version): that says more than the checksum
+    // mismatches of the sizes it is not.
+    let mut refused = None;
     let sizes: Vec<u64> = match guess {
         Some(bs) => vec![bs as u64],
         None => (9..=16).map(|s| 1u64 << s).collect(),
@@ -359,7 +406,11 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    err.get_or_insert(e);
+                    if header::checksum_holds(&buf) {
+                        refused.get_or_insert(e);
+                    } else {
+                        err.get_or_insert(e);
+                    }
                 }
             }
         }
@@ -368,7 +419,9 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
         }
     }
     best.ok_or_else(|| {
-        err.unwrap_or_else(|| Error::corrupted("superblock", 0, "no valid superblock slot"))
+        refused
+            .or(err)
+            .unwrap_or_else(|| Error::corrupted("superblock", 0, "no valid superblock slot"))
     })
 }
 

@@ -3,7 +3,9 @@
 //! small (a contiguous run shorter than `log_max_blocks`): logged. The new
 //!     images and their checksums join the running transaction (`Meta::
 //!     write_data`); the commit writes them to the journal with the
-//!     metadata, one write and one flush for every writer in the group; a
+//!     metadata (a checksum block already imaged in the live log is left
+//!     out: replay derives the checksums from the images), one write and
+//!     one flush for every writer in the group; a
 //!     checkpoint writes them home later, in sorted runs. Until then
 //!     readers take them from the log's memory (`Meta::logged_range`).
 //! large: out of place. New blocks are taken in memory only
@@ -26,7 +28,6 @@
 
 use crate::csums::set_csums;
 use crate::error::{Error, Result};
-use crate::format::data_crc;
 use crate::fs::bump;
 use crate::fs::fork::Extent;
 use crate::fs::inode::Inode;
@@ -123,12 +124,9 @@ impl Inode {
         if cx.meta.running_data_blocks() + n > (cx.meta.geo.journal_blocks / 8) as usize {
             cx.meta.commit()?;
         }
-        let mut crcs = Vec::with_capacity(n);
         for (k, b) in data.chunks(bs).enumerate() {
-            cx.meta.write_data(pblk + k as u64, b);
-            crcs.push(data_crc(b));
+            cx.meta.write_data(pblk + k as u64, b)?;
         }
-        set_csums(cx.meta, pblk, &crcs)?;
         self.datasync_seq = cx.meta.running_seq();
         bump(&cx.counters.overwrite_logged_bytes, data.len() as u64);
         Ok(())
