@@ -26,7 +26,7 @@ pub(super) struct InFlight {
     blocks: Vec<(u64, usize)>,
     /// Checksum blocks left out of the image (their changes are implied
     /// by the data in it), with their contents as sealed.
-    implied: Vec<(u64, AlignedBuf)>,
+    implied: Vec<(u64, Arc<AlignedBuf>)>,
     buf: Arc<AlignedBuf>,
     freed: Vec<(u64, u64)>,
     /// The write is followed by a flush: durable once it completes.
@@ -228,8 +228,9 @@ pub struct JournalStats {
 pub struct CheckpointJob {
     dev: Arc<dyn Device>,
     bs: u64,
-    /// (first home block, images) in block order.
-    runs: Vec<(u64, AlignedBuf)>,
+    /// (first home block, images of consecutive blocks) in block order;
+    /// the images are shared with the cache (copied on its next change).
+    runs: Vec<(u64, Vec<Arc<AlignedBuf>>)>,
     /// Some transaction is written but not flushed: flush before any
     /// home write.
     flush_first: bool,
@@ -267,8 +268,17 @@ impl CheckpointJob {
                     .chunks(per)
                     .map(|chunk| {
                         sc.spawn(move || -> std::io::Result<()> {
-                            for (blk, buf) in chunk {
-                                dev.write_at(buf, blk * bs)?;
+                            for (blk, imgs) in chunk {
+                                if let [img] = &imgs[..] {
+                                    dev.write_at(img, blk * bs)?;
+                                    continue;
+                                }
+                                let b = bs as usize;
+                                let mut buf = AlignedBuf::zeroed(imgs.len() * b);
+                                for (k, img) in imgs.iter().enumerate() {
+                                    buf[k * b..(k + 1) * b].copy_from_slice(img);
+                                }
+                                dev.write_at(&buf, blk * bs)?;
                             }
                             Ok(())
                         })
@@ -447,11 +457,11 @@ impl Meta {
                 self.imaged_at.insert(*b, seq);
             }
         }
-        let implied: Vec<(u64, AlignedBuf)> = implied
+        let implied: Vec<(u64, Arc<AlignedBuf>)> = implied
             .into_iter()
             .map(|b| {
                 let c = self.cache.get_mut(&b).expect("running block not cached");
-                header::stamp_lsn(&mut c.data, seq);
+                header::stamp_lsn(&mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..], seq);
                 (b, c.data.clone())
             })
             .collect();
@@ -531,7 +541,7 @@ impl Meta {
             self.committed(b, tx.seq, || {
                 let mut img = AlignedBuf::zeroed(bs);
                 img.copy_from_slice(&tx.buf[off * bs..(off + 1) * bs]);
-                img
+                Arc::new(img)
             });
         }
         for (b, img) in tx.implied {
@@ -564,7 +574,7 @@ impl Meta {
     /// checkpoint. Changed again (or dropped) since sealing, perhaps
     /// sealed again, it keeps its committed image (`img`: the one in the
     /// journal buffer, or, left out of it, the one taken at sealing).
-    fn committed(&mut self, b: u64, seq: u64, img: impl FnOnce() -> AlignedBuf) {
+    fn committed(&mut self, b: u64, seq: u64, img: impl FnOnce() -> Arc<AlignedBuf>) {
         let later = match self.sealed_set.get_mut(&b) {
             Some(n) if *n > 1 => {
                 *n -= 1;
@@ -654,7 +664,7 @@ impl Meta {
             for b in chunk {
                 let c = self.cache.get_mut(b).expect("running block not cached");
                 if c.kind == Kind::Header {
-                    header::stamp_lsn(&mut c.data, seq);
+                    header::stamp_lsn(&mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..], seq);
                 }
                 if c.kind == Kind::Data {
                     targets.push(b | journal::DATA_TARGET);
@@ -746,7 +756,6 @@ impl Meta {
         let (mut home_blocks, mut home_writes) = (0u64, 0u64);
         let mut runs = Vec::new();
         for Range { start: i, end: j } in runs_by(&blocks, 256, |a, b| *b == a + 1) {
-            let mut buf = AlignedBuf::zeroed((j - i) * bs);
             let data = blocks[i..j]
                 .iter()
                 .filter(|b| self.logged.contains(b))
@@ -755,14 +764,14 @@ impl Meta {
                 home_blocks += data as u64;
                 home_writes += 1;
             }
-            for (k, b) in blocks[i..j].iter().enumerate() {
-                let img: &[u8] = match self.frozen.get(b) {
-                    Some(f) => f,
-                    None => &self.cache[b].data,
-                };
-                buf[k * bs..(k + 1) * bs].copy_from_slice(img);
-            }
-            runs.push((blocks[i], buf));
+            let imgs = blocks[i..j]
+                .iter()
+                .map(|b| match self.frozen.get(b) {
+                    Some(f) => f.clone(),
+                    None => self.cache[b].data.clone(),
+                })
+                .collect();
+            runs.push((blocks[i], imgs));
         }
         let mut sb = self.sb.clone();
         sb.tail_pos = self.head_pos;

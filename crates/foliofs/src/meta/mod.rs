@@ -16,7 +16,11 @@
 //!
 //! A committed block changed again before its checkpoint keeps a frozen
 //! copy of its committed image, so a checkpoint never writes uncommitted
-//! changes home (jbd2 does the same with frozen buffers).
+//! changes home (jbd2 does the same with frozen buffers). Block contents
+//! are shared, copied on write (`Arc`): freezing a block, sealing one left
+//! out of its transaction and handing a checkpoint its images copy
+//! nothing under the metadata lock; the next change of a shared block
+//! copies it once.
 //!
 //! Freed blocks may still have images in the live journal, which replay
 //! would write home again; they are therefore not reused until the
@@ -57,7 +61,7 @@ pub enum Kind {
 }
 
 struct Cached {
-    data: AlignedBuf,
+    data: Arc<AlignedBuf>,
     kind: Kind,
 }
 
@@ -81,7 +85,7 @@ pub struct Meta {
     checkpoint: std::collections::BTreeMap<u64, u64>,
     /// A checkpoint whose writes run in the background.
     cp: Option<journal::CheckpointState>,
-    frozen: U64Map<AlignedBuf>,
+    frozen: U64Map<Arc<AlignedBuf>>,
     /// Data blocks whose newest contents are a logged image in this cache,
     /// not (yet) at home: readers take them from here.
     logged: BTreeSet<u64>,
@@ -182,7 +186,13 @@ impl Meta {
         let mut buf = AlignedBuf::zeroed(self.geo.block_size as usize);
         self.dev.read_at(&mut buf, blk * self.geo.block_size)?;
         self.evict_if_needed();
-        self.cache.insert(blk, Cached { data: buf, kind });
+        self.cache.insert(
+            blk,
+            Cached {
+                data: Arc::new(buf),
+                kind,
+            },
+        );
         Ok(())
     }
 
@@ -236,11 +246,11 @@ impl Meta {
     }
 
     fn block_mut(&mut self, blk: u64) -> &mut [u8] {
-        &mut self
+        let c = self
             .cache
             .get_mut(&blk)
-            .expect("write to a block not in the cache")
-            .data
+            .expect("write to a block not in the cache");
+        &mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..]
     }
 
     /// Log a new image of data block `blk` (an overwrite) and set its
@@ -286,7 +296,7 @@ impl Meta {
             self.cache.insert(
                 blk,
                 Cached {
-                    data: AlignedBuf::zeroed(self.geo.block_size as usize),
+                    data: Arc::new(AlignedBuf::zeroed(self.geo.block_size as usize)),
                     kind,
                 },
             );

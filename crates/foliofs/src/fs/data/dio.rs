@@ -303,26 +303,24 @@ impl Fs {
         let bs = self.s.block_size;
         check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
         let _io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
-        let n = {
-            let mut g = self.s.inner.lock();
-            let (ip, _) = g.with(ino)?;
-            if ip.is_dir() {
-                return Err(Error::IsDir);
-            }
-            if offset >= ip.size || buf.is_empty() {
-                return Ok(0);
-            }
-            let n = (buf.len() as u64).min(ip.size - offset) as usize;
-            let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
-            if ip.wb_busy || ip.cache.any_dirty_in(from, to) {
-                g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
-            }
-            g.with(ino)?.0.open += 1;
-            n
-        };
+        let mut g = self.s.inner.lock();
+        let (ip, _) = g.with(ino)?;
+        if ip.is_dir() {
+            return Err(Error::IsDir);
+        }
+        if offset >= ip.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(ip.size - offset) as usize;
+        let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
+        if ip.wb_busy || ip.cache.any_dirty_in(from, to) {
+            g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
+        }
+        g.with(ino)?.0.open += 1;
         bump(&self.s.counters.dio_reads, 1);
         let blocks = (n as u64).div_ceil(bs) as usize * bs as usize;
-        let r = self.read_direct_pinned(ino, offset, &mut buf[..blocks]);
+        // The pin and the first mapping pass under one hold of the lock.
+        let r = self.read_direct_pinned(g, ino, offset, &mut buf[..blocks]);
         {
             let mut g = self.s.inner.lock();
             g.release(ino)?;
@@ -338,7 +336,16 @@ impl Fs {
         Ok(n)
     }
 
-    fn read_direct_pinned(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// Read into `buf` from a pinned inode; `g` (the metadata lock) is
+    /// used for the first mapping pass, then released.
+    fn read_direct_pinned(
+        &self,
+        g: MutexGuard<'_, Inner>,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let mut held = Some(g);
         let bs = self.s.block_size;
         let first = offset / bs;
         let nblk = buf.len() as u64 / bs;
@@ -358,7 +365,7 @@ impl Fs {
             // block, image), taken with their checksums.
             let mut logged: Vec<(u64, Box<[u8]>)> = Vec::new();
             let (segs, gen) = {
-                let mut g = self.s.inner.lock();
+                let mut g = held.take().unwrap_or_else(|| self.s.inner.lock());
                 let (ip, mut cx) = g.with(ino)?;
                 let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
                 for s in &segs {
