@@ -378,16 +378,17 @@ impl Meta {
     /// checkpoint in progress is done.
     fn tx_blocks(&self) -> (Vec<u64>, Vec<u64>) {
         let from = self.cp.as_ref().map_or(self.sb.tail_seq, |c| c.upto_seq);
-        let mut blocks: BTreeSet<u64> = self.running.clone();
+        // The two sets are disjoint (`Meta::write` moves a block over).
+        let mut blocks: Vec<u64> = self.running.iter().copied().collect();
         let mut implied = Vec::new();
         for b in &self.running_implied {
             if self.imaged_at.get(b).is_some_and(|s| *s >= from) {
                 implied.push(*b);
             } else {
-                blocks.insert(*b);
+                blocks.push(*b);
             }
         }
-        (blocks.into_iter().collect(), implied)
+        (blocks, implied)
     }
 
     /// Largest number of metadata blocks one transaction may hold; the
@@ -461,7 +462,7 @@ impl Meta {
             .into_iter()
             .map(|b| {
                 let c = self.cache.get_mut(&b).expect("running block not cached");
-                header::stamp_lsn(&mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..], seq);
+                header::stamp_lsn(c.bytes_mut(), seq);
                 (b, c.data.clone())
             })
             .collect();
@@ -664,7 +665,7 @@ impl Meta {
             for b in chunk {
                 let c = self.cache.get_mut(b).expect("running block not cached");
                 if c.kind == Kind::Header {
-                    header::stamp_lsn(&mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..], seq);
+                    header::stamp_lsn(c.bytes_mut(), seq);
                 }
                 if c.kind == Kind::Data {
                     targets.push(b | journal::DATA_TARGET);

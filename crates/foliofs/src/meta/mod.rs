@@ -65,6 +65,15 @@ struct Cached {
     kind: Kind,
 }
 
+impl Cached {
+    /// The contents to change: copied first if a frozen image, a sealed
+    /// copy or a checkpoint still shares them.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let data: &mut AlignedBuf = Arc::make_mut(&mut self.data);
+        data
+    }
+}
+
 pub struct Meta {
     pub dev: Arc<dyn Device>,
     pub geo: Geometry,
@@ -246,11 +255,10 @@ impl Meta {
     }
 
     fn block_mut(&mut self, blk: u64) -> &mut [u8] {
-        let c = self
-            .cache
+        self.cache
             .get_mut(&blk)
-            .expect("write to a block not in the cache");
-        &mut Arc::<AlignedBuf>::make_mut(&mut c.data)[..]
+            .expect("write to a block not in the cache")
+            .bytes_mut()
     }
 
     /// Log a new image of data block `blk` (an overwrite) and set its
