@@ -89,7 +89,7 @@ impl Fs {
             behind_queues: Vec::new(),
             wb_errors: 0,
             wb_errors_synced: 0,
-            batches: Default::default(),
+            batch: Default::default(),
         };
         inner.dirty_queues = vec![Default::default(); inner.meta.geo.ag_count as usize];
         inner.behind_queues = inner.dirty_queues.clone();

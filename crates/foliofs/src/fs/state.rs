@@ -97,8 +97,8 @@ pub(crate) struct Inner {
     /// reported.
     pub wb_errors: u64,
     pub wb_errors_synced: u64,
-    /// Commits gathering (`Shared::commit_to`): [written only, durable].
-    pub batches: [Batch; 2],
+    /// Durable commits gathering (`Shared::commit_to`).
+    pub batch: Batch,
 }
 
 impl Inner {
@@ -106,31 +106,24 @@ impl Inner {
     pub(crate) fn unused(&self, ino: u64, open: u32) -> bool {
         open == 0 && !self.held.contains_key(&ino)
     }
-
-    pub(crate) fn batch(&self, durable: bool) -> &Batch {
-        &self.batches[durable as usize]
-    }
-
-    pub(crate) fn batch_mut(&mut self, durable: bool) -> &mut Batch {
-        &mut self.batches[durable as usize]
-    }
 }
 
-/// Commits of one kind (durable, or written only) batched across
-/// threads, as jbd2 batches fsync: a committer that expects others (the
-/// last group had more than one) waits a moment, at most about one
-/// commit's time, for them to join the running transaction, so one write
-/// (and flush) serves them all.
+/// Durable commits batched across threads, as jbd2 batches fsync: a
+/// committer that expects others (the last group had more than one)
+/// waits a moment, at most about one commit's time, for them to join the
+/// running transaction, so one write and one flush serve them all.
+/// Commits that only write (direct overwrites) never wait for others: a
+/// flush is what batching saves.
 #[derive(Default)]
 pub(crate) struct Batch {
     /// The running transaction being gathered for, and its committers.
     pub seq: u64,
     pub joined: usize,
     /// Threads committing now, and how many there were when the last
-    /// transaction of this kind was sealed (the group to expect).
+    /// durable transaction was sealed (the group to expect).
     pub active: usize,
     pub last_group: usize,
-    /// Average time of a commit's write (and flush).
+    /// Average time of a commit's write and flush.
     pub avg_ns: u64,
 }
 

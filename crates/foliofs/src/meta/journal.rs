@@ -78,6 +78,12 @@ impl JournalIo {
         }
     }
 
+    /// Transaction `seq`'s own write has completed without an error (and
+    /// is not reaped yet: `Meta::written_seq` counts those).
+    pub fn written_ok(&self, seq: u64) -> bool {
+        matches!(self.state.lock().done.get(&seq), Some(Ok(())))
+    }
+
     /// Wait until every transaction before `seq` is written (a flush then
     /// covers them).
     fn wait_before(&self, seq: u64) {

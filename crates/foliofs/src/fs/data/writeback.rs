@@ -566,15 +566,17 @@ impl Shared {
         mut g: MutexGuard<'a, Inner>,
         durable: bool,
     ) -> Result<MutexGuard<'a, Inner>> {
-        let k = durable as usize;
-        g.batches[k].active += 1;
-        match self.commit_inner(g, durable) {
+        if !durable {
+            return self.commit_inner(g, false);
+        }
+        g.batch.active += 1;
+        match self.commit_inner(g, true) {
             Ok(mut g) => {
-                g.batches[k].active -= 1;
+                g.batch.active -= 1;
                 Ok(g)
             }
             Err(e) => {
-                self.inner.lock().batches[k].active -= 1;
+                self.inner.lock().batch.active -= 1;
                 Err(e)
             }
         }
@@ -600,19 +602,22 @@ impl Shared {
             g.meta.reap()?;
             g.meta.check_live()?;
             let reached = if durable {
-                g.meta.done_seq()
+                g.meta.done_seq() > target
             } else {
-                g.meta.written_seq()
+                // Its own write, not the ones before it: the data is on
+                // the device (a flush that makes it durable waits for
+                // them all).
+                g.meta.written_seq() > target || g.meta.journal_io().written_ok(target)
             };
-            if reached > target {
+            if reached {
                 return Ok(g);
             }
             if target >= g.meta.running_seq() {
                 // Still running: seal and write it, beside the writes in
                 // flight, if there is room.
-                if !joined {
+                if durable && !joined {
                     joined = true;
-                    let b = g.batch_mut(durable);
+                    let b = &mut g.batch;
                     if b.seq != target {
                         b.seq = target;
                         b.joined = 0;
@@ -620,15 +625,14 @@ impl Shared {
                     b.joined += 1;
                     self.batch_joined.notify_all();
                 }
-                if !waited && g.batch(durable).joined < g.batch(durable).last_group {
+                if durable && !waited && g.batch.joined < g.batch.last_group {
                     // Others committed with us last time: give them a
                     // moment to join this one.
                     waited = true;
-                    let wait =
-                        Duration::from_nanos(g.batch(durable).avg_ns.clamp(20_000, 2_000_000));
+                    let wait = Duration::from_nanos(g.batch.avg_ns.clamp(20_000, 2_000_000));
                     let deadline = Instant::now() + wait;
-                    while g.batch(durable).seq == target
-                        && g.batch(durable).joined < g.batch(durable).last_group
+                    while g.batch.seq == target
+                        && g.batch.joined < g.batch.last_group
                         && g.meta.running_seq() <= target
                         && !self.batch_joined.wait_until(&mut g, deadline).timed_out()
                     {
@@ -637,9 +641,10 @@ impl Shared {
                     continue;
                 }
                 if g.meta.in_flight() < MAX_IN_FLIGHT {
-                    // Committers now: the group to expect next time.
-                    let b = g.batch_mut(durable);
-                    b.last_group = b.active;
+                    if durable {
+                        // Committers now: the group to expect next time.
+                        g.batch.last_group = g.batch.active;
+                    }
                     match g.meta.seal_with(durable)? {
                         Some(tx) => {
                             drop(g);
@@ -647,8 +652,9 @@ impl Shared {
                             tx.write();
                             let ns = t.elapsed().as_nanos() as u64;
                             g = self.inner.lock();
-                            let b = g.batch_mut(durable);
-                            b.avg_ns = (b.avg_ns * 7 + ns) / 8;
+                            if durable {
+                                g.batch.avg_ns = (g.batch.avg_ns * 7 + ns) / 8;
+                            }
                         }
                         // Emptied since (its blocks freed): what is left
                         // of the caller's changes was sealed before.
