@@ -439,6 +439,20 @@ fn fio_buffered_and_direct_with_verify() {
     assert!(v["dio_reads"].as_u64().unwrap() > 0, "{v}");
     assert!(v["dio_writes"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["csum_failures"].as_u64(), Some(0));
+    // Four threads overwriting one file with O_DIRECT, on a fresh mount
+    // (fresh counters): the kernel passes the writes on in parallel
+    // (FOPEN_PARALLEL_DIRECT_WRITES) and the engine runs them side by
+    // side under the shared lock.
+    m.remount("");
+    sh(
+        &m.dir,
+        "fio --name=par --filename=par --ioengine=psync --rw=randwrite --bs=4k --size=8M          --direct=1 --thread --numjobs=4 --time_based --runtime=2 --output-format=terse >/dev/null",
+    );
+    let peak = counters(&m.dir)["dio_overwrites_peak"].as_u64().unwrap();
+    assert!(
+        peak >= 2,
+        "direct overwrites of one file one at a time (peak {peak})"
+    );
     m.unmount_and_check();
 }
 

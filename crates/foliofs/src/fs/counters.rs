@@ -83,6 +83,11 @@ counters! {
     /// that took the exclusive lock.
     dio_overwrites_shared,
     dio_writes_exclusive,
+    /// Most direct overwrites in progress at once, over all files (not an
+    /// event count). For one file above 1 only under the shared lock:
+    /// through FUSE it shows the kernel passing direct writes on in
+    /// parallel.
+    dio_overwrites_peak,
     /// Checksum mismatches retried because a direct write was racing.
     dio_read_retries,
     lock_shared,

@@ -130,6 +130,7 @@ impl Fs {
                 knobs,
                 csum_pool: Mutex::new(Vec::new()),
                 next_dio_id: AtomicU64::new(1),
+                dio_overwrites_now: AtomicU64::new(0),
                 wb_done: Condvar::new(),
                 wb_kick: Condvar::new(),
                 batch_joined: Condvar::new(),

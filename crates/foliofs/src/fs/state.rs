@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     /// Checksum arrays for direct reads, each at most the I/O cap long.
     pub csum_pool: Mutex<Vec<Vec<u32>>>,
     pub next_dio_id: AtomicU64,
+    /// Direct overwrites in progress (`Counters::dio_overwrites_peak`).
+    pub dio_overwrites_now: AtomicU64,
     pub data_flush: Arc<crate::meta::DataFlush>,
     /// Signalled (with `inner`) when a writeback completes: fsync,
     /// truncate and throttled writers wait on it.

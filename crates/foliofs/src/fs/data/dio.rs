@@ -471,7 +471,16 @@ impl Fs {
                 Mode::Exclusive => bump(&self.s.counters.dio_writes_exclusive, 1),
             }
             let r = if overwrite {
-                self.dio_overwrite(g, ino, from, to, data, &crcs, segs)
+                // Overwrites in progress at once, under the shared lock
+                // several of one file.
+                let now = self.s.dio_overwrites_now.fetch_add(1, Ordering::Relaxed) + 1;
+                self.s
+                    .counters
+                    .dio_overwrites_peak
+                    .fetch_max(now, Ordering::Relaxed);
+                let r = self.dio_overwrite(g, ino, from, to, data, &crcs, segs);
+                self.s.dio_overwrites_now.fetch_sub(1, Ordering::Relaxed);
+                r
             } else {
                 self.dio_allocating(g, ino, offset, data, &crcs)
             };
