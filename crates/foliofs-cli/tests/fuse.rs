@@ -446,12 +446,26 @@ fn fio_buffered_and_direct_with_verify() {
     m.remount("");
     sh(
         &m.dir,
-        "fio --name=par --filename=par --ioengine=psync --rw=randwrite --bs=4k --size=8M          --direct=1 --thread --numjobs=4 --time_based --runtime=2 --output-format=terse >/dev/null",
+        "fio --name=par --filename=par --ioengine=psync --rw=randwrite --bs=4k --size=8M \
+         --direct=1 --thread --numjobs=4 --time_based --runtime=2 --output-format=terse >/dev/null",
     );
     let peak = counters(&m.dir)["dio_overwrites_peak"].as_u64().unwrap();
     assert!(
         peak >= 2,
         "direct overwrites of one file one at a time (peak {peak})"
+    );
+    // One thread with eight asynchronous writes in flight (libaio): with
+    // FUSE_ASYNC_DIO the kernel sends them without waiting for each.
+    m.remount("");
+    sh(
+        &m.dir,
+        "fio --name=aio --filename=aio --ioengine=libaio --iodepth=8 --rw=randwrite --bs=4k \
+         --size=8M --direct=1 --time_based --runtime=2 --output-format=terse >/dev/null",
+    );
+    let peak = counters(&m.dir)["dio_overwrites_peak"].as_u64().unwrap();
+    assert!(
+        peak >= 2,
+        "asynchronous direct writes one at a time (peak {peak})"
     );
     m.unmount_and_check();
 }
