@@ -6,7 +6,7 @@
 
 use super::args::BenchArgs;
 use super::report::{fill, median, plural, progress, ratio, run_threads, Outcome, Ratio, Series};
-use super::w6::{content, file_count, tree, PHASES};
+use super::w6::{content, file_count, tree, Entry, PHASES};
 use anyhow::{bail, Context, Result};
 use foliofs::device::AlignedBuf;
 use std::fs::{File, OpenOptions};
@@ -424,6 +424,67 @@ fn syncfs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// One W6 round through system calls in `dir` (the tree made in
+/// `dir/w6` and removed again): entries per second for each phase, and
+/// whether the kernel's caches could be dropped before "stat cold"
+/// (root only; otherwise cold = warm).
+pub(super) fn w6_pass(dir: &Path, entries: &[Entry]) -> Result<([f64; PHASES.len()], bool)> {
+    let root = dir.join("w6");
+    let mut r = [0f64; PHASES.len()];
+    let timed = |n: usize, f: &mut dyn FnMut() -> Result<()>| {
+        let t0 = Instant::now();
+        f()?;
+        Ok::<f64, anyhow::Error>(n as f64 / t0.elapsed().as_secs_f64())
+    };
+    std::fs::create_dir(&root)?;
+    r[0] = timed(entries.len(), &mut || {
+        for (i, e) in entries.iter().enumerate() {
+            let p = root.join(&e.path);
+            match e.size {
+                None => std::fs::create_dir(&p)?,
+                Some(n) => std::fs::write(&p, content(i, n))?,
+            }
+        }
+        syncfs(&root)
+    })?;
+    let dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+    for phase in [1, 2] {
+        r[phase] = timed(entries.len(), &mut || {
+            for e in entries {
+                let m = std::fs::symlink_metadata(root.join(&e.path))?;
+                anyhow::ensure!(m.is_dir() == e.size.is_none(), "{}: wrong type", e.path);
+            }
+            Ok(())
+        })?;
+    }
+    let mut listed = 0;
+    let t0 = Instant::now();
+    for e in entries.iter().filter(|e| e.size.is_none()) {
+        listed += std::fs::read_dir(root.join(&e.path))?.count();
+    }
+    r[3] = listed as f64 / t0.elapsed().as_secs_f64();
+    let files = entries.iter().filter(|e| e.size.is_some()).count();
+    r[4] = timed(files, &mut || {
+        for e in entries.iter().filter(|e| e.size.is_some()) {
+            let p = root.join(&e.path);
+            std::fs::rename(&p, p.with_extension("txt.r"))?;
+        }
+        Ok(())
+    })?;
+    r[5] = timed(entries.len(), &mut || {
+        for e in entries.iter().rev() {
+            let p = root.join(&e.path);
+            match e.size {
+                Some(_) => std::fs::remove_file(p.with_extension("txt.r"))?,
+                None => std::fs::remove_dir(&p)?,
+            }
+        }
+        std::fs::remove_dir(&root)?;
+        syncfs(dir)
+    })?;
+    Ok((r, dropped))
+}
+
 /// W6: the metadata tree through system calls; "cold" after the kernel's
 /// caches are dropped (root), "warm" right after.
 fn w6(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
@@ -431,60 +492,12 @@ fn w6(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     let mut rates = vec![vec![Vec::new(); PHASES.len()]; dirs.len()];
     let mut dropped = true;
     rounds(args, "W6", dirs, names, |t, dir| {
-        let root = dir.join("w6");
-        let r = &mut rates[t];
-        let timed = |r: &mut Vec<f64>, n: usize, f: &mut dyn FnMut() -> Result<()>| {
-            let t0 = Instant::now();
-            f()?;
-            r.push(n as f64 / t0.elapsed().as_secs_f64());
-            Ok::<(), anyhow::Error>(())
-        };
-        std::fs::create_dir(&root)?;
-        timed(&mut r[0], entries.len(), &mut || {
-            for (i, e) in entries.iter().enumerate() {
-                let p = root.join(&e.path);
-                match e.size {
-                    None => std::fs::create_dir(&p)?,
-                    Some(n) => std::fs::write(&p, content(i, n))?,
-                }
-            }
-            syncfs(&root)
-        })?;
-        dropped &= std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
-        for phase in [1, 2] {
-            timed(&mut r[phase], entries.len(), &mut || {
-                for e in &entries {
-                    let m = std::fs::symlink_metadata(root.join(&e.path))?;
-                    anyhow::ensure!(m.is_dir() == e.size.is_none(), "{}: wrong type", e.path);
-                }
-                Ok(())
-            })?;
+        let (r, d) = w6_pass(dir, &entries)?;
+        dropped &= d;
+        for (k, v) in r.into_iter().enumerate() {
+            rates[t][k].push(v);
         }
-        let mut listed = 0;
-        let t0 = Instant::now();
-        for e in entries.iter().filter(|e| e.size.is_none()) {
-            listed += std::fs::read_dir(root.join(&e.path))?.count();
-        }
-        r[3].push(listed as f64 / t0.elapsed().as_secs_f64());
-        let files = entries.iter().filter(|e| e.size.is_some()).count();
-        timed(&mut r[4], files, &mut || {
-            for e in entries.iter().filter(|e| e.size.is_some()) {
-                let p = root.join(&e.path);
-                std::fs::rename(&p, p.with_extension("txt.r"))?;
-            }
-            Ok(())
-        })?;
-        timed(&mut r[5], entries.len(), &mut || {
-            for e in entries.iter().rev() {
-                let p = root.join(&e.path);
-                match e.size {
-                    Some(_) => std::fs::remove_file(p.with_extension("txt.r"))?,
-                    None => std::fs::remove_dir(&p)?,
-                }
-            }
-            std::fs::remove_dir(&root)?;
-            syncfs(dir)
-        })
+        Ok(())
     })?;
     let mut series = Vec::new();
     let mut ratios = Vec::new();

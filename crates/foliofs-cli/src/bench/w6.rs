@@ -6,7 +6,8 @@
 
 use super::args::BenchArgs;
 use super::engine::fresh_fs;
-use super::report::{progress, Outcome, Series};
+use super::report::{progress, ratio, Outcome, Series};
+use super::target::{vs_dir, w6_pass};
 use anyhow::{Context, Result};
 use foliofs::fs::FileType;
 use foliofs::{Fs, MountOptions};
@@ -87,11 +88,31 @@ fn split(path: &str) -> (&str, &str) {
 /// W6 on the engine: each phase's entries per second.
 pub fn w6(args: &BenchArgs) -> Result<Outcome> {
     let entries = tree(file_count(args));
-    let pb = progress(args.rounds as u64);
+    let vs = vs_dir(args)?;
+    let pb = progress(args.rounds as u64 * (1 + vs.is_some() as u64));
     let (dev, fs) = fresh_fs(args)?;
     let mut rates = vec![Vec::new(); PHASES.len()];
+    // `--vs`: the same phases through system calls, alternated with the
+    // engine's (first in odd rounds).
+    let mut kernel = vec![Vec::new(); PHASES.len()];
+    let mut dropped = true;
+    let mut kernel_pass = |round: usize| -> Result<()> {
+        if let Some((dir, name)) = &vs {
+            pb.set_message(format!("W6 round {} {name}", round + 1));
+            let (r, d) = w6_pass(dir, &entries)?;
+            dropped &= d;
+            for (k, v) in r.into_iter().enumerate() {
+                kernel[k].push(v);
+            }
+            pb.inc(1);
+        }
+        Ok(())
+    };
     let mut fs = Some(fs);
     for round in 0..args.rounds {
+        if round % 2 == 1 {
+            kernel_pass(round)?;
+        }
         pb.set_message(format!("W6 round {}", round + 1));
         let f = fs.take().expect("mounted");
         let root = f
@@ -175,10 +196,13 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
         rates[5].push(entries.len() as f64 / t.elapsed().as_secs_f64());
         fs = Some(f);
         pb.inc(1);
+        if round % 2 == 0 {
+            kernel_pass(round)?;
+        }
     }
     pb.finish_and_clear();
     fs.take().expect("mounted").unmount().context("unmount")?;
-    let series = PHASES
+    let mut series: Vec<Series> = PHASES
         .iter()
         .zip(&rates)
         .map(|(p, v)| Series {
@@ -187,6 +211,31 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
             values: v.clone(),
         })
         .collect();
+    let mut ratios = Vec::new();
+    let mut notes = Vec::new();
+    if let Some((_, name)) = &vs {
+        for (k, p) in PHASES.iter().enumerate() {
+            series.push(Series {
+                name: format!("{name}: {p}"),
+                unit: "entries/s".into(),
+                values: kernel[k].clone(),
+            });
+            ratios.push(ratio(
+                &format!("engine / {name} ({p})"),
+                &rates[k],
+                &kernel[k],
+                "target >= 1.0",
+            ));
+        }
+        if !dropped {
+            notes.push(format!(
+                "could not drop the kernel's caches (not root): {name}'s stat cold = warm"
+            ));
+        }
+    }
+    notes.push(
+        "against kernel file systems and the FUSE mount: --target DIR (the same phases through system calls)".into(),
+    );
     Ok(Outcome {
         id: "W6".into(),
         title: format!(
@@ -195,9 +244,7 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
             entries.iter().filter(|e| e.size.is_some()).count()
         ),
         series,
-        ratios: Vec::new(),
-        notes: vec![
-            "against kernel file systems and the FUSE mount: --target DIR (the same phases through system calls)".into(),
-        ],
+        ratios,
+        notes,
     })
 }
