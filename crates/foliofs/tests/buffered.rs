@@ -398,3 +398,53 @@ fn large_appending_writes_fill_whole_max_size_folios() {
     assert!(back == mib);
     unmount_and_check(fs, dev);
 }
+
+/// sync writes many small files back together: their blocks, allocated
+/// one after another, reach the device in a few large writes rather than
+/// one write per file, and every byte reads back after a remount.
+#[test]
+fn sync_writes_many_small_files_in_few_device_writes() {
+    let opts = MountOptions {
+        writeback_interval_ms: 0,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(256 << 20, opts.clone());
+    let root = fs.root_ino();
+    let files = 300u64;
+    let content = |i: u64| -> Vec<u8> {
+        let len = 100 + (i * 997) % 9000;
+        (0..len).map(|k| (k * 31 + i * 7) as u8 | 1).collect()
+    };
+    let mut inos = Vec::new();
+    for i in 0..files {
+        let a = fs
+            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        let (_, of) = fs.open_file(a.ino).unwrap();
+        fs.write(a.ino, 0, &content(i)).unwrap();
+        fs.release_file(of).unwrap();
+        inos.push(a.ino);
+    }
+    let before = fs.counters();
+    fs.sync().unwrap();
+    let after = fs.counters();
+    let writes = after.data_device_writes - before.data_device_writes;
+    let bytes = after.bytes_written_back - before.bytes_written_back;
+    let blocks: u64 = (0..files)
+        .map(|i| (content(i).len() as u64).div_ceil(4096))
+        .sum();
+    assert_eq!(bytes, blocks * 4096, "every dirty block written once");
+    assert!(
+        writes * 10 <= files,
+        "{writes} device writes for {files} small files"
+    );
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    for (i, &ino) in inos.iter().enumerate() {
+        let want = content(i as u64);
+        let mut got = vec![0u8; want.len() + 10];
+        let n = fs.read(ino, 0, &mut got).unwrap();
+        assert_eq!(&got[..n], &want[..], "file {i}");
+    }
+    unmount_and_check(fs, dev);
+}
