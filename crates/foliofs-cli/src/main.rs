@@ -118,6 +118,14 @@ enum Cmd {
     /// Unmount a foliofs mount and wait until its daemon has written everything
     /// and left the image clean. Exit 0 when clean, 32 otherwise.
     Umount { dir: PathBuf },
+    /// Make everything written to the foliofs mounts holding PATHs durable:
+    /// the kernel's cached writes go to the daemon (syncfs), then the daemon
+    /// writes back and commits. (Linux does not pass sync(1) on to a FUSE
+    /// daemon.)
+    Sync {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
     /// Run the seed workloads in A/B pairs on a fresh image (W1..W5, W6 metadata, or all).
     Bench(bench::BenchArgs),
     /// Reliability harnesses: long seeded runs that check every result.
@@ -431,6 +439,7 @@ fn main() -> ExitCode {
             json,
         } => fsck_cmd(&image, repair, data, read_only, json),
         Cmd::Umount { dir } => mount::umount(&dir),
+        Cmd::Sync { paths } => paths.iter().try_for_each(|p| sync_mount(p)).map(|_| 0),
         Cmd::Stat {
             mount: Some(dir), ..
         } => mounted_counters(&dir).map(|_| 0),
@@ -567,6 +576,37 @@ fn mount_cmd(
     } else {
         mount::spawn(image, dir, options, &o)
     }
+}
+
+/// `foliofs sync PATH`: syncfs on PATH's file system, then the daemon's
+/// own sync (FOLIOFS_IOC_SYNC), which Linux's syncfs does not reach.
+fn sync_mount(path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        bail!(
+            "syncfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    // SAFETY: a valid descriptor; the command takes no argument.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), foliofs_fuse::FOLIOFS_IOC_SYNC as _) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTTY | libc::ENOSYS | libc::EINVAL)
+        ) {
+            bail!(
+                "{} is not on a foliofs mount (its file system was synced with syncfs)",
+                path.display()
+            );
+        }
+        bail!("sync of the foliofs mount holding {}: {e}", path.display());
+    }
+    Ok(())
 }
 
 /// The counters of a mounted foliofs, from the root's virtual xattr.

@@ -25,9 +25,10 @@ use foliofs::fs::{Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence};
 use foliofs::{Error, Fs};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -42,6 +43,15 @@ pub mod uring;
 
 /// The virtual xattr on the root that returns the counters as JSON.
 pub const COUNTERS_XATTR: &str = "foliofs.counters";
+
+/// `ioctl(fd, FOLIOFS_IOC_SYNC)` on any file or directory of the mount
+/// (`_IO(0xb7, 1)`, no argument): the daemon writes back and commits
+/// everything, as a disk file system does at syncfs. Linux sends
+/// FUSE_SYNCFS to virtiofs only, so sync(1) and syncfs(2) on a FUSE
+/// mount push the kernel's cached writes to the daemon and stop there;
+/// `foliofs sync PATH` does syncfs and then this (as `btrfs filesystem
+/// sync` uses BTRFS_IOC_SYNC).
+pub const FOLIOFS_IOC_SYNC: u32 = (0xb7 << 8) | 1;
 
 /// How the kernel may cache what this mount serves.
 #[derive(Clone, Debug)]
@@ -1163,6 +1173,27 @@ impl Filesystem for FuseFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         done(self.fs.removexattr(self.ino(ino), name.as_bytes()), reply)
+    }
+
+    /// FOLIOFS_IOC_SYNC; any other command is not one of ours (ENOTTY).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if cmd != FOLIOFS_IOC_SYNC {
+            return reply.error(Errno::ENOTTY);
+        }
+        match self.fs.sync() {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     /// The kernel checks modes and ACLs itself (default_permissions);
