@@ -119,6 +119,34 @@ impl Mounted {
         fsck(&self.img);
     }
 
+    /// SIGKILL the daemon and wait until the kernel sees the mount dead
+    /// (over rings it lets go of the connection a moment after the process
+    /// is gone: the rings are torn down from a work queue).
+    fn kill_daemon(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        wait_for("the dead mount", || {
+            std::fs::metadata(&self.dir)
+                .err()
+                .and_then(|e| e.raw_os_error())
+                == Some(libc::ENOTCONN)
+        });
+    }
+
+    /// `foliofs umount` of the dead mount: detached, exit 32, and the
+    /// message that the next mount replays the journal.
+    fn detach_dead(&self) {
+        let out = Command::new(BIN)
+            .arg("umount")
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(32), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("replays its journal"));
+        assert!(!is_mounted(&self.dir));
+    }
+
     fn remount(&mut self, opts: &str) {
         self.unmount_and_check();
         self.mount(opts);
@@ -1187,17 +1215,7 @@ fn a_killed_daemon_is_cleaned_up_by_foliofs_umount() {
     f.write_all(b"fsynced before the kill").unwrap();
     f.sync_all().unwrap();
     drop(f);
-    let mut child = m.child.take().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    // Over rings the kernel lets go of the connection a moment after the
-    // process is gone (the rings are torn down from a work queue).
-    wait_for("the dead mount", || {
-        std::fs::metadata(&m.dir)
-            .err()
-            .and_then(|e| e.raw_os_error())
-            == Some(libc::ENOTCONN)
-    });
+    m.kill_daemon();
     let out = Command::new(BIN)
         .arg("mount")
         .arg(&m.img)
@@ -1206,14 +1224,7 @@ fn a_killed_daemon_is_cleaned_up_by_foliofs_umount() {
         .unwrap();
     assert_eq!(out.status.code(), Some(32));
     assert!(String::from_utf8_lossy(&out.stderr).contains("dead FUSE mount"));
-    let out = Command::new(BIN)
-        .arg("umount")
-        .arg(&m.dir)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(32), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("replays its journal"));
-    assert!(!is_mounted(&m.dir));
+    m.detach_dead();
     m.mount("");
     assert_eq!(
         std::fs::read(m.path("kept")).unwrap(),
@@ -1245,21 +1256,8 @@ fn foliofs_sync_makes_writes_survive_a_killed_daemon() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let mut child = m.child.take().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    wait_for("the dead mount", || {
-        std::fs::metadata(&m.dir)
-            .err()
-            .and_then(|e| e.raw_os_error())
-            == Some(libc::ENOTCONN)
-    });
-    let out = Command::new(BIN)
-        .arg("umount")
-        .arg(&m.dir)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(32), "{out:?}");
+    m.kill_daemon();
+    m.detach_dead();
     m.mount("");
     assert_eq!(std::fs::read(m.path("renamed")).unwrap(), content(0));
     for i in 1..30 {
