@@ -448,3 +448,58 @@ fn sync_writes_many_small_files_in_few_device_writes() {
     }
     unmount_and_check(fs, dev);
 }
+
+/// The writeback contexts write small files that fall due together as
+/// one batch (as sync does): a few device writes, not one per file.
+#[test]
+fn periodic_writeback_writes_small_files_due_together_in_few_device_writes() {
+    let opts = MountOptions {
+        writeback_interval_ms: 20,
+        dirty_expire_ms: 200,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(256 << 20, opts);
+    let root = fs.root_ino();
+    let files = 300u64;
+    let content =
+        |i: u64| -> Vec<u8> { vec![(i % 250) as u8 + 1; 100 + (i as usize * 331) % 6000] };
+    let before = fs.counters();
+    for i in 0..files {
+        let a = fs
+            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        let (_, of) = fs.open_file(a.ino).unwrap();
+        fs.write(a.ino, 0, &content(i)).unwrap();
+        fs.release_file(of).unwrap();
+    }
+    let blocks: u64 = (0..files)
+        .map(|i| (content(i).len() as u64).div_ceil(4096))
+        .sum();
+    let t = Instant::now();
+    while fs.counters().bytes_written_back - before.bytes_written_back < blocks * 4096 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "writeback never came"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let writes = fs.counters().data_device_writes - before.data_device_writes;
+    assert!(
+        writes * 10 <= files,
+        "{writes} device writes for {files} small files"
+    );
+    let free = fs.statfs().unwrap().blocks_free;
+    let fs = {
+        fs.unmount().unwrap();
+        Fs::mount(dev.clone(), MountOptions::default()).unwrap()
+    };
+    assert_eq!(fs.statfs().unwrap().blocks_free, free);
+    for i in 0..files {
+        let ino = fs.lookup(root, format!("f{i}").as_bytes()).unwrap().ino;
+        let want = content(i);
+        let mut got = vec![0u8; want.len() + 10];
+        let n = fs.read(ino, 0, &mut got).unwrap();
+        assert_eq!(&got[..n], &want[..], "f{i}");
+    }
+    unmount_and_check(fs, dev);
+}

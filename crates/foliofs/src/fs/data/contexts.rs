@@ -13,6 +13,7 @@
 //! proportion, never by an unbounded queue; sync waits on every context,
 //! and fsync of one inode is independent of the others.
 
+use super::writeback::BATCH_BYTES;
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Fs, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,9 @@ use std::time::{Duration, Instant};
 /// Most bytes one pass of a writeback context takes from one inode before
 /// moving to the next (fairness between files).
 const PASS_BYTES: u64 = 16 << 20;
+/// A file with at most this much cached goes with others due at the same
+/// time (`writeback_many`): small files cost a few large device writes.
+const SMALL_FILE_BYTES: u64 = 256 << 10;
 /// Longest a throttled writer sleeps at once.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 
@@ -100,6 +104,39 @@ impl Inner {
             }
         }
         None
+    }
+
+    /// Small files due for writeback along with `out`'s: from the front of
+    /// context `id`'s AG lists (oldest first), while they are due and
+    /// small, up to `BATCH_BYTES` cached in all.
+    pub(super) fn pick_more_due(
+        &mut self,
+        id: usize,
+        n: usize,
+        background: bool,
+        expired: Option<Instant>,
+        out: &mut Vec<u64>,
+    ) {
+        let mut bytes = 0;
+        for ag in (id..self.dirty_queues.len()).step_by(n) {
+            while bytes < BATCH_BYTES {
+                let Some(&ino) = self.dirty_queues[ag].front() else {
+                    break;
+                };
+                let Some(ip) = self.inodes.get(&ino) else {
+                    self.dirty_queues[ag].pop_front();
+                    continue;
+                };
+                let at = ip.dirtied_at.unwrap_or_else(Instant::now);
+                let due = background || expired.is_some_and(|e| at <= e);
+                if !due || ip.wb_busy || ip.cache.bytes() > SMALL_FILE_BYTES {
+                    break;
+                }
+                bytes += ip.cache.bytes();
+                self.dirty_queues[ag].pop_front();
+                out.push(ino);
+            }
+        }
     }
 
     /// After a pass over `ino`: back on its list (at the end) if still dirty.
@@ -211,6 +248,34 @@ impl Shared {
             let expired = periodic.then(|| now.checked_sub(expire)).flatten();
             if let Some((ino, below)) = g.pick_dirty(id, n, background, expired) {
                 let start = Instant::now();
+                let small = below == u64::MAX
+                    && g.inodes
+                        .get(&ino)
+                        .is_some_and(|ip| ip.cache.bytes() <= SMALL_FILE_BYTES);
+                let mut inos = vec![ino];
+                if small {
+                    g.pick_more_due(id, n, background, expired, &mut inos);
+                }
+                if inos.len() > 1 {
+                    // Small files due together: one batch (writeback_many).
+                    g = match self.writeback_many(g, inos.clone()) {
+                        Ok((g2, bytes)) => {
+                            self.account(id, bytes, start.elapsed());
+                            g2
+                        }
+                        Err(e) => {
+                            log::error!("writeback context {id}: {e}");
+                            self.inner.lock()
+                        }
+                    };
+                    for ino in inos {
+                        g.requeue(ino);
+                    }
+                    if let Err(e) = g.maybe_commit() {
+                        log::error!("writeback context {id}: {e}");
+                    }
+                    continue;
+                }
                 match self.writeback_below(g, ino, PASS_BYTES / self.block_size, below) {
                     Ok((g2, bytes)) => {
                         g = g2;

@@ -41,7 +41,7 @@ pub(super) const JOB_BYTES: u64 = 4 << 20;
 
 /// Most bytes `writeback_many` puts in flight at once (its jobs' folios
 /// stay pinned until all of them are written).
-const BATCH_BYTES: u64 = 16 << 20;
+pub(super) const BATCH_BYTES: u64 = 16 << 20;
 
 /// One device write of a job: blocks [lblk, lblk + blocks) at `pblk`,
 /// gathered from the folios holding them.
@@ -627,7 +627,7 @@ impl Shared {
             .filter(|(_, i)| i.cache.any_dirty() || i.size != i.d.size || i.wb_busy)
             .map(|(k, _)| *k)
             .collect();
-        g = self.writeback_many(g, dirty)?;
+        g = self.writeback_many(g, dirty)?.0;
         self.commit_sync(g).map(drop)
     }
 
@@ -637,14 +637,16 @@ impl Shared {
     /// at a time, so that many small files cost a few large device
     /// writes instead of one small write each; what is left of a large
     /// or busy inode is then written back on its own.
+    /// Returns the bytes written.
     pub(in crate::fs) fn writeback_many<'a>(
         &'a self,
         mut g: MutexGuard<'a, Inner>,
         mut inos: Vec<u64>,
-    ) -> Result<MutexGuard<'a, Inner>> {
+    ) -> Result<(MutexGuard<'a, Inner>, u64)> {
         let bs = self.block_size;
         inos.sort_unstable();
         let mut rest = Vec::new();
+        let mut written = 0;
         let mut at = 0;
         while at < inos.len() {
             let (mut jobs, mut bytes) = (Vec::new(), 0);
@@ -678,6 +680,7 @@ impl Shared {
             // The jobs prepared are completed even when the batch stops
             // early: their folios are pinned until then.
             let batch: Vec<u64> = jobs.iter().map(|j| j.ino).collect();
+            written += bytes;
             g = self.run_jobs(g, jobs)?;
             if let Some(e) = failed {
                 return Err(e);
@@ -689,10 +692,12 @@ impl Shared {
             }));
         }
         for ino in rest {
-            g = self.writeback_inode(g, ino, u64::MAX)?.0;
+            let (g2, n) = self.writeback_inode(g, ino, u64::MAX)?;
+            g = g2;
+            written += n;
             g.maybe_commit()?;
         }
-        Ok(g)
+        Ok((g, written))
     }
 
     /// Make every change made so far durable, without holding the metadata
