@@ -581,32 +581,15 @@ fn mount_cmd(
 /// `foliofs sync PATH`: syncfs on PATH's file system, then the daemon's
 /// own sync (FOLIOFS_IOC_SYNC), which Linux's syncfs does not reach.
 fn sync_mount(path: &Path) -> Result<()> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: a valid descriptor.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        bail!(
-            "syncfs {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+    match foliofs_fuse::sync_mount(&f) {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!(
+            "{} is not on a foliofs mount (its file system was synced with syncfs)",
+            path.display()
+        ),
+        Err(e) => bail!("sync of the file system holding {}: {e}", path.display()),
     }
-    // SAFETY: a valid descriptor; the command takes no argument.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), foliofs_fuse::FOLIOFS_IOC_SYNC as _) };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        if matches!(
-            e.raw_os_error(),
-            Some(libc::ENOTTY | libc::ENOSYS | libc::EINVAL)
-        ) {
-            bail!(
-                "{} is not on a foliofs mount (its file system was synced with syncfs)",
-                path.display()
-            );
-        }
-        bail!("sync of the foliofs mount holding {}: {e}", path.display());
-    }
-    Ok(())
 }
 
 /// The counters of a mounted foliofs, from the root's virtual xattr.

@@ -53,6 +53,27 @@ pub const COUNTERS_XATTR: &str = "foliofs.counters";
 /// sync` uses BTRFS_IOC_SYNC).
 pub const FOLIOFS_IOC_SYNC: u32 = (0xb7 << 8) | 1;
 
+/// What `foliofs sync` does on an open file or directory: syncfs of its
+/// file system, then FOLIOFS_IOC_SYNC. Ok(false) when the file system is
+/// not a foliofs mount (the ioctl is not one of its commands): syncfs
+/// alone did what could be done.
+pub fn sync_mount(f: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a valid descriptor; the command takes no argument.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FOLIOFS_IOC_SYNC as _) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOTTY | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 /// How the kernel may cache what this mount serves.
 #[derive(Clone, Debug)]
 pub struct CacheOptions {
@@ -468,17 +489,27 @@ impl FuseFs {
         offset: u64,
         size: usize,
     ) -> foliofs::Result<Vec<u8>> {
-        if direct {
-            with_aligned(size, |buf| {
-                let n = self.fs.read_direct(ino, offset, buf)?;
-                Ok(buf[..n].to_vec())
-            })
-        } else {
-            let mut buf = vec![0u8; size];
-            let n = self.fs.read(ino, offset, &mut buf)?;
-            buf.truncate(n);
-            Ok(buf)
-        }
+        self.read_into(ino, direct, offset, size, |r| r.map(<[u8]>::to_vec))
+    }
+
+    /// Read into this thread's aligned buffer (no allocation, no zeroing
+    /// per request) and hand `f` what was read.
+    fn read_into<R>(
+        &self,
+        ino: u64,
+        direct: bool,
+        offset: u64,
+        size: usize,
+        f: impl FnOnce(foliofs::Result<&[u8]>) -> R,
+    ) -> R {
+        with_aligned(size, |buf| {
+            let r = if direct {
+                self.fs.read_direct(ino, offset, buf)
+            } else {
+                self.fs.read(ino, offset, buf)
+            };
+            f(r.map(|n| &buf[..n]))
+        })
     }
 
     fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
@@ -892,10 +923,10 @@ impl Filesystem for FuseFs {
         if let Some((_, writable)) = direct {
             self.kernel_writeback(ino, writable);
         }
-        data_reply(
-            self.read_at(ino, direct.is_some(), offset, size as usize),
-            reply,
-        )
+        self.read_into(ino, direct.is_some(), offset, size as usize, |r| match r {
+            Ok(d) => reply.data(d),
+            Err(e) => reply.error(errno(e)),
+        })
     }
 
     fn write(

@@ -410,17 +410,12 @@ fn w5(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     })
 }
 
-/// Make `dir`'s file system durable (syncfs).
+/// Make `dir`'s file system durable: syncfs, and on a foliofs mount also
+/// the daemon's own sync (`foliofs_fuse::sync_mount`), which Linux's
+/// syncfs does not reach, so that every target's "sync" means the same.
 fn syncfs(dir: &Path) -> Result<()> {
-    let f = File::open(dir)?;
-    // SAFETY: a valid descriptor.
-    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
-        bail!(
-            "syncfs {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
+    foliofs_fuse::sync_mount(&File::open(dir)?)
+        .with_context(|| format!("sync of {}", dir.display()))?;
     Ok(())
 }
 
