@@ -296,3 +296,56 @@ fn a_file_replaced_by_rename_while_open_is_freed_after_a_crash() {
     fs.unmount().unwrap();
     fsck_clean(d, "after the orphan was freed");
 }
+
+/// Small files written back together, by the writeback contexts as they
+/// fall due and by sync (`writeback_many`: many files' blocks in one
+/// gathered write): a cut before every flush, torn writes included,
+/// mounts and passes fsck, and after the last flush every file reads
+/// back whole.
+#[test]
+fn small_files_written_back_together_survive_a_crash_at_every_flush() {
+    let (dev, fs) = crash_fs(32 << 20);
+    fs.unmount().unwrap();
+    let opts = MountOptions {
+        writeback_interval_ms: 10,
+        dirty_expire_ms: 30,
+        ..Default::default()
+    };
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    let root = fs.root_ino();
+    let content = |i: u64| vec![(i % 250) as u8 + 1; 200 + (i as usize * 577) % 9000];
+    let files = 120u64;
+    let c0 = fs.counters();
+    for i in 0..files {
+        let a = fs
+            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        let (_, of) = fs.open_file(a.ino).unwrap();
+        fs.write(a.ino, 0, &content(i)).unwrap();
+        fs.release_file(of).unwrap();
+        if i % 40 == 39 {
+            // The contexts write back what fell due meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+    }
+    let background = fs.counters().data_device_writes - c0.data_device_writes;
+    assert!(
+        background > 0 && background * 4 < files,
+        "{background} device writes by the contexts for {files} small files"
+    );
+    fs.sync().unwrap();
+    let log = dev.log();
+    drop(fs);
+    let d = Arc::new(MemDevice::from_image(mount_every_cut(&log, 3)));
+    let fs = Fs::mount(d.clone(), MountOptions::default()).unwrap();
+    for i in 0..files {
+        let ino = fs.lookup(root, format!("f{i}").as_bytes()).unwrap().ino;
+        let want = content(i);
+        let mut got = vec![0u8; want.len() + 1];
+        let n = fs.read(ino, 0, &mut got).unwrap();
+        assert_eq!(&got[..n], &want[..], "f{i}");
+    }
+    fs.unmount().unwrap();
+    let r = fsck_clean(d, "after the cut");
+    assert_eq!(r.data_blocks_unverified, 0);
+}
