@@ -88,10 +88,11 @@ pub fn crc_with_hole(buf: &[u8], crc_off: usize) -> u32 {
 /// block whose crc32c happens to be zero is stored as 1: one extra collision
 /// in 2^32, in exchange for a sentinel that needs no extra bits.
 pub fn data_crc(block: &[u8]) -> u32 {
-    // The same CRC-32C as `crc32c`; crc-fast folds with carry-less
-    // multiplies (VPCLMULQDQ where the CPU has it), about twice as fast on
-    // data blocks here, which direct reads verify on the critical path.
-    match crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, block) as u32 {
+    // Direct reads verify every block on the critical path. Per MiB of
+    // 4 KiB blocks on this machine, measured idle: the crc32c crate
+    // (SSE4.2 crc32 instructions, three streams) 66-73 us, crc-fast's
+    // carry-less multiply folding 92-122 us (the same values).
+    match crc32c::crc32c(block) {
         0 => 1,
         c => c,
     }
