@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod common;
-use common::{crash_fs, fsck_clean};
+use common::{check_small_files, crash_fs, fsck_clean, small_file, write_small_files};
 use std::time::{Duration, Instant};
 
 fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
@@ -411,27 +411,14 @@ fn sync_writes_many_small_files_in_few_device_writes() {
     let (dev, fs) = fresh(256 << 20, opts.clone());
     let root = fs.root_ino();
     let files = 300u64;
-    let content = |i: u64| -> Vec<u8> {
-        let len = 100 + (i * 997) % 9000;
-        (0..len).map(|k| (k * 31 + i * 7) as u8 | 1).collect()
-    };
-    let mut inos = Vec::new();
-    for i in 0..files {
-        let a = fs
-            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        let (_, of) = fs.open_file(a.ino).unwrap();
-        fs.write(a.ino, 0, &content(i)).unwrap();
-        fs.release_file(of).unwrap();
-        inos.push(a.ino);
-    }
+    write_small_files(&fs, root, 0..files, |_| {});
     let before = fs.counters();
     fs.sync().unwrap();
     let after = fs.counters();
     let writes = after.data_device_writes - before.data_device_writes;
     let bytes = after.bytes_written_back - before.bytes_written_back;
     let blocks: u64 = (0..files)
-        .map(|i| (content(i).len() as u64).div_ceil(4096))
+        .map(|i| (small_file(i).len() as u64).div_ceil(4096))
         .sum();
     assert_eq!(bytes, blocks * 4096, "every dirty block written once");
     assert!(
@@ -440,12 +427,7 @@ fn sync_writes_many_small_files_in_few_device_writes() {
     );
     fs.unmount().unwrap();
     let fs = Fs::mount(dev.clone(), opts).unwrap();
-    for (i, &ino) in inos.iter().enumerate() {
-        let want = content(i as u64);
-        let mut got = vec![0u8; want.len() + 10];
-        let n = fs.read(ino, 0, &mut got).unwrap();
-        assert_eq!(&got[..n], &want[..], "file {i}");
-    }
+    check_small_files(&fs, root, 0..files);
     unmount_and_check(fs, dev);
 }
 
@@ -461,19 +443,10 @@ fn periodic_writeback_writes_small_files_due_together_in_few_device_writes() {
     let (dev, fs) = fresh(256 << 20, opts);
     let root = fs.root_ino();
     let files = 300u64;
-    let content =
-        |i: u64| -> Vec<u8> { vec![(i % 250) as u8 + 1; 100 + (i as usize * 331) % 6000] };
     let before = fs.counters();
-    for i in 0..files {
-        let a = fs
-            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        let (_, of) = fs.open_file(a.ino).unwrap();
-        fs.write(a.ino, 0, &content(i)).unwrap();
-        fs.release_file(of).unwrap();
-    }
+    write_small_files(&fs, root, 0..files, |_| {});
     let blocks: u64 = (0..files)
-        .map(|i| (content(i).len() as u64).div_ceil(4096))
+        .map(|i| (small_file(i).len() as u64).div_ceil(4096))
         .sum();
     let t = Instant::now();
     while fs.counters().bytes_written_back - before.bytes_written_back < blocks * 4096 {
@@ -494,12 +467,6 @@ fn periodic_writeback_writes_small_files_due_together_in_few_device_writes() {
         Fs::mount(dev.clone(), MountOptions::default()).unwrap()
     };
     assert_eq!(fs.statfs().unwrap().blocks_free, free);
-    for i in 0..files {
-        let ino = fs.lookup(root, format!("f{i}").as_bytes()).unwrap().ino;
-        let want = content(i);
-        let mut got = vec![0u8; want.len() + 10];
-        let n = fs.read(ino, 0, &mut got).unwrap();
-        assert_eq!(&got[..n], &want[..], "f{i}");
-    }
+    check_small_files(&fs, root, 0..files);
     unmount_and_check(fs, dev);
 }

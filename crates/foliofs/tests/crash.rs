@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use std::sync::Arc;
 
 mod common;
-use common::{crash_fs, env_u64, fsck_clean};
+use common::{check_small_files, crash_fs, env_u64, fsck_clean, write_small_files};
 
 /// Cut power before every flush of `log` (two torn variants each): every
 /// state mounts, unmounts and passes fsck. Returns the last state's image.
@@ -313,21 +313,14 @@ fn small_files_written_back_together_survive_a_crash_at_every_flush() {
     };
     let fs = Fs::mount(dev.clone(), opts).unwrap();
     let root = fs.root_ino();
-    let content = |i: u64| vec![(i % 250) as u8 + 1; 200 + (i as usize * 577) % 9000];
     let files = 120u64;
     let c0 = fs.counters();
-    for i in 0..files {
-        let a = fs
-            .create(root, format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        let (_, of) = fs.open_file(a.ino).unwrap();
-        fs.write(a.ino, 0, &content(i)).unwrap();
-        fs.release_file(of).unwrap();
+    write_small_files(&fs, root, 0..files, |i| {
         if i % 40 == 39 {
             // The contexts write back what fell due meanwhile.
             std::thread::sleep(std::time::Duration::from_millis(150));
         }
-    }
+    });
     let background = fs.counters().data_device_writes - c0.data_device_writes;
     assert!(
         background > 0 && background * 4 < files,
@@ -338,13 +331,7 @@ fn small_files_written_back_together_survive_a_crash_at_every_flush() {
     drop(fs);
     let d = Arc::new(MemDevice::from_image(mount_every_cut(&log, 3)));
     let fs = Fs::mount(d.clone(), MountOptions::default()).unwrap();
-    for i in 0..files {
-        let ino = fs.lookup(root, format!("f{i}").as_bytes()).unwrap().ino;
-        let want = content(i);
-        let mut got = vec![0u8; want.len() + 1];
-        let n = fs.read(ino, 0, &mut got).unwrap();
-        assert_eq!(&got[..n], &want[..], "f{i}");
-    }
+    check_small_files(&fs, root, 0..files);
     fs.unmount().unwrap();
     let r = fsck_clean(d, "after the cut");
     assert_eq!(r.data_blocks_unverified, 0);

@@ -35,3 +35,44 @@ pub fn crash_fs(bytes: u64) -> (Arc<CrashDevice>, Fs) {
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     (dev, fs)
 }
+
+/// The content of small file `i` of the many-small-files tests: 100 to
+/// ~9,100 bytes, different for every file.
+pub fn small_file(i: u64) -> Vec<u8> {
+    let len = 100 + (i * 997) % 9000;
+    (0..len).map(|k| (k * 31 + i * 7) as u8 | 1).collect()
+}
+
+/// Create `f{i}` in `dir` for i in `range`, written with `small_file(i)`
+/// through an open file description and closed, as tar does; `after(i)`
+/// runs after each. Returns the inodes.
+pub fn write_small_files(
+    fs: &Fs,
+    dir: u64,
+    range: std::ops::Range<u64>,
+    mut after: impl FnMut(u64),
+) -> Vec<u64> {
+    range
+        .map(|i| {
+            let a = fs
+                .create(dir, format!("f{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+            let (_, of) = fs.open_file(a.ino).unwrap();
+            fs.write(a.ino, 0, &small_file(i)).unwrap();
+            fs.release_file(of).unwrap();
+            after(i);
+            a.ino
+        })
+        .collect()
+}
+
+/// Every `f{i}` in `dir` holds `small_file(i)`, no more, no less.
+pub fn check_small_files(fs: &Fs, dir: u64, range: std::ops::Range<u64>) {
+    for i in range {
+        let ino = fs.lookup(dir, format!("f{i}").as_bytes()).unwrap().ino;
+        let want = small_file(i);
+        let mut got = vec![0u8; want.len() + 1];
+        let n = fs.read(ino, 0, &mut got).unwrap();
+        assert_eq!(&got[..n], &want[..], "f{i}");
+    }
+}
