@@ -38,6 +38,12 @@ pub(crate) struct ContextStats {
     pub bandwidth: AtomicU64,
 }
 
+/// Whether an inode dirtied at `at` is due for writeback: over the
+/// background threshold, or dirtied before `expired`.
+fn due(at: Instant, background: bool, expired: Option<Instant>) -> bool {
+    background || expired.is_some_and(|e| at <= e)
+}
+
 impl Inner {
     /// Queue the inode on its AG's dirty list if it is not there.
     pub(in crate::fs) fn mark_inode_dirty(&mut self, ino: u64) {
@@ -75,8 +81,7 @@ impl Inner {
                     continue;
                 }
                 let at = ip.dirtied_at.unwrap_or_else(Instant::now);
-                let due = background || expired.is_some_and(|e| at <= e);
-                if !ip.wb_busy && due && best.is_none_or(|b| at < b.0) {
+                if !ip.wb_busy && due(at, background, expired) && best.is_none_or(|b| at < b.0) {
                     best = Some((at, ag));
                 }
                 break;
@@ -106,18 +111,28 @@ impl Inner {
         None
     }
 
-    /// Small files due for writeback along with `out`'s: from the front of
-    /// context `id`'s AG lists (oldest first), while they are due and
-    /// small, up to `BATCH_BYTES` cached in all.
+    /// When `first` (picked due, all of it) is a small file: the small
+    /// files due with it, from the front of context `id`'s AG lists
+    /// (oldest first), up to `BATCH_BYTES` cached in all, for one
+    /// `writeback_many`. Empty otherwise.
     pub(super) fn pick_more_due(
         &mut self,
+        first: u64,
         id: usize,
         n: usize,
         background: bool,
         expired: Option<Instant>,
-        out: &mut Vec<u64>,
-    ) {
-        let mut bytes = 0;
+    ) -> Vec<u64> {
+        let mut out = Vec::new();
+        let small = |ip: &crate::fs::inode::Inode| ip.cache.bytes() <= SMALL_FILE_BYTES;
+        let Some(mut bytes) = self
+            .inodes
+            .get(&first)
+            .filter(|ip| small(ip))
+            .map(|ip| ip.cache.bytes())
+        else {
+            return out;
+        };
         for ag in (id..self.dirty_queues.len()).step_by(n) {
             while bytes < BATCH_BYTES {
                 let Some(&ino) = self.dirty_queues[ag].front() else {
@@ -128,8 +143,7 @@ impl Inner {
                     continue;
                 };
                 let at = ip.dirtied_at.unwrap_or_else(Instant::now);
-                let due = background || expired.is_some_and(|e| at <= e);
-                if !due || ip.wb_busy || ip.cache.bytes() > SMALL_FILE_BYTES {
+                if !due(at, background, expired) || ip.wb_busy || !small(ip) {
                     break;
                 }
                 bytes += ip.cache.bytes();
@@ -137,6 +151,7 @@ impl Inner {
                 out.push(ino);
             }
         }
+        out
     }
 
     /// After a pass over `ino`: back on its list (at the end) if still dirty.
@@ -248,16 +263,13 @@ impl Shared {
             let expired = periodic.then(|| now.checked_sub(expire)).flatten();
             if let Some((ino, below)) = g.pick_dirty(id, n, background, expired) {
                 let start = Instant::now();
-                let small = below == u64::MAX
-                    && g.inodes
-                        .get(&ino)
-                        .is_some_and(|ip| ip.cache.bytes() <= SMALL_FILE_BYTES);
-                let mut inos = vec![ino];
-                if small {
-                    g.pick_more_due(id, n, background, expired, &mut inos);
+                let mut inos = Vec::new();
+                if below == u64::MAX {
+                    inos = g.pick_more_due(ino, id, n, background, expired);
                 }
-                if inos.len() > 1 {
+                if !inos.is_empty() {
                     // Small files due together: one batch (writeback_many).
+                    inos.push(ino);
                     g = match self.writeback_many(g, inos.clone()) {
                         Ok((g2, bytes)) => {
                             self.account(id, bytes, start.elapsed());
