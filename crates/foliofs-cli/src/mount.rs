@@ -185,6 +185,18 @@ fn seconds(k: &str, v: &str) -> Result<Duration> {
         .with_context(|| format!("-o {k}={v}: want seconds, 0 or more"))
 }
 
+/// statfs(2) of `dir`: Ok when it answers.
+fn statfs(dir: &Path) -> std::io::Result<()> {
+    let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: p is NUL-terminated and st writable.
+    match unsafe { libc::statvfs(p.as_ptr(), &mut st) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// `p` made absolute against the current directory (the daemon may run
 /// elsewhere), without requiring it to exist.
 fn absolute(p: &Path) -> Result<PathBuf> {
@@ -199,17 +211,21 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     let mut ready = ready.map(std::fs::File::from);
     let dir = &dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let r = (|| -> Result<_> {
-        let meta = std::fs::metadata(dir).map_err(|e| {
-            if e.raw_os_error() == Some(libc::ENOTCONN) {
-                anyhow::anyhow!(
-                    "mount point {}: a dead FUSE mount (its daemon exited without \
-                     unmounting): unmount it first (umount or foliofs umount)",
-                    dir.display()
-                )
-            } else {
-                anyhow::Error::new(e).context(format!("mount point {}", dir.display()))
-            }
-        })?;
+        // statfs always reaches a FUSE daemon; stat may be answered from
+        // attributes the kernel still holds for a dead mount's root.
+        let meta = statfs(dir)
+            .and_then(|()| std::fs::metadata(dir))
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::ENOTCONN) {
+                    anyhow::anyhow!(
+                        "mount point {}: a dead FUSE mount (its daemon exited without \
+                         unmounting): unmount it first (umount or foliofs umount)",
+                        dir.display()
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("mount point {}", dir.display()))
+                }
+            })?;
         if !meta.is_dir() {
             bail!("mount point {} is not a directory", dir.display());
         }

@@ -126,11 +126,15 @@ impl Mounted {
         let mut child = self.child.take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
+        // statfs, not stat: the kernel may answer stat of the root from
+        // attributes it still holds.
+        let p = cstr(&self.dir);
         wait_for("the dead mount", || {
-            std::fs::metadata(&self.dir)
-                .err()
-                .and_then(|e| e.raw_os_error())
-                == Some(libc::ENOTCONN)
+            // SAFETY: a zeroed statvfs is a valid out-parameter.
+            let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: p is NUL-terminated, s is writable.
+            let r = unsafe { libc::statvfs(p.as_ptr(), &mut s) };
+            r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
         });
     }
 
@@ -1215,7 +1219,11 @@ fn a_killed_daemon_is_cleaned_up_by_foliofs_umount() {
     f.write_all(b"fsynced before the kill").unwrap();
     f.sync_all().unwrap();
     drop(f);
+    // The root's attributes fresh in the kernel: stat of the dead mount
+    // will succeed from them, statfs will not.
+    std::fs::metadata(&m.dir).unwrap();
     m.kill_daemon();
+    assert!(std::fs::metadata(&m.dir).is_ok());
     let out = Command::new(BIN)
         .arg("mount")
         .arg(&m.img)
