@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
-# FUSE tests with real programs (fio, tar, git, sqlite3, cp -a) over both
+# FUSE tests with real programs (fio, tar, git, sqlite3, cp -a, PostgreSQL) over both
 # FUSE transports (io_uring rings where the kernel has them, /dev/fuse), CLI smoke.
 # FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null

@@ -1,5 +1,6 @@
 //! foliofs mounted with FUSE, used by real programs: tar, git, sqlite3,
-//! cp -a, fio (buffered and O_DIRECT, verify=crc32c), plus the namespace
+//! cp -a, fio (buffered and O_DIRECT, verify=crc32c), PostgreSQL through a
+//! killed daemon, plus the namespace
 //! through system calls, permissions as another user, the mount helper and
 //! SIGTERM. Every test unmounts and runs fsck on the image afterwards.
 //!
@@ -1286,5 +1287,158 @@ fn foliofs_sync_makes_writes_survive_a_killed_daemon() {
         String::from_utf8_lossy(&out.stderr).contains("is not on a foliofs mount"),
         "{out:?}"
     );
+    m.unmount_and_check();
+}
+
+/// PostgreSQL's programs (Debian keeps them off PATH), the newest version.
+fn postgres_bin() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|d| d.join("postgres").exists())
+        .collect();
+    dirs.sort();
+    dirs.pop()
+}
+
+/// SIGKILL `pid` and its children, and wait until they are gone (reaped).
+fn kill_tree(pid: i32) {
+    let children = |p: i32| -> Vec<i32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|c| {
+                std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|st| {
+                    // pid (comm) state ppid ...: comm may hold spaces.
+                    st.rsplit_once(") ")
+                        .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<i32>().ok())
+                        == Some(p)
+                })
+            })
+            .collect()
+    };
+    let mut all = vec![pid];
+    all.extend(children(pid));
+    for &p in &all {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    wait_for("the killed processes to go", || {
+        // Reaped too: PostgreSQL takes a zombie's pid for a live server.
+        all.iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+    });
+}
+
+fn as_postgres(script: &str) -> String {
+    run(Command::new("runuser")
+        .args(["-u", "postgres", "--", "sh", "-ec", script])
+        .current_dir("/"))
+}
+
+/// A database on the mount, the daemon killed under a pgbench run: every
+/// commit pgbench saw acknowledged is there after the remount and
+/// PostgreSQL's own recovery, the bank's balances add up (each
+/// transaction whole or absent), and amcheck and the page checksums
+/// (initdb -k) find nothing wrong.
+#[test]
+fn postgres_keeps_every_acknowledged_commit_through_a_killed_daemon() {
+    let bin = postgres_bin();
+    let pg_ctl = bin.as_ref().map_or("pg_ctl (PostgreSQL)".into(), |b| {
+        b.join("pg_ctl").display().to_string()
+    });
+    if !fuse_ready(&["runuser", &pg_ctl]) {
+        return;
+    }
+    let bin = bin.unwrap().display().to_string();
+    let mut m = Mounted::new("postgres", "");
+    // The socket, the run's logs and pgbench's per-transaction log live
+    // beside the mount, not on it: they must outlive the daemon.
+    let side = m.dir.parent().unwrap().join("side").display().to_string();
+    let data = m.path("pg").display().to_string();
+    sh(
+        &m.dir,
+        &format!("mkdir {side} {data} && chown postgres {side} {data}"),
+    );
+    let conn = format!("-h {side} -p 5491");
+    let start = format!(
+        "{bin}/pg_ctl start -w -D {data}/db -l {side}/server.log \
+         -o \"-c listen_addresses='' -k {side} -p 5491\""
+    );
+    as_postgres(&format!("{bin}/initdb -k -A trust -D {data}/db >/dev/null"));
+    as_postgres(&start);
+    as_postgres(&format!(
+        "{bin}/pgbench {conn} -q -i -s 2 postgres 2>/dev/null
+         {bin}/psql {conn} -qc 'create table acks (id bigserial primary key, client int)' postgres
+         echo 'insert into acks (client) values (:client_id);' > {side}/ack.sql"
+    ));
+    // Half the transactions the bank's (tpcb-like), half an insert each.
+    let bench = Command::new("runuser")
+        .args(["-u", "postgres", "--", "sh", "-c"])
+        .arg(format!(
+            "cd {side} && {bin}/pgbench {conn} -n -c 4 -j 2 -T 120 -l --log-prefix={side}/acked \
+             -b tpcb-like -f {side}/ack.sql postgres > {side}/pgbench.out 2>&1"
+        ))
+        .spawn()
+        .unwrap();
+    let postmaster: i32 = std::fs::read_to_string(format!("{data}/db/postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    m.kill_daemon();
+    let mut bench = bench;
+    bench.wait().unwrap();
+    // The postmaster and its backends die of their files being gone;
+    // make sure of it before the restart looks for them.
+    kill_tree(postmaster);
+    // One line per transaction pgbench saw committed: client, number,
+    // time, script (1: the insert), ...
+    let (mut acked, mut inserts) = (0usize, 0usize);
+    for e in std::fs::read_dir(&side).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("acked.")
+        {
+            for l in std::fs::read_to_string(&p).unwrap().lines() {
+                acked += 1;
+                inserts += (l.split(' ').nth(3) == Some("1")) as usize;
+            }
+        }
+    }
+    assert!(
+        inserts > 200,
+        "too few acknowledged inserts ({inserts} of {acked}) before the kill: {}",
+        std::fs::read_to_string(format!("{side}/pgbench.out")).unwrap_or_default()
+    );
+    m.detach_dead();
+    m.mount("");
+    as_postgres(&start);
+    let q = |sql: &str| as_postgres(&format!("{bin}/psql {conn} -Atc \"{sql}\" postgres"));
+    let rows: usize = q("select count(*) from acks").trim().parse().unwrap();
+    assert!(
+        rows >= inserts,
+        "{rows} rows, {inserts} inserts acknowledged"
+    );
+    let sums = q("select (select sum(abalance) from pgbench_accounts), \
+         (select sum(bbalance) from pgbench_branches), \
+         (select sum(tbalance) from pgbench_tellers), \
+         (select coalesce(sum(delta), 0) from pgbench_history)");
+    let sums: Vec<&str> = sums.trim().split('|').collect();
+    assert!(sums.iter().all(|s| *s == sums[0]), "balances {sums:?}");
+    q("create extension if not exists amcheck");
+    as_postgres(&format!(
+        "{bin}/pg_amcheck {conn} -d postgres --heapallindexed >{side}/amcheck.out"
+    ));
+    let log = std::fs::read_to_string(format!("{side}/server.log")).unwrap();
+    assert!(log.contains("redo done"), "no recovery in the log:\n{log}");
+    assert!(!log.contains("checksum"), "a page checksum failed:\n{log}");
+    as_postgres(&format!("{bin}/pg_ctl stop -w -D {data}/db"));
     m.unmount_and_check();
 }
