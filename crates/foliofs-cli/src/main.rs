@@ -75,6 +75,10 @@ enum Cmd {
         journal_blocks: Option<u64>,
         #[arg(long, default_value = "")]
         label: String,
+        /// Owner and group of the root directory (default: the user running
+        /// mkfs, so that an image a user makes is theirs to fill).
+        #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
+        root_owner: Option<(u32, u32)>,
         /// Overwrite an existing foliofs file system.
         #[arg(short, long)]
         force: bool,
@@ -148,6 +152,13 @@ enum Cmd {
 }
 
 use foliofs::fs::parse_size;
+
+/// `UID:GID`, both numeric.
+fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
+    let bad = || format!("'{s}': want UID:GID, both numbers (e.g. 1000:1000)");
+    let (u, g) = s.split_once(':').ok_or_else(bad)?;
+    Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
+}
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
@@ -415,6 +426,7 @@ fn main() -> ExitCode {
             ag_count,
             journal_blocks,
             label,
+            root_owner,
             force,
             json,
         } => mkfs_cmd(
@@ -425,6 +437,8 @@ fn main() -> ExitCode {
                 ag_count,
                 journal_blocks,
                 label,
+                // SAFETY: getuid and getgid have no preconditions.
+                root_owner: root_owner.unwrap_or(unsafe { (libc::getuid(), libc::getgid()) }),
                 ..Default::default()
             },
             force,

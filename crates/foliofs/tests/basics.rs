@@ -216,3 +216,20 @@ fn fsck_is_clean_after_work_and_finds_leaks() {
     let r = foliofs::fsck::fsck(dev.clone(), &Default::default(), |_, _| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
 }
+
+#[test]
+fn mkfs_gives_the_root_directory_its_owner() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let o = MkfsOptions {
+        root_owner: (1000, 100),
+        ..Default::default()
+    };
+    mkfs(&*dev, &o, |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let a = fs.getattr(fs.root_ino()).unwrap();
+    assert_eq!((a.uid, a.gid, a.perm), (1000, 100, 0o755));
+    fs.unmount().unwrap();
+    let (_, fs) = fresh(64 << 20, 4096);
+    let a = fs.getattr(fs.root_ino()).unwrap();
+    assert_eq!((a.uid, a.gid), (0, 0), "the library's default");
+}

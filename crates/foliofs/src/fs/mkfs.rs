@@ -47,11 +47,14 @@ pub struct MkfsOptions {
     pub ag_count: Option<u32>,
     /// Bytes of space per inode (ext4's bytes-per-inode); default 16 KiB.
     pub bytes_per_inode: u64,
-    /// None: 1/32 of the device, between 64 blocks and 128 MiB.
+    /// None: 1/16 of the device, between 64 blocks and 128 MiB.
     pub journal_blocks: Option<u64>,
     pub label: String,
     /// Use only this many bytes of the device (None: all of it).
     pub size: Option<u64>,
+    /// The root directory's owner and group (mke2fs's `root_owner`);
+    /// default 0:0. The CLI gives the user running mkfs.
+    pub root_owner: (u32, u32),
 }
 
 impl Default for MkfsOptions {
@@ -63,6 +66,7 @@ impl Default for MkfsOptions {
             journal_blocks: None,
             label: String::new(),
             size: None,
+            root_owner: (0, 0),
         }
     }
 }
@@ -249,6 +253,7 @@ pub fn mkfs(
     let t = crate::fs::state::now();
     let mut root = DiskInode::new(sb.root_ino);
     root.mode = 0o040755;
+    (root.uid, root.gid) = o.root_owner;
     root.nlink = 2;
     root.parent = sb.root_ino;
     root.atime = t;
