@@ -185,6 +185,33 @@ fn seconds(k: &str, v: &str) -> Result<Duration> {
         .with_context(|| format!("-o {k}={v}: want seconds, 0 or more"))
 }
 
+/// Whether this user may open /dev/fuse, checked before the image is
+/// opened and its journal replayed. fusermount3 opens it with the caller's
+/// own rights too, so where it is root's alone (mode 0600: no udev rule
+/// made it 0666) only root can mount.
+fn fuse_device_usable() -> Result<()> {
+    let dev = c"/dev/fuse";
+    // SAFETY: dev is NUL-terminated.
+    if unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EACCES) => bail!(
+            "cannot open /dev/fuse: {e}: on this machine only root may mount FUSE \
+             file systems (the device's mode is {:o}; fuse3's udev rule makes it 0666)",
+            std::fs::metadata("/dev/fuse").map_or(0, |m| {
+                use std::os::unix::fs::PermissionsExt;
+                m.permissions().mode() & 0o7777
+            })
+        ),
+        Some(libc::ENOENT) => {
+            bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse)")
+        }
+        _ => bail!("cannot open /dev/fuse: {e}"),
+    }
+}
+
 /// statfs(2) of `dir`: Ok when it answers.
 fn statfs(dir: &Path) -> std::io::Result<()> {
     let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
@@ -211,6 +238,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     let mut ready = ready.map(std::fs::File::from);
     let dir = &dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let r = (|| -> Result<_> {
+        fuse_device_usable()?;
         // statfs always reaches a FUSE daemon; stat may be answered from
         // attributes the kernel still holds for a dead mount's root.
         let meta = statfs(dir)

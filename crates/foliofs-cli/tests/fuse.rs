@@ -1442,3 +1442,77 @@ fn postgres_keeps_every_acknowledged_commit_through_a_killed_daemon() {
     as_postgres(&format!("{bin}/pg_ctl stop -w -D {data}/db"));
     m.unmount_and_check();
 }
+
+/// mkfs gives the root directory to the user who runs it (or to
+/// `--root-owner`): an image a user makes is theirs to fill.
+#[test]
+fn mkfs_gives_the_root_directory_to_its_user() {
+    if !fuse_ready(&["runuser"]) {
+        return;
+    }
+    let mut m = Mounted::new("root-owner", "");
+    m.unmount_and_check();
+    let img = m.img.display().to_string();
+    let id = |flag: &str| -> u32 {
+        run(Command::new("id").args([flag, "nobody"]))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (uid, gid) = (id("-u"), id("-g"));
+    std::os::unix::fs::chown(&m.img, Some(uid), Some(gid)).unwrap();
+    let out = as_nobody(&format!("{BIN} mkfs --force {img}"));
+    assert!(out.status.success(), "{out:?}");
+    m.mount("");
+    let md = std::fs::metadata(&m.dir).unwrap();
+    assert_eq!((md.uid(), md.gid()), (uid, gid));
+    let d = m.dir.display();
+    let out = as_nobody(&format!("echo mine > {d}/f && mkdir {d}/sub"));
+    assert!(out.status.success(), "{out:?}");
+    m.unmount_and_check();
+    run(Command::new(BIN).args(["mkfs", "--force", "--root-owner", "1234:5678", &img]));
+    m.mount("");
+    let md = std::fs::metadata(&m.dir).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    m.unmount_and_check();
+    let out = Command::new(BIN)
+        .args(["mkfs", "--force", "--root-owner", "nobody", &img])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("want UID:GID"),
+        "{out:?}"
+    );
+    fsck(&m.img);
+}
+
+/// Where /dev/fuse is root's alone, a user's mount says so before it
+/// touches the image (fusermount3 opens the device with the user's rights
+/// too, so there is nothing to fall back on).
+#[test]
+fn a_user_who_may_not_open_dev_fuse_is_told_why() {
+    if !fuse_ready(&["runuser"]) {
+        return;
+    }
+    let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode();
+    if mode & 0o006 == 0o006 {
+        eprintln!("SKIPPED: /dev/fuse is open to every user on this machine");
+        return;
+    }
+    let mut m = Mounted::new("user-mount", "");
+    m.unmount_and_check();
+    sh(&m.dir, "chown -R nobody: .. && chmod 755 ..");
+    let out = as_nobody(&format!(
+        "{BIN} mount {} {}",
+        m.img.display(),
+        m.dir.display()
+    ));
+    assert_eq!(out.status.code(), Some(32), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only root may mount FUSE"),
+        "{out:?}"
+    );
+    assert!(!is_mounted(&m.dir));
+    fsck(&m.img);
+}
