@@ -129,13 +129,8 @@ impl Mounted {
         child.wait().unwrap();
         // statfs, not stat: the kernel may answer stat of the root from
         // attributes it still holds.
-        let p = cstr(&self.dir);
         wait_for("the dead mount", || {
-            // SAFETY: a zeroed statvfs is a valid out-parameter.
-            let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-            // SAFETY: p is NUL-terminated, s is writable.
-            let r = unsafe { libc::statvfs(p.as_ptr(), &mut s) };
-            r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+            statvfs(&self.dir).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)
         });
     }
 
@@ -312,7 +307,7 @@ fn namespace_through_system_calls() {
     assert_eq!(b, [1; 4]);
     drop(sparse);
     // statfs and the counters view.
-    let st = nix_statvfs(&m.dir);
+    let st = statvfs(&m.dir).unwrap();
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0);
     let v = counters(&m.dir);
     assert!(v["bytes_written_app"].as_u64().unwrap() >= 12 + 8192);
@@ -324,13 +319,15 @@ fn namespace_through_system_calls() {
 }
 
 /// (blocks, free blocks) of the file system at `dir`.
-fn nix_statvfs(dir: &Path) -> (u64, u64) {
+fn statvfs(dir: &Path) -> std::io::Result<(u64, u64)> {
     let p = cstr(dir);
     // SAFETY: zeroed statvfs is a valid out-parameter.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: p is NUL-terminated, s is writable.
-    assert_eq!(unsafe { libc::statvfs(p.as_ptr(), &mut s) }, 0);
-    (s.f_blocks, s.f_bfree)
+    match unsafe { libc::statvfs(p.as_ptr(), &mut s) } {
+        0 => Ok((s.f_blocks, s.f_bfree)),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 #[test]
