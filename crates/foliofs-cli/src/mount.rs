@@ -139,6 +139,10 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("entry_timeout", Some(v)) => o.cache.entry_timeout = seconds(k, v)?,
             ("negative_timeout", Some(v)) => o.cache.negative_timeout = seconds(k, v)?,
             ("max_background", Some(v)) => o.cache.max_background = number(k, v, 1..=u16::MAX)?,
+            ("uncached_below", Some(v)) => {
+                o.cache.uncached_below =
+                    foliofs::fs::parse_size(v).map_err(|e| anyhow::anyhow!("-o {k}={v}: {e}"))?
+            }
             ("threads", Some(v)) => o.threads = number(k, v, 1..=256)?,
             (k, None) if IGNORED.contains(&k) => {}
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
@@ -146,7 +150,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
                  noallow_other, allow_root, default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, threads=N, log=FILE, \
+                 negative_timeout=S, max_background=N, uncached_below=SIZE, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
         }

@@ -1513,3 +1513,50 @@ fn a_user_who_may_not_open_dev_fuse_is_told_why() {
     assert!(!is_mounted(&m.dir));
     fsck(&m.img);
 }
+
+/// A write the file system has no room for fails in write(2), as on a
+/// kernel file system, not only at fsync or close: the kernel's write
+/// cache takes writes without asking, and a loop writing to a full mount
+/// used to go on for ever. Files opened for writing while less than
+/// `uncached_below` (256 MiB) is free bypass the kernel's cache.
+#[test]
+fn enospc_reaches_write_when_the_mount_is_full() {
+    use std::io::Write;
+    if !fuse_ready(&["fallocate"]) {
+        return;
+    }
+    let mut m = Mounted::new("enospc", "");
+    let d = m.dir.display().to_string();
+    std::fs::write(m.path("early"), b"plenty of room").unwrap();
+    assert_eq!(counters(&m.dir)["fuse_uncached_opens"], 0);
+    // Leave about 150 MiB of the 1 GiB.
+    let (blocks, _) = statvfs(&m.dir).unwrap();
+    let fill = blocks * 4096 - (150 << 20);
+    sh(&m.dir, &format!("fallocate -l {fill} {d}/fill"));
+    let mut f = std::fs::File::create(m.path("last")).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+        assert!(
+            written < 1 << 30,
+            "wrote {written} bytes to a 1 GiB file system"
+        );
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(written > 100 << 20, "only {written} bytes before ENOSPC");
+    // What write() took is there and durable.
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(m.path("last")).unwrap().len(), written);
+    assert!(counters(&m.dir)["fuse_uncached_opens"].as_u64().unwrap() >= 1);
+    std::fs::remove_file(m.path("fill")).unwrap();
+    m.remount("");
+    let back = std::fs::read(m.path("last")).unwrap();
+    assert_eq!(back.len() as u64, written);
+    assert!(back.iter().all(|&b| b == 7));
+    m.unmount_and_check();
+}

@@ -96,6 +96,16 @@ pub struct CacheOptions {
     /// makes a cold `ls -lR` 1.4x faster but a warm one 0.64x and a plain
     /// listing 0.75x.
     pub readdirplus: bool,
+    /// With the writeback cache, a file opened for writing while the
+    /// engine has fewer free bytes than this is served uncached
+    /// (FOPEN_DIRECT_IO, through the engine's own cache), so that a write
+    /// the file system has no room for fails in write(2) with ENOSPC, as
+    /// on a kernel file system. The kernel's cache takes writes without
+    /// asking and reports a failed writeback only at fsync or close; a
+    /// loop writing to a full mount never heard of it. The kernel holds at
+    /// most its dirty limit for this mount (`/sys/class/bdi/*/max_bytes`,
+    /// 1% of the dirty threshold: 43 MB here). 0: never.
+    pub uncached_below: u64,
 }
 
 impl Default for CacheOptions {
@@ -108,6 +118,7 @@ impl Default for CacheOptions {
             negative_timeout: day,
             max_background: 64,
             readdirplus: false,
+            uncached_below: 256 << 20,
         }
     }
 }
@@ -116,11 +127,25 @@ impl Default for CacheOptions {
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
 
+/// What `FuseFs::direct` says of an uncached description: whether the
+/// kernel caches the file through another (and for writing), and whether
+/// this one takes the engine's direct path.
+#[derive(Clone, Copy)]
+struct Uncached {
+    cached: bool,
+    cached_writable: bool,
+    odirect: bool,
+}
+
 /// One open file description.
 struct Handle {
     ino: u64,
-    /// Opened with O_DIRECT: reads and writes take the engine's direct path.
+    /// Not cached by the kernel (FOPEN_DIRECT_IO): opened with O_DIRECT,
+    /// or for writing while space was low (`CacheOptions::uncached_below`).
     direct: bool,
+    /// Opened with O_DIRECT: reads and writes take the engine's direct
+    /// path (the others its page cache).
+    odirect: bool,
     /// Opened for writing: with the writeback cache, the kernel may hold
     /// dirty pages of the file until this description's last close.
     writable: bool,
@@ -187,6 +212,8 @@ pub struct FuseFs {
     /// The kernel leaves taking suid/sgid and capabilities to us
     /// (FUSE_HANDLE_KILLPRIV_V2; see `setattr`, `write`).
     killpriv: bool,
+    /// Opens served uncached because space was low (`new_handle`).
+    uncached_opens: AtomicU64,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -291,6 +318,7 @@ impl FuseFs {
             uring_on: Arc::new(AtomicBool::new(false)),
             no_opendir: false,
             killpriv: false,
+            uncached_opens: AtomicU64::new(0),
         }
     }
 
@@ -329,19 +357,33 @@ impl FuseFs {
     }
 
     /// For a request on description `fh` of `ino`: None unless it is
-    /// direct (FOPEN_DIRECT_IO); for a direct one, `cached_opens` of the
-    /// file, which a direct write also marks as written around the
-    /// kernel's cache. One look at the table.
-    fn direct(&self, fh: FileHandle, ino: u64, write: bool) -> Option<(bool, bool)> {
+    /// uncached (FOPEN_DIRECT_IO); for an uncached one, `cached_opens` of
+    /// the file, which a write also marks as written around the kernel's
+    /// cache, and whether it takes the engine's direct path (O_DIRECT).
+    /// One look at the table.
+    fn direct(&self, fh: FileHandle, ino: u64, write: bool) -> Option<Uncached> {
         let mut hs = self.handles.lock();
-        if !hs.by_fh.get(&fh.0).is_some_and(|h| h.direct) {
-            return None;
-        }
+        let odirect = match hs.by_fh.get(&fh.0) {
+            Some(h) if h.direct => h.odirect,
+            _ => return None,
+        };
         let f = hs.file(ino);
         f.bypassed |= write;
-        let opens = (f.cached > 0, f.cached_writable > 0);
+        let u = Uncached {
+            cached: f.cached > 0,
+            cached_writable: f.cached_writable > 0,
+            odirect,
+        };
         hs.tidy(ino);
-        Some(opens)
+        Some(u)
+    }
+
+    /// Whether the engine has fewer free bytes than `uncached_below`.
+    fn space_low(&self) -> bool {
+        self.cache.uncached_below > 0
+            && self.fs.statfs().is_ok_and(|s| {
+                s.blocks_avail.saturating_mul(s.block_size as u64) < self.cache.uncached_below
+            })
     }
 
     /// Before a request that works on the engine's copy of a file rather
@@ -430,20 +472,36 @@ impl FuseFs {
     /// A new description of `ino` and the open flags the kernel gets for
     /// it. O_DIRECT: FOPEN_DIRECT_IO, so requests come as the caller made
     /// them, writes in parallel (the kernel serializes them itself while
-    /// a cached description is open). The kernel keeps its cached pages
-    /// of the file unless they may be stale: data written around them
-    /// since the last open.
+    /// a cached description is open). Opened for writing while space is
+    /// low (`space_low`): FOPEN_DIRECT_IO too, through the engine's page
+    /// cache, so ENOSPC reaches write(2). The kernel keeps its cached
+    /// pages of the file unless they may be stale: data written around
+    /// them since the last open.
     fn new_handle(&self, ino: u64, flags: i32, file: OpenFile) -> (u64, FopenFlags) {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let odirect = flags & libc::O_DIRECT != 0;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let low = !odirect && writable && self.cache.writeback_cache && self.space_low();
+        if low && self.uncached_opens.fetch_add(1, Ordering::Relaxed) == 0 {
+            log::info!(
+                "less than {} MiB free: files opened for writing now bypass the kernel's \
+                 cache, so that ENOSPC reaches write()",
+                self.cache.uncached_below >> 20
+            );
+        }
         let h = Handle {
             ino,
-            direct: flags & libc::O_DIRECT != 0,
-            writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
+            direct: odirect || low,
+            odirect,
+            writable,
             file,
         };
         let mut open = FopenFlags::empty();
         if h.direct {
-            open |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+            open |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        if h.odirect {
+            open |= FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         }
         let mut hs = self.handles.lock();
         let f = hs.file(ino);
@@ -463,8 +521,9 @@ impl FuseFs {
         self.handles.lock().by_fh.get(&fh.0).cloned()
     }
 
-    fn is_direct(&self, fh: FileHandle) -> bool {
-        self.handle(fh).is_some_and(|h| h.direct)
+    /// Whether `fh` takes the engine's direct path (O_DIRECT).
+    fn is_odirect(&self, fh: FileHandle) -> bool {
+        self.handle(fh).is_some_and(|h| h.odirect)
     }
 
     /// Data of `ino` changed where the kernel's page cache did not see
@@ -528,6 +587,10 @@ impl FuseFs {
         let mut c = serde_json::to_value(self.fs.counters()).unwrap_or_default();
         if let Some(m) = c.as_object_mut() {
             m.insert("fuse_ring_requests".into(), uring::served().into());
+            m.insert(
+                "fuse_uncached_opens".into(),
+                self.uncached_opens.load(Ordering::Relaxed).into(),
+            );
         }
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
         v.push(b'\n');
@@ -920,10 +983,11 @@ impl Filesystem for FuseFs {
     ) {
         let ino = self.ino(ino);
         let direct = self.direct(fh, ino, false);
-        if let Some((_, writable)) = direct {
-            self.kernel_writeback(ino, writable);
+        if let Some(u) = direct {
+            self.kernel_writeback(ino, u.cached_writable);
         }
-        self.read_into(ino, direct.is_some(), offset, size as usize, |r| match r {
+        let odirect = direct.is_some_and(|u| u.odirect);
+        self.read_into(ino, odirect, offset, size as usize, |r| match r {
             Ok(d) => reply.data(d),
             Err(e) => reply.error(errno(e)),
         })
@@ -956,14 +1020,14 @@ impl Filesystem for FuseFs {
                 return reply.error(errno(e));
             }
         }
-        if let Some((_, writable)) = direct {
-            self.kernel_writeback(ino, writable);
+        if let Some(u) = direct {
+            self.kernel_writeback(ino, u.cached_writable);
         }
         let r = self
-            .write_at(ino, direct.is_some(), offset, data)
+            .write_at(ino, direct.is_some_and(|u| u.odirect), offset, data)
             .and_then(|n| {
                 // The kernel's cached pages of the range are stale now.
-                if direct.is_some_and(|(cached, _)| cached) && n > 0 {
+                if direct.is_some_and(|u| u.cached) && n > 0 {
                     self.kernel_drop(ino, offset as i64, n as i64);
                 }
                 // O_SYNC / O_DSYNC: durable before the reply (after its
@@ -1303,7 +1367,7 @@ impl Filesystem for FuseFs {
     ) {
         // A copy inside the engine: no trip through the kernel's buffers.
         let len = len.min(u32::MAX as u64 & !0xFFFF);
-        let (din, dout) = (self.is_direct(fh_in), self.is_direct(fh_out));
+        let (din, dout) = (self.is_odirect(fh_in), self.is_odirect(fh_out));
         let mut done = 0u64;
         while done < len {
             let chunk = (len - done).min(MAX_WRITE as u64) as usize;
