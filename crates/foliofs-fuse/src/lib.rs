@@ -11,6 +11,8 @@
 //! it does; its writeback reaches the engine as large writes. O_DIRECT opens get
 //! FOPEN_DIRECT_IO and reach the engine's direct path as the caller made
 //! them (checksummed, overwrites in parallel under a shared inode lock).
+//! So do opens for writing while space is low (`uncached_below`), through
+//! the engine's page cache, so that ENOSPC reaches write(2).
 //! Where a file is open both ways, the adapter keeps the two coherent as
 //! the kernel does for its own file systems: before a direct request it
 //! has the kernel write back and drop its pages of the file (while a
@@ -127,7 +129,7 @@ impl Default for CacheOptions {
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
 
-/// What `FuseFs::direct` says of an uncached description: whether the
+/// What `FuseFs::uncached` says of an uncached description: whether the
 /// kernel caches the file through another (and for writing), and whether
 /// this one takes the engine's direct path.
 #[derive(Clone, Copy)]
@@ -142,7 +144,7 @@ struct Handle {
     ino: u64,
     /// Not cached by the kernel (FOPEN_DIRECT_IO): opened with O_DIRECT,
     /// or for writing while space was low (`CacheOptions::uncached_below`).
-    direct: bool,
+    uncached: bool,
     /// Opened with O_DIRECT: reads and writes take the engine's direct
     /// path (the others its page cache).
     odirect: bool,
@@ -361,10 +363,10 @@ impl FuseFs {
     /// the file, which a write also marks as written around the kernel's
     /// cache, and whether it takes the engine's direct path (O_DIRECT).
     /// One look at the table.
-    fn direct(&self, fh: FileHandle, ino: u64, write: bool) -> Option<Uncached> {
+    fn uncached(&self, fh: FileHandle, ino: u64, write: bool) -> Option<Uncached> {
         let mut hs = self.handles.lock();
         let odirect = match hs.by_fh.get(&fh.0) {
-            Some(h) if h.direct => h.odirect,
+            Some(h) if h.uncached => h.odirect,
             _ => return None,
         };
         let f = hs.file(ino);
@@ -378,12 +380,9 @@ impl FuseFs {
         Some(u)
     }
 
-    /// Whether the engine has fewer free bytes than `uncached_below`.
+    /// Whether writes may reserve fewer bytes than `uncached_below`.
     fn space_low(&self) -> bool {
-        self.cache.uncached_below > 0
-            && self.fs.statfs().is_ok_and(|s| {
-                s.blocks_avail.saturating_mul(s.block_size as u64) < self.cache.uncached_below
-            })
+        self.cache.uncached_below > 0 && self.fs.reservable_bytes() < self.cache.uncached_below
     }
 
     /// Before a request that works on the engine's copy of a file rather
@@ -491,13 +490,13 @@ impl FuseFs {
         }
         let h = Handle {
             ino,
-            direct: odirect || low,
+            uncached: odirect || low,
             odirect,
             writable,
             file,
         };
         let mut open = FopenFlags::empty();
-        if h.direct {
+        if h.uncached {
             open |= FopenFlags::FOPEN_DIRECT_IO;
         }
         if h.odirect {
@@ -508,7 +507,7 @@ impl FuseFs {
         if !std::mem::take(&mut f.bypassed) {
             open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
-        if !h.direct {
+        if !h.uncached {
             f.cached += 1;
             f.cached_writable += h.writable as u32;
         }
@@ -982,11 +981,11 @@ impl Filesystem for FuseFs {
         reply: ReplyData,
     ) {
         let ino = self.ino(ino);
-        let direct = self.direct(fh, ino, false);
-        if let Some(u) = direct {
+        let uncached = self.uncached(fh, ino, false);
+        if let Some(u) = uncached {
             self.kernel_writeback(ino, u.cached_writable);
         }
-        let odirect = direct.is_some_and(|u| u.odirect);
+        let odirect = uncached.is_some_and(|u| u.odirect);
         self.read_into(ino, odirect, offset, size as usize, |r| match r {
             Ok(d) => reply.data(d),
             Err(e) => reply.error(errno(e)),
@@ -1009,10 +1008,10 @@ impl Filesystem for FuseFs {
         // The kernel writes its cached pages back through any writable
         // handle, an O_DIRECT one included: those go to the page cache path.
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let direct = if from_cache {
+        let uncached = if from_cache {
             None
         } else {
-            self.direct(fh, ino, true)
+            self.uncached(fh, ino, true)
         };
         // An unprivileged writer takes suid/sgid and capabilities.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
@@ -1020,14 +1019,14 @@ impl Filesystem for FuseFs {
                 return reply.error(errno(e));
             }
         }
-        if let Some(u) = direct {
+        if let Some(u) = uncached {
             self.kernel_writeback(ino, u.cached_writable);
         }
         let r = self
-            .write_at(ino, direct.is_some_and(|u| u.odirect), offset, data)
+            .write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
             .and_then(|n| {
                 // The kernel's cached pages of the range are stale now.
-                if direct.is_some_and(|u| u.cached) && n > 0 {
+                if uncached.is_some_and(|u| u.cached) && n > 0 {
                     self.kernel_drop(ino, offset as i64, n as i64);
                 }
                 // O_SYNC / O_DSYNC: durable before the reply (after its
@@ -1071,7 +1070,7 @@ impl Filesystem for FuseFs {
         let h = {
             let mut hs = self.handles.lock();
             let h = hs.by_fh.remove(&fh.0);
-            if let Some(h) = h.as_ref().filter(|h| !h.direct) {
+            if let Some(h) = h.as_ref().filter(|h| !h.uncached) {
                 let f = hs.file(h.ino);
                 f.cached -= 1;
                 f.cached_writable -= h.writable as u32;

@@ -572,6 +572,12 @@ impl Fs {
         Ok(self.s.inner.lock().statfs())
     }
 
+    /// Bytes that writes may still reserve for delayed allocation: when a
+    /// write needs more, it fails with ENOSPC. Cheaper than `statfs`.
+    pub fn reservable_bytes(&self) -> u64 {
+        self.s.inner.lock().alloc.available() * self.block_size()
+    }
+
     // ---- data ----
 
     pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {

@@ -263,10 +263,11 @@ impl Shared {
             let expired = periodic.then(|| now.checked_sub(expire)).flatten();
             if let Some((ino, below)) = g.pick_dirty(id, n, background, expired) {
                 let start = Instant::now();
-                let mut inos = Vec::new();
-                if below == u64::MAX {
-                    inos = g.pick_more_due(ino, id, n, background, expired);
-                }
+                let mut inos = if below == u64::MAX {
+                    g.pick_more_due(ino, id, n, background, expired)
+                } else {
+                    Vec::new()
+                };
                 if !inos.is_empty() {
                     // Small files due together: one batch (writeback_many).
                     inos.push(ino);
