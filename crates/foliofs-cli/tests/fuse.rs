@@ -1560,3 +1560,93 @@ fn enospc_reaches_write_when_the_mount_is_full() {
     assert!(back.iter().all(|&b| b == 7));
     m.unmount_and_check();
 }
+
+/// linkat(2) of an open file by its /proc/self/fd link, as programs name
+/// an O_TMPFILE file.
+fn link_fd(fd: i32, to: &Path) -> std::io::Result<()> {
+    let from = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+    let to = cstr(to);
+    // SAFETY: both paths are NUL-terminated.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn o_tmpfile_is_unnamed_until_linked_and_goes_with_its_last_close() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    if !fuse_ready(&["python3"]) {
+        return;
+    }
+    let mut m = Mounted::new("tmpfile", "");
+    std::fs::create_dir(m.path("d")).unwrap();
+    let tmp = |excl: bool| {
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).mode(0o640);
+        o.custom_flags(libc::O_TMPFILE | if excl { libc::O_EXCL } else { 0 });
+        o.open(m.path("d")).unwrap()
+    };
+    // Unnamed and writable; linkat names it, with its data.
+    let mut f = tmp(false);
+    let data = vec![5u8; 3 << 20];
+    f.write_all(&data).unwrap();
+    let st = f.metadata().unwrap();
+    assert_eq!(
+        (st.nlink(), st.mode() & 0o7777, st.len()),
+        (0, 0o640, 3 << 20)
+    );
+    assert_eq!(std::fs::read_dir(m.path("d")).unwrap().count(), 0);
+    link_fd(f.as_raw_fd(), &m.path("d/named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, data);
+    drop(f);
+    // O_EXCL: never linkable (the kernel says ENOENT).
+    let f = tmp(true);
+    let e = link_fd(f.as_raw_fd(), &m.path("d/excl")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    drop(f);
+    // One never named takes its space with it at close.
+    let mut f = tmp(false);
+    f.write_all(&vec![6u8; 64 << 20]).unwrap();
+    f.sync_all().unwrap();
+    let (_, during) = statvfs(&m.dir).unwrap();
+    drop(f);
+    wait_for("the closed tmpfile's 64 MiB back", || {
+        statvfs(&m.dir).unwrap().1 > during + (60 << 20) / 4096
+    });
+    // A program that uses it: Python's tempfile.TemporaryFile opens
+    // O_TMPFILE on Linux.
+    let d = m.path("d").display().to_string();
+    let out = sh(
+        &m.dir,
+        &format!(
+            "python3 -c 'import tempfile,os; f=tempfile.TemporaryFile(dir=\"{d}\"); \
+             f.write(b\"x\"*100000); f.seek(0); print(len(f.read()), os.fstat(f.fileno()).st_nlink, len(os.listdir(\"{d}\")))'"
+        ),
+    );
+    assert_eq!(out.trim(), "100000 0 1");
+    m.remount("");
+    assert_eq!(std::fs::read(m.path("d/named")).unwrap(), data);
+    let names: Vec<_> = std::fs::read_dir(m.path("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    m.unmount_and_check();
+}

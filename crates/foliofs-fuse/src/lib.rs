@@ -461,6 +461,31 @@ impl FuseFs {
         }
     }
 
+    /// Reply to CREATE or TMPFILE with a node just made and opened: held,
+    /// like `entry`'s, and given a handle.
+    fn created(&self, r: foliofs::Result<(Attr, OpenFile)>, flags: i32, reply: ReplyCreate) {
+        let r = r.and_then(|(a, f)| match self.fs.hold(a.ino) {
+            Ok(()) => Ok((a, f)),
+            Err(e) => {
+                let _ = self.fs.release_file(f);
+                Err(e)
+            }
+        });
+        match r {
+            Ok((a, f)) => {
+                let (fh, open) = self.new_handle(a.ino, flags, f);
+                reply.created(
+                    &self.cache.entry_timeout,
+                    &file_attr(&a),
+                    Generation(a.generation as u64),
+                    FileHandle(fh),
+                    open,
+                )
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
     fn attr_reply(&self, r: foliofs::Result<Attr>, reply: ReplyAttr) {
         match r {
             Ok(a) => reply.attr(&self.cache.attr_timeout, &file_attr(&a)),
@@ -946,27 +971,28 @@ impl Filesystem for FuseFs {
                 req.gid(),
                 0,
             )
-            .and_then(|a| self.fs.open_file(a.ino))
-            .and_then(|(a, f)| match self.fs.hold(a.ino) {
-                Ok(()) => Ok((a, f)),
-                Err(e) => {
-                    let _ = self.fs.release_file(f);
-                    Err(e)
-                }
-            });
-        match r {
-            Ok((a, f)) => {
-                let (fh, open) = self.new_handle(a.ino, flags, f);
-                reply.created(
-                    &self.cache.entry_timeout,
-                    &file_attr(&a),
-                    Generation(a.generation as u64),
-                    FileHandle(fh),
-                    open,
-                )
-            }
-            Err(e) => reply.error(errno(e)),
+            .and_then(|a| self.fs.open_file(a.ino));
+        self.created(r, flags, reply);
+    }
+
+    /// O_TMPFILE: an unnamed file, open, that `link` may name later
+    /// (the kernel refuses that when it was opened with O_EXCL).
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EINVAL);
         }
+        let r = self
+            .fs
+            .tmpfile(self.ino(parent), mode & 0o7777, umask, req.uid(), req.gid());
+        self.created(r, flags, reply);
     }
 
     fn read(

@@ -127,6 +127,73 @@ fn unlinked_open_file_lives_until_release() {
 }
 
 #[test]
+fn a_tmpfile_is_named_by_link_or_goes_with_its_last_close_or_a_crash() {
+    let (dev, fs) = fresh(32 << 20, 4096);
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o2775, 0, 7).unwrap();
+    let before = fs.statfs().unwrap();
+    // Unnamed, open, mode from perm less umask, group from the set-GID
+    // directory: nothing in the directory.
+    let (a, h) = fs.tmpfile(d.ino, 0o666, 0o022, 5, 5).unwrap();
+    assert_eq!((a.nlink, a.perm, a.uid, a.gid), (0, 0o644, 5, 7));
+    let data = vec![9u8; 300_000];
+    fs.write(a.ino, 0, &data).unwrap();
+    fs.fsync_file(&h, false).unwrap();
+    let listed = |fs: &Fs| -> Vec<Vec<u8>> {
+        let all = fs.readdir(d.ino, 0, 100).unwrap().into_iter();
+        all.map(|e| e.name)
+            .filter(|n| !n.starts_with(b"."))
+            .collect()
+    };
+    assert!(listed(&fs).is_empty());
+    // link names it once; then it is an ordinary file.
+    let named = fs.link(a.ino, d.ino, b"kept").unwrap();
+    assert_eq!(named.nlink, 1);
+    assert!(matches!(fs.link(a.ino, d.ino, b"kept"), Err(Error::Exists)));
+    fs.release_file(h).unwrap();
+    // One never named goes with its last close.
+    let (b, hb) = fs.tmpfile(d.ino, 0o600, 0, 0, 0).unwrap();
+    fs.write(b.ino, 0, &vec![1u8; 1 << 20]).unwrap();
+    fs.fsync_file(&hb, false).unwrap();
+    fs.release_file(hb).unwrap();
+    assert!(matches!(
+        fs.link(b.ino, d.ino, b"late"),
+        Err(Error::NotFound)
+    ));
+    // One still open at a crash goes with the next mount.
+    let (c, hc) = fs.tmpfile(d.ino, 0o600, 0, 0, 0).unwrap();
+    fs.write(c.ino, 0, &vec![2u8; 1 << 20]).unwrap();
+    fs.fsync_file(&hc, false).unwrap();
+    let crashed = Arc::new(MemDevice::from_image(dev.image()));
+    fs.release_file(hc).unwrap();
+    fs.unmount().unwrap();
+    let fs = Fs::mount(crashed.clone(), MountOptions::default()).unwrap();
+    let kept = fs.lookup(d.ino, b"kept").unwrap();
+    assert_eq!(
+        (kept.ino, kept.nlink, kept.size),
+        (a.ino, 1, data.len() as u64)
+    );
+    let mut back = vec![0u8; data.len()];
+    fs.read(kept.ino, 0, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(listed(&fs), vec![b"kept".to_vec()]);
+    // Only the named file's blocks stay in use.
+    let after = fs.statfs().unwrap();
+    assert_eq!(
+        before.blocks_free - after.blocks_free,
+        (data.len() as u64).div_ceil(4096),
+        "{before:?} {after:?}"
+    );
+    fs.unmount().unwrap();
+    let opts = foliofs::fsck::FsckOptions {
+        repair: false,
+        check_data: true,
+    };
+    let r = foliofs::fsck::fsck(crashed, &opts, |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
 fn a_held_inode_outlives_its_last_name_until_unheld_or_unmount() {
     let (dev, fs) = fresh(16 << 20, 4096);
     let root = fs.root_ino();

@@ -856,6 +856,27 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed regular file in directory `parent`
+    /// (O_TMPFILE, FUSE_TMPFILE): as `create` without a name. The reply's
+    /// attributes should show no links; `link` may name it later (unless
+    /// it was opened with O_EXCL, which the kernel enforces). Not
+    /// implemented: the kernel answers O_TMPFILE with EOPNOTSUPP.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,

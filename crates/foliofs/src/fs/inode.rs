@@ -67,6 +67,9 @@ pub(crate) struct Inode {
     /// the data (mapping, size, the inode itself): fdatasync commits the
     /// journal only while that one is not durable.
     pub datasync_seq: u64,
+    /// Made by `tmpfile` and not linked yet: `link` may give it its
+    /// first name (the kernel's I_LINKABLE).
+    pub linkable: bool,
 }
 
 /// A direct write in flight over file blocks [from, to).
@@ -110,6 +113,7 @@ impl Inode {
             wb_errors: 0,
             wb_errors_seen: 0,
             datasync_seq: 0,
+            linkable: false,
         }
     }
 
@@ -344,7 +348,7 @@ impl Inner {
         ip.store(&mut cx)
     }
 
-    fn orphan_remove(&mut self, ino: u64) -> Result<()> {
+    pub(in crate::fs) fn orphan_remove(&mut self, ino: u64) -> Result<()> {
         let mut root = self.orphan_root()?;
         orphan_tree().remove(&mut self.meta, &mut self.alloc, &mut root, ino)?;
         self.set_orphan_root(root)

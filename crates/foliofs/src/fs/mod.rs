@@ -356,6 +356,33 @@ impl Fs {
         self.mknod(parent, name, FileType::File, perm, 0, uid, gid, 0)
     }
 
+    /// An unnamed regular file in `parent`, open (O_TMPFILE): it goes
+    /// with its last `release_file` (or with the next mount after a
+    /// crash) unless `link` names it first. Mode and group as `mknod`
+    /// gives them.
+    pub fn tmpfile(
+        &self,
+        parent: u64,
+        perm: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, OpenFile)> {
+        let attr = self.mutate(|g| {
+            let a = g.tmpfile(parent, perm, umask, uid, gid)?;
+            g.inodes.get_mut(&a.ino).expect("just made").open += 1;
+            Ok(a)
+        })?;
+        let seen = self.s.inner.lock().with(attr.ino)?.0.wb_errors;
+        Ok((
+            attr.clone(),
+            OpenFile {
+                ino: attr.ino,
+                errors_seen: AtomicU64::new(seen),
+            },
+        ))
+    }
+
     pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
         self.mknod(parent, name, FileType::Dir, perm, 0, uid, gid, 0)
     }

@@ -6,7 +6,7 @@ use super::inode::Fork;
 use super::types::*;
 use super::xattr::XATTR_CREATE;
 use crate::error::{Error, Result};
-use crate::format::inode::LITERAL_SIZE;
+use crate::format::inode::{FLAG_ORPHAN, LITERAL_SIZE};
 use crate::fs::state::Inner;
 
 const LINK_MAX: u32 = 65000;
@@ -179,6 +179,58 @@ impl Inner {
                 return Err(Error::TooManyLinks);
             }
         }
+        let ino = self.new_node(parent, kind, perm, umask, uid, gid, rdev, target)?;
+        let (pp, mut cx) = self.with(parent)?;
+        pp.dir_add(&mut cx, name, ino, kind)?;
+        if kind == FileType::Dir {
+            pp.d.nlink += 1;
+        }
+        pp.touch_mtime();
+        pp.store(&mut cx)?;
+        self.getattr(ino)
+    }
+
+    /// An unnamed regular file as `create` would make it in `parent`
+    /// (O_TMPFILE): no links, on the orphan list, so it goes with its
+    /// last close, or with the next mount after a crash, unless `link`
+    /// gives it a name first.
+    pub fn tmpfile(
+        &mut self,
+        parent: u64,
+        perm: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        self.dir_of(parent)?;
+        if self.with(parent)?.0.d.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let ino = self.new_node(parent, FileType::File, perm, umask, uid, gid, 0, None)?;
+        {
+            let (ip, mut cx) = self.with(ino)?;
+            ip.d.nlink = 0;
+            ip.linkable = true;
+            ip.store(&mut cx)?;
+        }
+        self.orphan_add(ino)?;
+        self.getattr(ino)
+    }
+
+    /// The inode of a new node under `parent` (see `create`), not yet
+    /// named.
+    #[allow(clippy::too_many_arguments)]
+    fn new_node(
+        &mut self,
+        parent: u64,
+        kind: FileType,
+        perm: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+    ) -> Result<u64> {
         let (mut perm, mut gid) = (perm & 0o7777, gid);
         {
             let (pp, _) = self.with(parent)?;
@@ -232,14 +284,7 @@ impl Inner {
         for (name, v) in acls {
             self.xattr_put(ino, name, &v, XATTR_CREATE)?;
         }
-        let (pp, mut cx) = self.with(parent)?;
-        pp.dir_add(&mut cx, name, ino, kind)?;
-        if kind == FileType::Dir {
-            pp.d.nlink += 1;
-        }
-        pp.touch_mtime();
-        pp.store(&mut cx)?;
-        self.getattr(ino)
+        Ok(ino)
     }
 
     pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
@@ -267,7 +312,7 @@ impl Inner {
             if ip.d.nlink >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
-            if ip.d.nlink == 0 {
+            if ip.d.nlink == 0 && !ip.linkable {
                 return Err(Error::NotFound);
             }
             ip.kind()
@@ -279,6 +324,13 @@ impl Inner {
         pp.dir_add(&mut cx, name, ino, kind)?;
         pp.touch_mtime();
         pp.store(&mut cx)?;
+        if self.with(ino)?.0.d.nlink == 0 {
+            // A tmpfile's first name: off the orphan list, once only.
+            self.orphan_remove(ino)?;
+            let (ip, _) = self.with(ino)?;
+            ip.linkable = false;
+            ip.d.flags &= !FLAG_ORPHAN;
+        }
         let (ip, mut cx) = self.with(ino)?;
         ip.d.nlink += 1;
         ip.touch_ctime();
