@@ -10,7 +10,7 @@
 
 use crate::alloc::Alloc;
 use crate::error::{Error, Result};
-use crate::format::btree_node::{capacity, Node, TreeType, MAX_LEVELS};
+use crate::format::btree_node::{capacity, Node, NodeView, TreeType, MAX_LEVELS};
 use crate::format::magic;
 use crate::meta::{Kind, Meta};
 
@@ -29,8 +29,19 @@ pub fn max_value_len(block_size: u64) -> usize {
     capacity(block_size as usize) - crate::format::btree_node::ENTRY_OVERHEAD
 }
 
+/// One step down the tree: an interior node (block, level, entries) and
+/// the child taken.
+#[derive(Clone, Copy)]
+struct Step {
+    blk: u64,
+    level: u16,
+    nr: usize,
+    idx: usize,
+}
+
 impl Tree {
-    pub fn read(&self, meta: &mut Meta, blk: u64) -> Result<Node> {
+    /// A node's block, checked to be in the data area and verified.
+    fn block<'m>(&self, meta: &'m mut Meta, blk: u64) -> Result<&'m [u8]> {
         if !meta.geo.is_data_block(blk) {
             return Err(Error::corrupted(
                 self.tt.name(),
@@ -38,8 +49,17 @@ impl Tree {
                 "pointer outside the data area",
             ));
         }
-        let buf = meta.read(blk, magic::BTREE, self.tt.name())?;
-        Node::decode(buf, blk, self.owner, self.tt)
+        meta.read(blk, magic::BTREE, self.tt.name())
+    }
+
+    /// A node decoded, to be changed.
+    pub fn read(&self, meta: &mut Meta, blk: u64) -> Result<Node> {
+        Node::decode(self.block(meta, blk)?, blk, self.owner, self.tt)
+    }
+
+    /// A node read in place, for lookups.
+    fn view<'m>(&self, meta: &'m mut Meta, blk: u64) -> Result<NodeView<'m>> {
+        NodeView::parse(self.block(meta, blk)?, blk, self.owner, self.tt)
     }
 
     fn write(&self, meta: &mut Meta, blk: u64, node: &Node) {
@@ -54,9 +74,9 @@ impl Tree {
         Ok(blk)
     }
 
-    fn child(&self, node: &Node, idx: usize, blk: u64) -> Result<u64> {
-        let v = &node.entries[idx].1;
-        let c = u64::from_le_bytes(v[..8].try_into().unwrap());
+    /// The child block an interior entry's value names, in node `blk`.
+    fn child_ptr(&self, value: &[u8], blk: u64) -> Result<u64> {
+        let c = u64::from_le_bytes(value[..8].try_into().unwrap());
         if c == blk {
             return Err(Error::corrupted(
                 self.tt.name(),
@@ -67,69 +87,135 @@ impl Tree {
         Ok(c)
     }
 
-    /// Index of the child to descend into for `key`.
-    fn route(node: &Node, key: u64) -> usize {
-        node.entries
-            .partition_point(|(k, _)| *k <= key)
-            .saturating_sub(1)
+    fn child(&self, node: &Node, idx: usize, blk: u64) -> Result<u64> {
+        self.child_ptr(&node.entries[idx].1, blk)
     }
 
-    /// Descend to the leaf for `key`, returning the path of (block, node,
-    /// child index) with the leaf last.
-    fn descend(&self, meta: &mut Meta, root: u64, key: u64) -> Result<Vec<(u64, Node, usize)>> {
-        let mut path: Vec<(u64, Node, usize)> = Vec::new();
+    /// Child `idx` of the interior node `v` at `blk`.
+    fn child_of(&self, v: &NodeView, idx: usize, blk: u64) -> Result<u64> {
+        for (i, e) in v.entries().enumerate() {
+            let (_, value) = e?;
+            if i == idx {
+                return self.child_ptr(value, blk);
+            }
+        }
+        Err(Error::corrupted(
+            self.tt.name(),
+            blk,
+            format!("no entry {idx}"),
+        ))
+    }
+
+    /// The child of interior `v` (at `blk`) to descend into for `key`:
+    /// the last whose lower bound is <= `key`, else the first.
+    fn route(&self, v: &NodeView, key: u64, blk: u64) -> Result<(usize, u64)> {
+        let mut pick = None;
+        for (i, e) in v.entries().enumerate() {
+            let (k, value) = e?;
+            if i > 0 && k > key {
+                break;
+            }
+            pick = Some((i, value));
+        }
+        let (i, value) = pick.expect("an interior node has entries (checked by parse)");
+        Ok((i, self.child_ptr(value, blk)?))
+    }
+
+    /// A node at level `level` (block `blk`) may sit under the last step.
+    fn check_level(&self, path: &[Step], level: u16, blk: u64) -> Result<()> {
+        if let Some(p) = path.last() {
+            if level + 1 != p.level {
+                return Err(Error::corrupted(
+                    self.tt.name(),
+                    blk,
+                    format!("level {level} under level {}", p.level),
+                ));
+            }
+        }
+        if level > 0 && path.len() as u16 >= MAX_LEVELS {
+            return Err(Error::corrupted(self.tt.name(), blk, "tree too deep"));
+        }
+        Ok(())
+    }
+
+    /// Descend to the leaf for `key`: the interior steps, root first, and
+    /// the leaf's block. Nodes are read in place, none decoded.
+    fn path_to(&self, meta: &mut Meta, root: u64, key: u64) -> Result<(Vec<Step>, u64)> {
+        let mut path = Vec::new();
         let mut blk = root;
         loop {
-            let node = self.read(meta, blk)?;
-            if let Some((_, parent, _)) = path.last() {
-                if node.level + 1 != parent.level {
-                    return Err(Error::corrupted(
-                        self.tt.name(),
-                        blk,
-                        format!("level {} under level {}", node.level, parent.level),
-                    ));
-                }
+            let v = self.view(meta, blk)?;
+            self.check_level(&path, v.level, blk)?;
+            if v.level == 0 {
+                return Ok((path, blk));
             }
-            if node.level == 0 {
-                path.push((blk, node, 0));
-                return Ok(path);
-            }
-            if path.len() as u16 >= MAX_LEVELS {
-                return Err(Error::corrupted(self.tt.name(), blk, "tree too deep"));
-            }
-            let idx = Self::route(&node, key);
-            let next = self.child(&node, idx, blk)?;
-            path.push((blk, node, idx));
+            let (idx, next) = self.route(&v, key, blk)?;
+            path.push(Step {
+                blk,
+                level: v.level,
+                nr: v.nr,
+                idx,
+            });
             blk = next;
         }
     }
 
-    /// Leftmost (or rightmost) leaf below `blk`, appending to `path`.
-    fn descend_edge(
+    /// The leftmost (or rightmost) leaf below `blk`, the steps appended
+    /// to `path`.
+    fn edge(
         &self,
         meta: &mut Meta,
         mut blk: u64,
         right: bool,
-        path: &mut Vec<(u64, Node, usize)>,
-    ) -> Result<()> {
+        path: &mut Vec<Step>,
+    ) -> Result<u64> {
         loop {
-            let node = self.read(meta, blk)?;
-            if node.level == 0 {
-                path.push((blk, node, 0));
-                return Ok(());
+            let v = self.view(meta, blk)?;
+            self.check_level(path, v.level, blk)?;
+            if v.level == 0 {
+                return Ok(blk);
             }
-            if node.entries.is_empty() || path.len() as u16 >= MAX_LEVELS {
-                return Err(Error::corrupted(
-                    self.tt.name(),
-                    blk,
-                    "empty or too deep interior node",
-                ));
-            }
-            let idx = if right { node.entries.len() - 1 } else { 0 };
-            let next = self.child(&node, idx, blk)?;
-            path.push((blk, node, idx));
+            let idx = if right { v.nr - 1 } else { 0 };
+            let next = self.child_of(&v, idx, blk)?;
+            path.push(Step {
+                blk,
+                level: v.level,
+                nr: v.nr,
+                idx,
+            });
             blk = next;
         }
+    }
+
+    /// The leaf after (or before) the one `path` leads to, `path` moved
+    /// to it; None at the tree's end.
+    fn sibling(&self, meta: &mut Meta, path: &mut Vec<Step>, right: bool) -> Result<Option<u64>> {
+        while let Some(s) = path.pop() {
+            let idx = if right {
+                (s.idx + 1 < s.nr).then_some(s.idx + 1)
+            } else {
+                s.idx.checked_sub(1)
+            };
+            if let Some(idx) = idx {
+                let c = self.child_of(&self.view(meta, s.blk)?, idx, s.blk)?;
+                path.push(Step { idx, ..s });
+                return self.edge(meta, c, !right, path).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The entry of leaf `leaf` with the largest key <= `key`.
+    fn last_le(&self, meta: &mut Meta, leaf: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        let mut best = None;
+        for e in self.view(meta, leaf)?.entries() {
+            let (k, value) = e?;
+            if k > key {
+                break;
+            }
+            best = Some((k, value));
+        }
+        Ok(best.map(|(k, v)| (k, v.to_vec())))
     }
 
     /// The entry with the largest key <= `key`.
@@ -137,65 +223,71 @@ impl Tree {
         if root == 0 {
             return Ok(None);
         }
-        let mut path = self.descend(meta, root, key)?;
-        let (_, leaf, _) = path.last().unwrap();
-        let i = leaf.entries.partition_point(|(k, _)| *k <= key);
-        if i > 0 {
-            return Ok(Some(leaf.entries[i - 1].clone()));
+        let (mut path, leaf) = self.path_to(meta, root, key)?;
+        if let Some(e) = self.last_le(meta, leaf, key)? {
+            return Ok(Some(e));
         }
         // Everything in this leaf is larger: the answer is the last entry of
         // the previous leaf, if any.
-        path.pop();
-        while let Some((blk, node, idx)) = path.pop() {
-            if idx > 0 {
-                let c = self.child(&node, idx - 1, blk)?;
-                path.push((blk, node, idx - 1));
-                self.descend_edge(meta, c, true, &mut path)?;
-                let (_, leaf, _) = path.last().unwrap();
-                return Ok(leaf.entries.last().cloned());
-            }
+        match self.sibling(meta, &mut path, false)? {
+            Some(prev) => self.last_le(meta, prev, u64::MAX),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
-    /// Entries with keys >= `key`, in order, from one leaf (then the next
-    /// leaves) until at least `min` are collected or the tree ends.
+    /// The first `max` entries with keys >= `key`, in order (fewer at the
+    /// tree's end).
     pub fn scan(
         &self,
         meta: &mut Meta,
         root: u64,
         key: u64,
-        min: usize,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.scan_range(meta, root, key, u64::MAX, max)
+    }
+
+    /// The first `max` entries with keys in [lo, hi], in order (fewer
+    /// when the range holds fewer). Only the entries returned are copied.
+    pub fn scan_range(
+        &self,
+        meta: &mut Meta,
+        root: u64,
+        lo: u64,
+        hi: u64,
+        max: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
         if root == 0 {
             return Ok(out);
         }
-        let mut path = self.descend(meta, root, key)?;
+        let (mut path, mut leaf) = self.path_to(meta, root, lo)?;
         loop {
-            let (_, leaf, _) = path.pop().unwrap();
-            out.extend(leaf.entries.into_iter().filter(|(k, _)| *k >= key));
-            if out.len() >= min {
-                return Ok(out);
-            }
-            // Up to the first ancestor with a right sibling, then down its left edge.
-            loop {
-                let Some((blk, node, idx)) = path.pop() else {
+            for e in self.view(meta, leaf)?.entries() {
+                let (k, value) = e?;
+                if k > hi {
                     return Ok(out);
-                };
-                if idx + 1 < node.entries.len() {
-                    let c = self.child(&node, idx + 1, blk)?;
-                    path.push((blk, node, idx + 1));
-                    self.descend_edge(meta, c, false, &mut path)?;
-                    break;
                 }
+                if k >= lo {
+                    if out.len() >= max {
+                        return Ok(out);
+                    }
+                    out.push((k, value.to_vec()));
+                }
+            }
+            match self.sibling(meta, &mut path, true)? {
+                Some(next) => leaf = next,
+                None => return Ok(out),
             }
         }
     }
 
     /// The first entry with key >= `key`.
     pub fn find_ge(&self, meta: &mut Meta, root: u64, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
-        Ok(self.scan(meta, root, key, 1)?.into_iter().next())
+        Ok(self
+            .scan_range(meta, root, key, u64::MAX, 1)?
+            .into_iter()
+            .next())
     }
 
     pub fn get(&self, meta: &mut Meta, root: u64, key: u64) -> Result<Option<Vec<u8>>> {
@@ -227,8 +319,8 @@ impl Tree {
             *root = self.new_node(meta, alloc, 0, &leaf)?;
             return Ok(());
         }
-        let mut path = self.descend(meta, *root, key)?;
-        let (mut blk, mut node, _) = path.pop().unwrap();
+        let (mut path, mut blk) = self.path_to(meta, *root, key)?;
+        let mut node = self.read(meta, blk)?;
         match node.entries.binary_search_by_key(&key, |(k, _)| *k) {
             Ok(i) => node.entries[i].1 = value.to_vec(),
             Err(i) => node.entries.insert(i, (key, value.to_vec())),
@@ -246,11 +338,12 @@ impl Tree {
                 seps.push((piece.entries[0].0, rblk.to_le_bytes().to_vec()));
             }
             match path.pop() {
-                Some((pblk, mut parent, idx)) => {
+                Some(step) => {
+                    let mut parent = self.read(meta, step.blk)?;
                     for (k, sep) in seps.into_iter().enumerate() {
-                        parent.entries.insert(idx + 1 + k, sep);
+                        parent.entries.insert(step.idx + 1 + k, sep);
                     }
-                    blk = pblk;
+                    blk = step.blk;
                     node = parent;
                 }
                 None => {
@@ -284,8 +377,8 @@ impl Tree {
         if *root == 0 {
             return Ok(None);
         }
-        let mut path = self.descend(meta, *root, key)?;
-        let (mut blk, mut node, _) = path.pop().unwrap();
+        let (mut path, mut blk) = self.path_to(meta, *root, key)?;
+        let mut node = self.read(meta, blk)?;
         let Ok(i) = node.entries.binary_search_by_key(&key, |(k, _)| *k) else {
             return Ok(None);
         };
@@ -297,14 +390,15 @@ impl Tree {
             }
             alloc.free(meta, blk, 1)?;
             match path.pop() {
-                Some((pblk, mut parent, idx)) => {
-                    let (bound, _) = parent.entries.remove(idx);
-                    if idx == 0 {
+                Some(step) => {
+                    let mut parent = self.read(meta, step.blk)?;
+                    let (bound, _) = parent.entries.remove(step.idx);
+                    if step.idx == 0 {
                         if let Some(first) = parent.entries.first_mut() {
                             first.0 = bound;
                         }
                     }
-                    blk = pblk;
+                    blk = step.blk;
                     node = parent;
                 }
                 None => {
@@ -315,11 +409,11 @@ impl Tree {
         }
         // Collapse a root that has a single child.
         loop {
-            let r = self.read(meta, *root)?;
-            if r.level == 0 || r.entries.len() != 1 {
+            let r = self.view(meta, *root)?;
+            if r.level == 0 || r.nr != 1 {
                 break;
             }
-            let c = self.child(&r, 0, *root)?;
+            let c = self.child_of(&r, 0, *root)?;
             alloc.free(meta, *root, 1)?;
             *root = c;
         }

@@ -88,6 +88,24 @@ fn btree_against_a_model() {
             model.get(&probe).cloned(),
             "get {probe} at op {i}"
         );
+        // Between keys: the answer may sit in the previous leaf.
+        let between = probe + 3;
+        assert_eq!(
+            TREE.find_le(&mut m, root, between).unwrap(),
+            model
+                .range(..=between)
+                .next_back()
+                .map(|(k, v)| (*k, v.clone())),
+            "find_le {between} at op {i}"
+        );
+        if i % 100 == 0 {
+            // A bounded scan returns the range and nothing past it.
+            let lo = rng.random_range(0..21_000u64);
+            let hi = lo + rng.random_range(0..2_000u64);
+            let want: Vec<_> = model.range(lo..=hi).map(|(k, v)| (*k, v.clone())).collect();
+            let got = TREE.scan_range(&mut m, root, lo, hi, usize::MAX).unwrap();
+            assert!(got == want, "scan_range [{lo}, {hi}] differs at op {i}");
+        }
         if i % 500 == 0 {
             let all: Vec<_> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
             assert!(entries(&mut m, root) == all, "scan differs at op {i}");

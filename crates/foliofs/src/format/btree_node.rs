@@ -90,8 +90,36 @@ impl Node {
     /// Decode a node whose checksum and header were verified, checking the
     /// structure: owner, type, level bound, entry bounds, key order.
     pub fn decode(buf: &[u8], blkno: u64, owner: u64, tt: TreeType) -> Result<Self> {
-        let s = tt.name();
-        let bad = |r: String| Err(Error::corrupted(s, blkno, r));
+        let view = NodeView::parse(buf, blkno, owner, tt)?;
+        let entries = view
+            .entries()
+            .map(|e| e.map(|(k, v)| (k, v.to_vec())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Node {
+            level: view.level,
+            entries,
+        })
+    }
+}
+
+/// A node read in place: the header checked at once, each entry checked
+/// as it is reached (bounds, key order, interior value length), nothing
+/// copied. Lookups walk views; only a node being changed is decoded.
+#[derive(Clone, Copy)]
+pub struct NodeView<'a> {
+    pub level: u16,
+    /// Entries in the node.
+    pub nr: usize,
+    buf: &'a [u8],
+    blkno: u64,
+    tt: TreeType,
+}
+
+impl<'a> NodeView<'a> {
+    /// Check the header of a node whose checksum was verified: owner,
+    /// type, level bound, an interior node not empty.
+    pub fn parse(buf: &'a [u8], blkno: u64, owner: u64, tt: TreeType) -> Result<Self> {
+        let bad = |r: String| Err(Error::corrupted(tt.name(), blkno, r));
         let h = BlockHeader::decode(buf);
         if h.owner != owner {
             return bad(format!("owned by {}, expected {owner}", h.owner));
@@ -104,32 +132,73 @@ impl Node {
             return bad(format!("level {level} too deep"));
         }
         let nr = get_u16(buf, 50) as usize;
-        let mut entries = Vec::with_capacity(nr);
-        let mut p = ENTRIES_OFFSET;
-        for i in 0..nr {
-            if p + ENTRY_OVERHEAD > buf.len() {
-                return bad(format!("entry {i} runs past the block"));
-            }
-            let k = get_u64(buf, p);
-            let vlen = get_u16(buf, p + 8) as usize;
-            if p + ENTRY_OVERHEAD + vlen > buf.len() {
-                return bad(format!("entry {i} value runs past the block"));
-            }
-            if level > 0 && vlen != 8 {
-                return bad(format!("interior entry {i} has value length {vlen}"));
-            }
-            if let Some((prev, _)) = entries.last() {
-                if *prev >= k {
-                    return bad(format!("keys out of order at entry {i}"));
-                }
-            }
-            entries.push((k, buf[p + 10..p + 10 + vlen].to_vec()));
-            p += ENTRY_OVERHEAD + vlen;
-        }
         if level > 0 && nr == 0 {
             return bad("empty interior node".into());
         }
-        Ok(Node { level, entries })
+        Ok(NodeView {
+            level,
+            nr,
+            buf,
+            blkno,
+            tt,
+        })
+    }
+
+    /// The entries in order, each an error once the node is malformed.
+    pub fn entries(&self) -> Entries<'a> {
+        Entries {
+            view: *self,
+            i: 0,
+            p: ENTRIES_OFFSET,
+            prev: None,
+        }
+    }
+}
+
+/// Iterator over a `NodeView`'s entries: (key, value).
+pub struct Entries<'a> {
+    view: NodeView<'a>,
+    i: usize,
+    p: usize,
+    prev: Option<u64>,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<(u64, &'a [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let NodeView {
+            level,
+            nr,
+            buf,
+            blkno,
+            tt,
+        } = self.view;
+        if self.i >= nr {
+            return None;
+        }
+        let (i, p) = (self.i, self.p);
+        // A malformed entry ends the walk after its error.
+        self.i = nr;
+        let bad = |r: String| Some(Err(Error::corrupted(tt.name(), blkno, r)));
+        if p + ENTRY_OVERHEAD > buf.len() {
+            return bad(format!("entry {i} runs past the block"));
+        }
+        let k = get_u64(buf, p);
+        let vlen = get_u16(buf, p + 8) as usize;
+        if p + ENTRY_OVERHEAD + vlen > buf.len() {
+            return bad(format!("entry {i} value runs past the block"));
+        }
+        if level > 0 && vlen != 8 {
+            return bad(format!("interior entry {i} has value length {vlen}"));
+        }
+        if self.prev.is_some_and(|prev| prev >= k) {
+            return bad(format!("keys out of order at entry {i}"));
+        }
+        self.prev = Some(k);
+        self.i = i + 1;
+        self.p = p + ENTRY_OVERHEAD + vlen;
+        Some(Ok((k, &buf[p + 10..p + 10 + vlen])))
     }
 }
 

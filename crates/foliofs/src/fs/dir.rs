@@ -26,14 +26,10 @@ impl Inode {
     /// Entries sharing `name`'s hash.
     fn dir_bucket(&self, cx: &mut Ctx, name: &[u8]) -> Result<Vec<Dirent>> {
         let base = name_key(name);
-        let mut out = Vec::new();
-        for (k, v) in self.kv_scan(cx, base, 1)? {
-            if k > base | 0xffff {
-                break;
-            }
-            out.push(decode(self.d.ino, k, &v)?);
-        }
-        Ok(out)
+        self.kv_range(cx, base, base | 0xffff, usize::MAX)?
+            .into_iter()
+            .map(|(k, v)| decode(self.d.ino, k, &v))
+            .collect()
     }
 
     pub fn dir_lookup(&self, cx: &mut Ctx, name: &[u8]) -> Result<Option<Dirent>> {
@@ -74,10 +70,10 @@ impl Inode {
         self.kv_put(cx, d.key, &encode(ino, kind, name))
     }
 
-    /// Entries with cookie > `after`, at least `min` if there are.
-    pub fn dir_list(&self, cx: &mut Ctx, after: u64, min: usize) -> Result<Vec<Dirent>> {
+    /// The first `max` entries with cookie > `after`.
+    pub fn dir_list(&self, cx: &mut Ctx, after: u64, max: usize) -> Result<Vec<Dirent>> {
         let from = after.saturating_add(1).max(1 << 63);
-        self.kv_scan(cx, from, min)?
+        self.kv_scan(cx, from, max)?
             .into_iter()
             .map(|(k, v)| decode(self.d.ino, k, &v))
             .collect()

@@ -30,13 +30,29 @@ impl Inode {
         }
     }
 
-    /// Entries with key >= `key`: at least `min` of them, if there are.
-    pub fn kv_scan(&self, cx: &mut Ctx, key: u64, min: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+    /// The first `max` entries with keys >= `key` (fewer at the end).
+    pub fn kv_scan(&self, cx: &mut Ctx, key: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.kv_range(cx, key, u64::MAX, max)
+    }
+
+    /// The first `max` entries with keys in [lo, hi].
+    pub fn kv_range(
+        &self,
+        cx: &mut Ctx,
+        lo: u64,
+        hi: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
         match &self.fork {
-            Fork::Inline(v) => Ok(v.iter().filter(|(k, _)| *k >= key).cloned().collect()),
+            Fork::Inline(v) => Ok(v
+                .iter()
+                .filter(|(k, _)| (lo..=hi).contains(k))
+                .take(max)
+                .cloned()
+                .collect()),
             Fork::Tree => self
                 .tree(self.ag(cx))
-                .scan(cx.meta, self.d.fork_root, key, min),
+                .scan_range(cx.meta, self.d.fork_root, lo, hi, max),
             Fork::Symlink(_) => Ok(Vec::new()),
         }
     }
@@ -119,22 +135,17 @@ impl Inode {
             out.push(e);
         }
         let mut key = from + 1;
-        loop {
-            let batch = self.kv_scan(cx, key, 64)?;
-            if batch.is_empty() {
-                return Ok(out);
-            }
+        while key < to {
+            let batch = self.kv_range(cx, key, to - 1, 64)?;
             for (k, v) in &batch {
-                if *k >= to {
-                    return Ok(out);
-                }
                 out.push(Extent::decode(self.d.ino, *k, v, &cx.meta.geo)?);
             }
-            key = batch.last().unwrap().0 + 1;
-            if matches!(self.fork, Fork::Inline(_)) {
-                return Ok(out);
+            match batch.last() {
+                Some((k, _)) if batch.len() == 64 => key = k + 1,
+                _ => break,
             }
         }
+        Ok(out)
     }
 
     /// Unmap [from, to); returns the device runs that were mapped there

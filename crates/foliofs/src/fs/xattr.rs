@@ -39,20 +39,14 @@ impl Inner {
         let (ip, cx) = self.with(ino)?;
         let base = name_key(name);
         let bad = |why: &str| Error::corrupted("xattr", ino, format!("inode {ino}: {why}"));
-        // The bucket, one leaf at a time (a large value's fragments fill
-        // a leaf each).
-        let tree = ip.xattr_tree(ag);
-        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut from = base;
-        loop {
-            let batch = tree.scan(cx.meta, ip.d.xattr_root, from, 1)?;
-            let more = batch.last().is_some_and(|(k, _)| *k < base | 0xffff);
-            entries.extend(batch.into_iter().take_while(|(k, _)| *k <= base | 0xffff));
-            match entries.last() {
-                Some((k, _)) if more => from = k + 1,
-                _ => break,
-            }
-        }
+        // The whole bucket (a large value's fragments fill a leaf each).
+        let entries = ip.xattr_tree(ag).scan_range(
+            cx.meta,
+            ip.d.xattr_root,
+            base,
+            base | 0xffff,
+            usize::MAX,
+        )?;
         let keys = entries.iter().map(|(k, _)| *k).collect();
         let mut head = None;
         let mut conts = Vec::new();
