@@ -320,6 +320,12 @@ impl Tree {
             return Ok(());
         }
         let (mut path, mut blk) = self.path_to(meta, *root, key)?;
+        // The usual case: the leaf has room, and takes the entry in place.
+        let slot = self.view(meta, blk)?.slot(key)?;
+        if slot.fits(meta.geo.block_size as usize, value) {
+            slot.put(meta.write(blk), key, value);
+            return Ok(());
+        }
         let mut node = self.read(meta, blk)?;
         match node.entries.binary_search_by_key(&key, |(k, _)| *k) {
             Ok(i) => node.entries[i].1 = value.to_vec(),
@@ -378,6 +384,15 @@ impl Tree {
             return Ok(None);
         }
         let (mut path, mut blk) = self.path_to(meta, *root, key)?;
+        let leaf = self.view(meta, blk)?;
+        let slot = leaf.slot(key)?;
+        if slot.old.is_none() {
+            return Ok(None);
+        }
+        if leaf.nr > 1 {
+            // The leaf keeps entries: taken out in place.
+            return Ok(Some(slot.take(meta.write(blk))));
+        }
         let mut node = self.read(meta, blk)?;
         let Ok(i) = node.entries.binary_search_by_key(&key, |(k, _)| *k) else {
             return Ok(None);

@@ -153,6 +153,76 @@ impl<'a> NodeView<'a> {
             prev: None,
         }
     }
+
+    /// Where `key` sits in the node, or would go.
+    pub fn slot(&self, key: u64) -> Result<Slot> {
+        let mut at = ENTRIES_OFFSET;
+        let mut found = None;
+        for e in self.entries() {
+            let (k, value) = e?;
+            let len = ENTRY_OVERHEAD + value.len();
+            if found.is_none() {
+                if k == key {
+                    found = Some((at, Some(len)));
+                } else if k > key {
+                    found = Some((at, None));
+                }
+            }
+            at += len;
+        }
+        let (pos, old) = found.unwrap_or((at, None));
+        Ok(Slot {
+            at: pos,
+            old,
+            end: at,
+        })
+    }
+}
+
+/// A key's place in an encoded node: the byte offset of its entry (or of
+/// the entry it would go before), that entry's length when the key is
+/// there, and where the entries end.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub at: usize,
+    pub old: Option<usize>,
+    pub end: usize,
+}
+
+impl Slot {
+    /// Whether the node holds its entries with `value` put at this slot.
+    pub fn fits(&self, block_size: usize, value: &[u8]) -> bool {
+        self.end - self.old.unwrap_or(0) + ENTRY_OVERHEAD + value.len() <= block_size
+    }
+
+    /// Put (key, value) at this slot of the encoded node `buf`, in place,
+    /// replacing the entry there if the key is present; the bytes after it
+    /// move. The caller checked that it `fits`.
+    pub fn put(&self, buf: &mut [u8], key: u64, value: &[u8]) {
+        let old = self.old.unwrap_or(0);
+        let new = ENTRY_OVERHEAD + value.len();
+        buf.copy_within(self.at + old..self.end, self.at + new);
+        if new < old {
+            buf[self.end - (old - new)..self.end].fill(0);
+        }
+        put_u64(buf, self.at, key);
+        put_u16(buf, self.at + 8, value.len() as u16);
+        buf[self.at + 10..self.at + new].copy_from_slice(value);
+        if self.old.is_none() {
+            put_u16(buf, 50, get_u16(buf, 50) + 1);
+        }
+    }
+
+    /// Take the entry at this slot (the key is present) out of the
+    /// encoded node `buf`, in place, returning its value.
+    pub fn take(&self, buf: &mut [u8]) -> Vec<u8> {
+        let old = self.old.expect("a present key");
+        let value = buf[self.at + 10..self.at + old].to_vec();
+        buf.copy_within(self.at + old..self.end, self.at);
+        buf[self.end - old..self.end].fill(0);
+        put_u16(buf, 50, get_u16(buf, 50) - 1);
+        value
+    }
 }
 
 /// Iterator over a `NodeView`'s entries: (key, value).
@@ -226,6 +296,53 @@ mod tests {
         let b = encode(&sample());
         header::verify(&b, "dir", magic::BTREE, 33, &[5; 16]).unwrap();
         assert_eq!(Node::decode(&b, 33, 12, TreeType::Dir).unwrap(), sample());
+    }
+
+    #[test]
+    fn in_place_edits_encode_as_a_whole_node_would() {
+        // Insert before, between and after; replace longer and shorter;
+        // take first, middle and last: the bytes equal a fresh encoding.
+        let mut node = sample();
+        let mut b = encode(&node);
+        let edits: [(u64, Option<Vec<u8>>); 8] = [
+            (0, Some(vec![9; 7])),
+            (3, Some(vec![])),
+            (2000, Some(vec![4; 20])),
+            (5, Some(vec![6; 30])),
+            (900, Some(vec![1])),
+            (0, None),
+            (5, None),
+            (2000, None),
+        ];
+        for (key, value) in edits {
+            let view = NodeView::parse(&b, 33, 12, TreeType::Dir).unwrap();
+            let slot = view.slot(key).unwrap();
+            let i = node.entries.partition_point(|(k, _)| *k < key);
+            match value {
+                Some(v) => {
+                    assert!(slot.fits(b.len(), &v));
+                    slot.put(&mut b, key, &v);
+                    if node.entries.get(i).is_some_and(|(k, _)| *k == key) {
+                        node.entries[i].1 = v;
+                    } else {
+                        node.entries.insert(i, (key, v));
+                    }
+                }
+                None => {
+                    let (_, old) = node.entries.remove(i);
+                    assert_eq!(slot.take(&mut b), old);
+                }
+            }
+            let mut want = vec![0; 512];
+            node.encode(&mut want, 33, [5; 16], 12, TreeType::Dir);
+            assert_eq!(b[48..], want[48..], "after editing key {key}");
+        }
+        let full = vec![0u8; 512 - ENTRIES_OFFSET];
+        let slot = NodeView::parse(&b, 33, 12, TreeType::Dir)
+            .unwrap()
+            .slot(1)
+            .unwrap();
+        assert!(!slot.fits(512, &full), "a value that cannot fit is refused");
     }
 
     #[test]
