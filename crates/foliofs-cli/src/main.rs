@@ -565,6 +565,9 @@ fn mount_cmd(
     foreground: bool,
     ready: Option<std::os::fd::OwnedFd>,
 ) -> Result<()> {
+    if mount::is_remount(options) {
+        return mount::remount(dir, options);
+    }
     let o = mount::parse_options(options)?;
     // A daemon (started by `spawn`, holding the ready pipe) logs to
     // syslog; in the foreground, to stderr; -o log=FILE wins over both.

@@ -544,6 +544,103 @@ pub fn ready_fd() -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether `-o` asks to change a live mount (`mount -o remount,...`).
+pub fn is_remount(options: &[String]) -> bool {
+    options
+        .iter()
+        .flat_map(|s| s.split(','))
+        .any(|o| o == "remount")
+}
+
+/// `mount -o remount[,ro|rw][,nosuid|suid,...] DIR`: change a live
+/// mount's flags, as mount(8) asks the helper to. The kernel's FUSE takes
+/// read-only and the per-mount flags at remount and nothing else, so the
+/// engine's options (fixed while mounted) are checked and left as they
+/// are. Going read-only, the kernel first writes its cached data back to
+/// the daemon; then the daemon commits, so the image is as durable as
+/// after `foliofs sync` and stays so (no writes reach it). An image the
+/// daemon opened read-only answers writes EROFS even after `remount,rw`.
+pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .context("mount point path holds a NUL byte")?;
+    // SAFETY: statvfs fills the struct it is given; c is a valid path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        bail!(
+            "cannot remount {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    // The flags the mount has now, then the ones asked for.
+    const FLAGS: [(libc::c_ulong, libc::c_ulong, &str, &str); 7] = [
+        (libc::ST_RDONLY, libc::MS_RDONLY, "ro", "rw"),
+        (libc::ST_NOSUID, libc::MS_NOSUID, "nosuid", "suid"),
+        (libc::ST_NODEV, libc::MS_NODEV, "nodev", "dev"),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC, "noexec", "exec"),
+        (libc::ST_NOATIME, libc::MS_NOATIME, "noatime", "atime"),
+        (
+            libc::ST_NODIRATIME,
+            libc::MS_NODIRATIME,
+            "nodiratime",
+            "diratime",
+        ),
+        (
+            libc::ST_RELATIME,
+            libc::MS_RELATIME,
+            "relatime",
+            "norelatime",
+        ),
+    ];
+    let mut flags: libc::c_ulong = 0;
+    for (st_flag, ms, _, _) in FLAGS {
+        if st.f_flag & st_flag != 0 {
+            flags |= ms;
+        }
+    }
+    let mut rest = Vec::new();
+    for o in options.iter().flat_map(|s| s.split(',')) {
+        if let Some((_, ms, _, _)) = FLAGS.iter().find(|f| f.2 == o) {
+            flags |= ms;
+        } else if let Some((_, ms, _, _)) = FLAGS.iter().find(|f| f.3 == o) {
+            flags &= !ms;
+        } else if o != "remount" && !o.is_empty() {
+            rest.push(o.to_string());
+        }
+    }
+    // What else mount(8) passes along must at least be valid options.
+    parse_options(&rest)?;
+    // SAFETY: a valid path; no source, type or data for a remount.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        let why = match e.raw_os_error() {
+            Some(libc::EBUSY) => " (a file is open for writing)".to_string(),
+            _ => String::new(),
+        };
+        bail!("cannot remount {}: {e}{why}", dir.display());
+    }
+    if flags & libc::MS_RDONLY != 0 {
+        let f =
+            std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+        foliofs_fuse::sync_mount(&f).with_context(|| {
+            format!(
+                "remounted read-only, but the sync of {} failed",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Arguments in the mount.fuse helper convention:
 /// `mount.fuse.foliofs SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v]`.
 pub fn helper_args(args: &[String]) -> Result<(PathBuf, PathBuf, Vec<String>, bool)> {

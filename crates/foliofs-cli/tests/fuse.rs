@@ -1287,6 +1287,76 @@ fn foliofs_sync_makes_writes_survive_a_killed_daemon() {
     m.unmount_and_check();
 }
 
+/// `mount -o remount,ro` (the helper, as mount(8) calls it): refused
+/// while a file is open for writing; then writes fail with EROFS, reads
+/// go on, and what was written is durable: it survives the daemon being
+/// killed. `remount,rw` makes the mount writable again.
+#[test]
+fn remount_read_only_makes_writes_durable_and_refuses_new_ones() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("remount", "");
+    let helper = m.dir.parent().unwrap().join("mount.fuse.foliofs");
+    let _ = std::fs::remove_file(&helper);
+    std::os::unix::fs::symlink(BIN, &helper).unwrap();
+    let remount = |opts: &str| {
+        Command::new(&helper)
+            .arg(&m.img)
+            .arg(&m.dir)
+            .args(["-o", opts])
+            .output()
+            .unwrap()
+    };
+    let ro = |dir: &Path| {
+        let out = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(dir));
+        out.split(',').any(|o| o.trim() == "ro")
+    };
+    std::fs::write(m.path("first"), b"written before remount,ro").unwrap();
+    let writer = std::fs::File::create(m.path("open")).unwrap();
+    let out = remount("remount,ro");
+    assert!(!out.status.success(), "remount,ro with a writer open");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("open for writing"),
+        "{out:?}"
+    );
+    assert!(!ro(&m.dir));
+    drop(writer);
+    let out = remount("remount,ro");
+    assert!(out.status.success(), "{out:?}");
+    assert!(ro(&m.dir));
+    let e = std::fs::write(m.path("second"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        std::fs::read(m.path("first")).unwrap(),
+        b"written before remount,ro"
+    );
+    // Back to read-write, a change, and read-only again.
+    let out = remount("remount,rw");
+    assert!(out.status.success(), "{out:?}");
+    assert!(!ro(&m.dir));
+    std::fs::write(m.path("second"), b"written after remount,rw").unwrap();
+    std::fs::rename(m.path("first"), m.path("first-renamed")).unwrap();
+    // An option that is not one fails and changes nothing.
+    let out = remount("remount,ro,bogus");
+    assert!(!out.status.success());
+    assert!(!ro(&m.dir));
+    assert!(remount("remount,ro").status.success());
+    m.kill_daemon();
+    m.detach_dead();
+    m.mount("");
+    assert_eq!(
+        std::fs::read(m.path("first-renamed")).unwrap(),
+        b"written before remount,ro"
+    );
+    assert_eq!(
+        std::fs::read(m.path("second")).unwrap(),
+        b"written after remount,rw"
+    );
+    assert!(!m.path("first").exists());
+    m.unmount_and_check();
+}
+
 /// PostgreSQL's programs (Debian keeps them off PATH), the newest version.
 fn postgres_bin() -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
