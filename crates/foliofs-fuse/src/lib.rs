@@ -6,7 +6,10 @@
 //! Caching (`CacheOptions`): this mount is the only writer of its image
 //! (the image lock refuses every other opener), so the kernel may trust
 //! what it caches: attributes, names and missing names for a long time,
-//! file data across opens (FOPEN_KEEP_CACHE). With `writeback_cache` (the
+//! file data across opens (FOPEN_KEEP_CACHE), except when a read would
+//! update the access time (relatime after a change, strictatime always):
+//! then the open drops the cached pages, so the read reaches the engine,
+//! which stamps the atime. With `writeback_cache` (the
 //! default) the kernel also caches writes and owns size and times while
 //! it does; its writeback reaches the engine as large writes. O_DIRECT opens get
 //! FOPEN_DIRECT_IO and reach the engine's direct path as the caller made
@@ -527,9 +530,13 @@ impl FuseFs {
         if h.odirect {
             open |= FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         }
+        // A read that updates the access time must reach the engine: the
+        // kernel's cached pages are dropped at open when one is due.
+        let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        let atime_due = readable && !h.uncached && self.fs.atime_due(ino).unwrap_or(false);
         let mut hs = self.handles.lock();
         let f = hs.file(ino);
-        if !std::mem::take(&mut f.bypassed) {
+        if !std::mem::take(&mut f.bypassed) && !atime_due {
             open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
         if !h.uncached {

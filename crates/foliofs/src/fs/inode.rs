@@ -211,7 +211,7 @@ impl Inode {
     }
 
     pub fn touch_mtime(&mut self) {
-        let mut t = crate::fs::state::now_coarse();
+        let mut t = crate::fs::state::now();
         // Not behind a finer stamp of this same tick (a rename or chmod
         // just before).
         let c = self.d.ctime;

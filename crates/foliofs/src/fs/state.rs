@@ -9,10 +9,11 @@ use super::counters::Counters;
 use super::folio::BufPool;
 use super::inode::Inode;
 use super::iolock::IoLocks;
-use super::options::MountOptions;
+use super::options::{Atime, MountOptions};
 use crate::alloc::Alloc;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::format::inode::Timespec;
 use crate::meta::Meta;
 use crate::U64Map;
 use parking_lot::{Condvar, Mutex};
@@ -180,6 +181,26 @@ impl Inner {
         )
     }
 
+    /// Whether a read of `ino` at `now` updates its access time, as the
+    /// mount's atime mode says: never with noatime, on a read-only or
+    /// shut-down mount, or for a directory with nodiratime; always with
+    /// strictatime; with relatime when the atime is not after the mtime
+    /// or ctime, or is a day old. Not when it already reads `now`.
+    pub(in crate::fs) fn atime_due(&mut self, ino: u64, now: Timespec) -> Result<bool> {
+        if self.opts.atime == Atime::Noatime || self.check_writable().is_err() {
+            return Ok(false);
+        }
+        let (strict, no_dir) = (self.opts.atime == Atime::Strictatime, self.opts.no_diratime);
+        let ip = self.with(ino)?.0;
+        if no_dir && ip.is_dir() {
+            return Ok(false);
+        }
+        let key = |t: Timespec| (t.sec, t.nsec);
+        let (a, m, c) = (key(ip.d.atime), key(ip.d.mtime), key(ip.d.ctime));
+        let stale = a <= m || a <= c || now.sec - ip.d.atime.sec >= 24 * 3600;
+        Ok((strict || stale) && a != key(now))
+    }
+
     pub(in crate::fs) fn check_writable(&self) -> Result<()> {
         self.meta.check_live()?;
         if self.opts.read_only {
@@ -237,7 +258,8 @@ impl Inner {
     }
 }
 
-pub(crate) fn now() -> crate::format::inode::Timespec {
+/// The time the system clock reads, to the nanosecond (mkfs).
+pub(crate) fn now_precise() -> crate::format::inode::Timespec {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -247,11 +269,14 @@ pub(crate) fn now() -> crate::format::inode::Timespec {
     }
 }
 
-/// The time for a modification by a write: the kernel's coarse clock (one
-/// tick, a few milliseconds), as Linux stamps a file's mtime, so writes
-/// within a tick leave the inode record unchanged and out of the
-/// transaction.
-pub(crate) fn now_coarse() -> crate::format::inode::Timespec {
+/// The time for a file's timestamps: the kernel's coarse clock (one tick,
+/// a few milliseconds), the one Linux stamps files with. Through a FUSE
+/// mount with the writeback cache the kernel sets mtime and ctime itself
+/// from that clock: stamps the engine makes (a create's atime, a rename's
+/// ctime) must come from it too, or a new file's atime lands after the
+/// kernel's later mtime and relatime never updates it. Writes within a
+/// tick also leave the inode record unchanged and out of the transaction.
+pub(crate) fn now() -> crate::format::inode::Timespec {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -263,5 +288,5 @@ pub(crate) fn now_coarse() -> crate::format::inode::Timespec {
             nsec: ts.tv_nsec as u32,
         };
     }
-    now()
+    now_precise()
 }
