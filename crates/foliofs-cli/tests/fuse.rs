@@ -1290,6 +1290,68 @@ fn foliofs_sync_makes_writes_survive_a_killed_daemon() {
     m.unmount_and_check();
 }
 
+/// Directory offsets (d_off, telldir) are seekable file offsets: every
+/// one is positive, lseek takes it, and seekdir to it resumes the listing
+/// at the entry that followed it (xfstests generic/257 and 637; offsets
+/// at or past 2^63 were negative and lseek refused them).
+#[test]
+fn directory_offsets_are_seekable() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let m = Mounted::new("diroff", "");
+    let d = m.path("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..600 {
+        std::fs::write(d.join(format!("entry-{i}")), b"").unwrap();
+    }
+    // SAFETY: a valid path; the stream is closed below.
+    let dir = unsafe { libc::opendir(cstr(&d).as_ptr()) };
+    assert!(!dir.is_null());
+    // (offset after the entry, the entry's name), in listing order.
+    let mut listed: Vec<(i64, Vec<u8>)> = Vec::new();
+    loop {
+        // SAFETY: an open stream; the entry is read before the next call.
+        let e = unsafe { libc::readdir64(dir) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir64 returned a valid entry with a NUL-ended name.
+        let (name, off) = unsafe {
+            (
+                std::ffi::CStr::from_ptr((*e).d_name.as_ptr())
+                    .to_bytes()
+                    .to_vec(),
+                (*e).d_off,
+            )
+        };
+        assert!(
+            off > 0,
+            "d_off of {:?} is {off}",
+            String::from_utf8_lossy(&name)
+        );
+        listed.push((off, name));
+    }
+    assert_eq!(listed.len(), 602, "600 entries, . and ..");
+    // SAFETY: an open stream.
+    let fd = unsafe { libc::dirfd(dir) };
+    for i in (0..listed.len() - 1).rev().step_by(7) {
+        let (off, _) = &listed[i];
+        // SAFETY: an open descriptor.
+        assert_eq!(unsafe { libc::lseek64(fd, *off, libc::SEEK_SET) }, *off);
+        // SAFETY: an open stream and an offset telldir could return.
+        unsafe { libc::seekdir(dir, *off as libc::c_long) };
+        // SAFETY: as above.
+        let e = unsafe { libc::readdir64(dir) };
+        assert!(!e.is_null());
+        // SAFETY: a valid entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_bytes() };
+        assert_eq!(name, listed[i + 1].1, "the entry after offset {off}");
+    }
+    // SAFETY: an open stream, closed once.
+    unsafe { libc::closedir(dir) };
+}
+
 /// `mount -o remount,ro` (the helper, as mount(8) calls it): refused
 /// while a file is open for writing; then writes fail with EROFS, reads
 /// go on, and what was written is durable: it survives the daemon being

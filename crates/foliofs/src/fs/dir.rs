@@ -5,7 +5,10 @@ use super::inode::Inode;
 use super::types::FileType;
 use crate::error::{Error, Result};
 use crate::format::dirent::NAME_MAX;
-pub use crate::format::dirent::{decode, encode, name_key, Dirent, COOKIE_DOT, COOKIE_DOTDOT};
+pub use crate::format::dirent::{
+    cookie_of, decode, encode, key_after, name_key, Dirent, COOKIE_DOT, COOKIE_DOTDOT,
+    MAX_COLLISIONS,
+};
 use crate::fs::state::Ctx;
 
 pub fn check_name(name: &[u8]) -> Result<()> {
@@ -45,7 +48,7 @@ impl Inode {
             return Err(Error::Exists);
         }
         let base = name_key(name);
-        let key = (0..=0xffffu64)
+        let key = (0..MAX_COLLISIONS)
             .map(|c| base | c)
             .find(|k| !bucket.iter().any(|d| d.key == *k))
             .ok_or(Error::NoSpace)?;
@@ -70,10 +73,9 @@ impl Inode {
         self.kv_put(cx, d.key, &encode(ino, kind, name))
     }
 
-    /// The first `max` entries with cookie > `after`.
+    /// The first `max` entries with readdir cookies above `after`.
     pub fn dir_list(&self, cx: &mut Ctx, after: u64, max: usize) -> Result<Vec<Dirent>> {
-        let from = after.saturating_add(1).max(1 << 63);
-        self.kv_scan(cx, from, max)?
+        self.kv_scan(cx, key_after(after), max)?
             .into_iter()
             .map(|(k, v)| decode(self.d.ino, k, &v))
             .collect()
@@ -89,11 +91,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_cookies_above_dot_entries() {
+    fn cookies_are_offsets_above_the_dot_entries_in_key_order() {
         let k = name_key(b"hello");
-        assert!(k > COOKIE_DOTDOT);
         assert_eq!(k & 0xffff, 0);
         assert_ne!(name_key(b"a"), name_key(b"b"));
+        // The extremes of the key space, and keys side by side.
+        let lowest = 1u64 << 63;
+        let highest = lowest | (((1 << 47) - 1) << 16) | (MAX_COLLISIONS - 1);
+        let mut keys = vec![
+            lowest,
+            lowest + 1,
+            k,
+            k + 1,
+            k + 0x7ffe,
+            k + 0x7fff,
+            highest,
+        ];
+        keys.push(k + (1 << 16));
+        keys.sort();
+        let cookies: Vec<u64> = keys.iter().map(|&k| cookie_of(k)).collect();
+        for (i, (&key, &c)) in keys.iter().zip(&cookies).enumerate() {
+            // A signed file offset, past "." and "..".
+            assert!(
+                c > COOKIE_DOTDOT && c <= i64::MAX as u64,
+                "{key:#x} -> {c:#x}"
+            );
+            assert!(i == 0 || c > cookies[i - 1], "cookies follow key order");
+            // A listing after this cookie starts past this key and at or
+            // before the next.
+            assert!(key_after(c) > key);
+            if let Some(&next) = keys.get(i + 1) {
+                assert!(key_after(c) <= next);
+            }
+        }
+        assert_eq!(key_after(0), lowest);
+        assert_eq!(key_after(COOKIE_DOTDOT), lowest);
+        assert_eq!(key_after(i64::MAX as u64), u64::MAX);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Namespace operations.
 
 use super::acl;
-use super::dir::{check_name, COOKIE_DOT, COOKIE_DOTDOT};
+use super::dir::{check_name, cookie_of, COOKIE_DOT, COOKIE_DOTDOT};
 use super::inode::Fork;
 use super::types::*;
 use super::xattr::XATTR_CREATE;
@@ -549,7 +549,7 @@ impl Inner {
                 ino: d.ino,
                 kind: d.kind,
                 name: d.name,
-                cookie: d.key,
+                cookie: cookie_of(d.key),
             });
         }
         Ok(out)
