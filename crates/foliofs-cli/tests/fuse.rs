@@ -1290,6 +1290,56 @@ fn foliofs_sync_makes_writes_survive_a_killed_daemon() {
     m.unmount_and_check();
 }
 
+/// A direct read into a private mapping of the file itself, while a
+/// cached description is open for writing (xfstests generic/647): the
+/// fault fills the page through the O_DIRECT handle and holds it locked,
+/// so the fill must not wait for the kernel to drop that page. It hung
+/// for good before reads told fills (no lock owner) from direct reads.
+#[test]
+fn direct_read_into_a_mapping_of_the_same_file() {
+    if !fuse_ready(&["python3"]) {
+        return;
+    }
+    let m = Mounted::new("mmapfault", "");
+    let script = r#"import mmap, os, sys
+p = sys.argv[1]; ps = 4096
+buf = mmap.mmap(-1, ps); buf.write(b'b' * ps)
+fd = os.open(p, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_DIRECT, 0o666)
+assert os.pwritev(fd, [buf], ps) == ps
+os.close(fd)
+keep = os.open(p, os.O_RDWR)  # a cached description open for writing
+fd = os.open(p, os.O_RDWR | os.O_DIRECT)
+m = mmap.mmap(fd, 2 * ps, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+# A direct read into a private mapping of the file itself: the fault
+# fills page 0 through the O_DIRECT handle.
+assert os.preadv(fd, [memoryview(m)[0:ps]], ps) == ps
+assert m[0:ps] == b'b' * ps, "read"
+# A direct write from the mapping.
+assert os.pwritev(fd, [memoryview(m)[ps:2 * ps]], 0) == ps
+os.close(fd); os.close(keep)
+with open(p, 'rb') as f:
+    assert f.read() == b'b' * (2 * ps), "written"
+print("ok")
+"#;
+    // A hang is stuck in the kernel until the daemon goes: wait with a
+    // deadline, and on failure `m`'s drop kills the daemon.
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .arg(m.path("f"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "hung");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
 /// Directory offsets (d_off, telldir) are seekable file offsets: every
 /// one is positive, lseek takes it, and seekdir to it resumes the listing
 /// at the entry that followed it (xfstests generic/257 and 637; offsets

@@ -79,6 +79,38 @@ pub fn sync_mount(f: &std::fs::File) -> std::io::Result<bool> {
     }
 }
 
+/// How long a request waits for the kernel to drop its pages
+/// (`FuseFs::kernel_drop`).
+const INVAL_WAIT: Duration = Duration::from_secs(10);
+
+/// One FUSE_NOTIFY_INVAL_INODE for the `foliofs-inval` thread; `done` is
+/// told when the kernel has finished it.
+struct InvalJob {
+    notifier: Notifier,
+    ino: u64,
+    off: i64,
+    len: i64,
+    done: std::sync::mpsc::SyncSender<()>,
+}
+
+fn spawn_invalidator() -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
+    let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
+    let r = std::thread::Builder::new()
+        .name("foliofs-inval".into())
+        .spawn(move || {
+            for j in rx {
+                if let Err(e) = j.notifier.inval_inode(INodeNo(j.ino), j.off, j.len) {
+                    log::debug!("inode {}: dropping the kernel's pages: {e}", j.ino);
+                }
+                let _ = j.done.try_send(());
+            }
+        });
+    if let Err(e) = r {
+        log::warn!("cannot start the invalidation thread: {e}");
+    }
+    Mutex::new(tx)
+}
+
 /// How the kernel may cache what this mount serves.
 #[derive(Clone, Debug)]
 pub struct CacheOptions {
@@ -209,6 +241,8 @@ pub struct FuseFs {
     /// serve those writes.
     workers: usize,
     in_writeback: AtomicUsize,
+    /// The thread that runs `kernel_drop`'s invalidations.
+    inval: OnceLock<Mutex<std::sync::mpsc::Sender<InvalJob>>>,
     /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
     io_uring: bool,
     uring_on: Arc<AtomicBool>,
@@ -319,6 +353,7 @@ impl FuseFs {
             notifier: Arc::new(OnceLock::new()),
             workers: 1,
             in_writeback: AtomicUsize::new(0),
+            inval: OnceLock::new(),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
             no_opendir: false,
@@ -408,6 +443,14 @@ impl FuseFs {
     /// deadlock otherwise; as rare as every worker but one serving a
     /// direct request or a seek on a file also open for cached writes,
     /// each waiting for the kernel to write back through the last).
+    ///
+    /// The kernel's side runs on the `foliofs-inval` thread, and the
+    /// request waits for it at most `INVAL_WAIT`, a backstop: should the
+    /// kernel hold locked a page that only this request's reply unlocks
+    /// (as a page-cache fill through an O_DIRECT handle did before `read`
+    /// told fills apart; xfstests generic/647 hung on it), the request
+    /// goes on, its reply unlocks the page, and the invalidation finishes
+    /// after it.
     fn kernel_drop(&self, ino: u64, off: i64, len: i64) {
         let Some(n) = self.notifier.get() else {
             return;
@@ -428,8 +471,25 @@ impl FuseFs {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        if let Err(e) = n.inval_inode(INodeNo(ino), off, len) {
-            log::debug!("inode {ino}: dropping the kernel's pages: {e}");
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        let job = InvalJob {
+            notifier: n.clone(),
+            ino,
+            off,
+            len,
+            done,
+        };
+        let sent = self
+            .inval
+            .get_or_init(spawn_invalidator)
+            .lock()
+            .send(job)
+            .is_ok();
+        if sent && wait.recv_timeout(INVAL_WAIT).is_err() {
+            log::debug!(
+                "inode {ino}: the kernel's invalidation waits on a page this request fills; \
+                 going on"
+            );
         }
         self.in_writeback.fetch_sub(1, Ordering::AcqRel);
     }
@@ -1010,11 +1070,17 @@ impl Filesystem for FuseFs {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         let ino = self.ino(ino);
-        let uncached = self.uncached(fh, ino, false);
+        // The kernel names the owner (FUSE_READ_LOCKOWNER) on the reads it
+        // passes through (fuse_direct_io), never on page-cache fills. A
+        // fill can come through an O_DIRECT handle (a MAP_PRIVATE mapping
+        // of a file opened so) and holds its pages locked: it is a cached
+        // read, and must not wait for the kernel to drop those pages.
+        let fill = lock_owner.is_none();
+        let uncached = self.uncached(fh, ino, false).filter(|_| !fill);
         if let Some(u) = uncached {
             self.kernel_writeback(ino, u.cached_writable);
         }
