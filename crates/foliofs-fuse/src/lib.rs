@@ -1112,10 +1112,18 @@ impl Filesystem for FuseFs {
         } else {
             self.uncached(fh, ino, true)
         };
-        // An unprivileged writer takes suid/sgid and capabilities.
+        // An unprivileged writer takes suid/sgid and capabilities; the
+        // kernel's cached mode is stale then (a direct write does not
+        // refresh it), so it is told to ask again.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.fs.kill_priv(ino) {
-                return reply.error(errno(e));
+            match self.fs.kill_priv(ino) {
+                Ok(true) => {
+                    if let Some(n) = self.notifier.get() {
+                        let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => return reply.error(errno(e)),
             }
         }
         if let Some(u) = uncached {

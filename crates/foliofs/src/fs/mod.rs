@@ -763,7 +763,7 @@ impl Fs {
     /// file capability (`security.capability`). For an adapter that does
     /// this instead of the kernel (FUSE_HANDLE_KILLPRIV_V2). With nothing
     /// to take, nothing changes.
-    pub fn kill_priv(&self, ino: u64) -> Result<()> {
+    pub fn kill_priv(&self, ino: u64) -> Result<bool> {
         self.mutate(|g| g.kill_priv(ino))
     }
 

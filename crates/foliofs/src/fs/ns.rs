@@ -116,11 +116,11 @@ impl Inner {
     /// Take from a regular file what a write, truncate or chown takes on
     /// Linux: set-user-ID, set-group-ID when group-executable, and the
     /// file capability (`security.capability`). With nothing to take,
-    /// nothing changes.
-    pub fn kill_priv(&mut self, ino: u64) -> Result<()> {
+    /// nothing changes. True when the mode changed.
+    pub fn kill_priv(&mut self, ino: u64) -> Result<bool> {
         let (ip, mut cx) = self.with(ino)?;
         if ip.kind() != FileType::File {
-            return Ok(());
+            return Ok(false);
         }
         let m = ip.d.mode;
         let mut new = m & !S_ISUID;
@@ -133,7 +133,7 @@ impl Inner {
             ip.store(&mut cx)?;
         }
         match self.removexattr(ino, b"security.capability") {
-            Ok(()) | Err(Error::NoAttr) => Ok(()),
+            Ok(()) | Err(Error::NoAttr) => Ok(new != m),
             Err(e) => Err(e),
         }
     }
