@@ -165,11 +165,10 @@ impl Default for CacheOptions {
 pub const MAX_WRITE: u32 = 1 << 20;
 
 /// What `FuseFs::uncached` says of an uncached description: whether the
-/// kernel caches the file through another (and for writing), and whether
-/// this one takes the engine's direct path.
+/// kernel caches the file through another for writing, and whether this
+/// one takes the engine's direct path.
 #[derive(Clone, Copy)]
 struct Uncached {
-    cached: bool,
     cached_writable: bool,
     odirect: bool,
 }
@@ -410,7 +409,6 @@ impl FuseFs {
         let f = hs.file(ino);
         f.bypassed |= write;
         let u = Uncached {
-            cached: f.cached > 0,
             cached_writable: f.cached_writable > 0,
             odirect,
         };
@@ -621,6 +619,17 @@ impl FuseFs {
     /// it (a FOPEN_DIRECT_IO write, a copy in the engine).
     fn bypass(&self, ino: u64) {
         self.handles.lock().file(ino).bypassed = true;
+    }
+
+    /// A write that bypassed the kernel's cache is done: mark it again
+    /// (an open while it ran took the mark, and may have cached the old
+    /// data since), and say whether a cached description is open now,
+    /// whose pages of the range the caller must drop.
+    fn bypass_done(&self, ino: u64) -> bool {
+        let mut hs = self.handles.lock();
+        let f = hs.file(ino);
+        f.bypassed = true;
+        f.cached > 0
     }
 
     /// fsync through the description when there is one, so a writeback
@@ -1132,8 +1141,11 @@ impl Filesystem for FuseFs {
         let r = self
             .write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
             .and_then(|n| {
-                // The kernel's cached pages of the range are stale now.
-                if uncached.is_some_and(|u| u.cached) && n > 0 {
+                // The kernel's cached pages of the range are stale now:
+                // those of a description open now, or open during the
+                // write (xfstests generic/451: buffered readers racing
+                // direct writes read old data after the write returned).
+                if uncached.is_some() && n > 0 && self.bypass_done(ino) {
                     self.kernel_drop(ino, offset as i64, n as i64);
                 }
                 // O_SYNC / O_DSYNC: durable before the reply (after its
@@ -1493,6 +1505,8 @@ impl Filesystem for FuseFs {
                 break;
             }
         }
+        // Marked again once done: an open during the copy took the mark.
+        self.bypass(self.ino(ino_out));
         reply.written(done as u32)
     }
 }
