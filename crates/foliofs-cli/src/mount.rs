@@ -54,6 +54,12 @@ pub struct Options {
     /// `-o log=FILE`: the daemon logs there instead of syslog/stderr.
     pub log_file: Option<PathBuf>,
     pub log_level: log::LevelFilter,
+    /// The per-mount flags: device files and set-ID bits honoured (`dev`,
+    /// `suid`; off by default, as libfuse and fusermount3 have them),
+    /// programs not run (`noexec`).
+    pub dev: bool,
+    pub suid: bool,
+    pub noexec: bool,
 }
 
 impl Options {
@@ -78,12 +84,6 @@ const IGNORED: &[&str] = &[
     "nofail",
     "lazytime",
     "nolazytime",
-    "dev",
-    "nodev",
-    "suid",
-    "nosuid",
-    "exec",
-    "noexec",
     "async",
     "silent",
     "loud",
@@ -105,6 +105,9 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         ring_depth: 4,
         log_file: None,
         log_level: log::LevelFilter::Info,
+        dev: false,
+        suid: false,
+        noexec: false,
     };
     for opt in list
         .iter()
@@ -126,6 +129,12 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("log", Some(f)) if !f.is_empty() => o.log_file = Some(absolute(Path::new(f))?),
             ("log_level", Some(l)) => o.log_level = logging::parse_level(l)?,
             ("allow_root", None) => o.allow_root = true,
+            ("dev", None) => o.dev = true,
+            ("nodev", None) => o.dev = false,
+            ("suid", None) => o.suid = true,
+            ("nosuid", None) => o.suid = false,
+            ("exec", None) => o.noexec = false,
+            ("noexec", None) => o.noexec = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
@@ -148,7 +157,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             (k, _) if k.starts_with("x-") || k == "comment" || k == "fsname" || k == "subtype" => {}
             _ => bail!(
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
-                 noallow_other, allow_root, default_permissions, no_default_permissions, \
+                 noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
+                 default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
                  negative_timeout=S, max_background=N, uncached_below=SIZE, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
@@ -291,6 +301,15 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         ];
         if o.default_permissions {
             cfg.mount_options.push(MountOption::DefaultPermissions);
+        }
+        if o.dev {
+            cfg.mount_options.push(MountOption::Dev);
+        }
+        if o.suid {
+            cfg.mount_options.push(MountOption::Suid);
+        }
+        if o.noexec {
+            cfg.mount_options.push(MountOption::NoExec);
         }
         cfg.acl = if o.allow_other() {
             SessionACL::All

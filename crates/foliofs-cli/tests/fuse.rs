@@ -1343,6 +1343,44 @@ print("ok")
     assert!(status.success(), "{status}");
 }
 
+/// Device files work on a mount made with `-o dev` and not on one made
+/// without (nodev, the default, as libfuse's); `suid` and `noexec` reach
+/// the mount's flags too (xfstests generic/184 and 434 need `dev`).
+#[test]
+fn dev_suid_and_noexec_mount_options() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let flags = |dir: &Path| {
+        // SAFETY: statvfs fills the struct it is given.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(cstr(dir).as_ptr(), &mut st) }, 0);
+        st.f_flag
+    };
+    let mknull = |p: &Path| {
+        // SAFETY: a valid path; 1:3 is /dev/null's device number.
+        let r =
+            unsafe { libc::mknod(cstr(p).as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    };
+    let mut m = Mounted::new("devopts", "");
+    let f = flags(&m.dir);
+    assert!(
+        f & libc::ST_NODEV != 0 && f & libc::ST_NOSUID != 0,
+        "defaults"
+    );
+    mknull(&m.path("null"));
+    let e = std::fs::write(m.path("null"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "nodev");
+    m.remount("dev,suid,noexec");
+    let f = flags(&m.dir);
+    assert_eq!(f & (libc::ST_NODEV | libc::ST_NOSUID), 0);
+    assert!(f & libc::ST_NOEXEC != 0);
+    std::fs::write(m.path("null"), b"into the null device").unwrap();
+    assert_eq!(std::fs::metadata(m.path("null")).unwrap().len(), 0);
+    m.unmount_and_check();
+}
+
 /// Directory offsets (d_off, telldir) are seekable file offsets: every
 /// one is positive, lseek takes it, and seekdir to it resumes the listing
 /// at the entry that followed it (xfstests generic/257 and 637; offsets
