@@ -1381,6 +1381,88 @@ fn dev_suid_and_noexec_mount_options() {
     m.unmount_and_check();
 }
 
+/// File handles (name_to_handle_at, open_by_handle_at; NFS exports use
+/// them) still open their file after the kernel has forgotten it, and
+/// after a remount; a removed file's handle is stale (xfstests
+/// generic/426, 467, 477).
+#[test]
+fn file_handles_survive_dropped_caches_and_a_remount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    // struct file_handle with room for the handle: bytes, type, handle.
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; 120],
+    }
+    let handle_of = |p: &Path| {
+        let mut h = Handle {
+            bytes: 120,
+            kind: 0,
+            data: [0; 120],
+        };
+        let mut mount_id = 0;
+        // SAFETY: a valid path and a handle buffer of the size it says.
+        let r = unsafe {
+            libc::name_to_handle_at(
+                libc::AT_FDCWD,
+                cstr(p).as_ptr(),
+                (&mut h as *mut Handle).cast(),
+                &mut mount_id,
+                0,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "name_to_handle_at: {}",
+            std::io::Error::last_os_error()
+        );
+        h
+    };
+    let open_by = |dir: &Path, h: &mut Handle| -> std::io::Result<Vec<u8>> {
+        let d = std::fs::File::open(dir).unwrap();
+        // SAFETY: a directory on the mount and a handle name_to_handle_at made.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                std::os::fd::AsRawFd::as_raw_fd(&d),
+                (h as *mut Handle).cast(),
+                libc::O_RDONLY,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened, owned here.
+        let mut f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut out)?;
+        Ok(out)
+    };
+    let drop_caches = || std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let mut m = Mounted::new("handles", "");
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/kept"), b"found by its handle").unwrap();
+    std::fs::write(m.path("d/gone"), b"removed").unwrap();
+    let mut kept = handle_of(&m.path("d/kept"));
+    let mut gone = handle_of(&m.path("d/gone"));
+    drop_caches();
+    assert_eq!(open_by(&m.dir, &mut kept).unwrap(), b"found by its handle");
+    std::fs::remove_file(m.path("d/gone")).unwrap();
+    drop_caches();
+    let e = open_by(&m.dir, &mut gone).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ESTALE),
+        "a removed file's handle"
+    );
+    m.remount("");
+    assert_eq!(open_by(&m.dir, &mut kept).unwrap(), b"found by its handle");
+    m.unmount_and_check();
+}
+
 /// Directory offsets (d_off, telldir) are seekable file offsets: every
 /// one is positive, lseek takes it, and seekdir to it resumes the listing
 /// at the entry that followed it (xfstests generic/257 and 637; offsets

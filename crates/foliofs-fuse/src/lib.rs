@@ -775,6 +775,7 @@ impl Filesystem for FuseFs {
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
             InitFlags::FUSE_ASYNC_DIO,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -823,8 +824,18 @@ impl Filesystem for FuseFs {
         Ok(())
     }
 
+    /// With FUSE_EXPORT_SUPPORT the kernel looks up "." in any inode, a
+    /// file's too, to find one by number when a file handle
+    /// (open_by_handle_at, an NFS export) names an inode it no longer
+    /// holds; it checks the generation itself (ESTALE for a reused one).
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(self.ino(parent), name.as_bytes()) {
+        let parent = self.ino(parent);
+        let r = if name.as_bytes() == b"." {
+            self.fs.getattr(parent)
+        } else {
+            self.fs.lookup(parent, name.as_bytes())
+        };
+        match r {
             // A missing name is cached too: node id 0.
             Err(Error::NotFound) if !self.cache.negative_timeout.is_zero() => reply
                 .entry_with_ttls(
