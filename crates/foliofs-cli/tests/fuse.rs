@@ -647,7 +647,7 @@ fn permissions_for_another_user() {
 /// writes and truncates each checked.
 #[test]
 fn suid_sgid_and_capabilities_go_on_write_truncate_and_chown() {
-    if !fuse_ready(&["runuser", "setfattr", "getfattr", "dd"]) {
+    if !fuse_ready(&["runuser", "setfattr", "getfattr", "dd", "fallocate"]) {
         return;
     }
     let mut m = Mounted::new("killpriv", "");
@@ -689,6 +689,14 @@ fn suid_sgid_and_capabilities_go_on_write_truncate_and_chown() {
             .unwrap();
         assert!(!got.status.success(), "{f}: the capability stays");
     }
+    // fallocate by a caller outside the file's group takes set-user-ID,
+    // and set-group-ID without group-execute too (xfstests 683-685).
+    let p = m.path("fallocated");
+    write_with_mode(&p, &[0u8; 4096], 0o6666);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6666)).unwrap();
+    let out = as_nobody(&format!("fallocate -l 65536 {d}/fallocated"));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mode("fallocated"), 0o0666, "set-ID bits after fallocate");
     // Root writing keeps them (CAP_FSETID); chown takes them even from root.
     let p = m.path("chowned");
     write_with_mode(&p, b"x", 0o6775);

@@ -79,6 +79,21 @@ pub fn sync_mount(f: &std::fs::File) -> std::io::Result<bool> {
     }
 }
 
+/// Whether the caller of `req` is in group `gid`: its group, or one of
+/// its supplementary groups (from /proc, which is where they are).
+fn caller_in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
 /// How long a request waits for the kernel to drop its pages
 /// (`FuseFs::kernel_drop`).
 const INVAL_WAIT: Duration = Duration::from_secs(10);
@@ -610,6 +625,19 @@ impl FuseFs {
         self.handles.lock().by_fh.get(&fh.0).cloned()
     }
 
+    /// Take set-ID bits and capabilities from `ino` for `req`'s caller
+    /// (`Fs::kill_priv`); the kernel's cached mode is stale then (nothing
+    /// refreshes it after a direct write or an fallocate), so it is told
+    /// to ask again.
+    fn kill_priv(&self, req: &Request, ino: u64) -> foliofs::Result<()> {
+        if self.fs.kill_priv(ino, |gid| caller_in_group(req, gid))? {
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `fh` takes the engine's direct path (O_DIRECT).
     fn is_odirect(&self, fh: FileHandle) -> bool {
         self.handle(fh).is_some_and(|h| h.odirect)
@@ -1113,7 +1141,7 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1132,18 +1160,10 @@ impl Filesystem for FuseFs {
         } else {
             self.uncached(fh, ino, true)
         };
-        // An unprivileged writer takes suid/sgid and capabilities; the
-        // kernel's cached mode is stale then (a direct write does not
-        // refresh it), so it is told to ask again.
+        // An unprivileged writer takes suid/sgid and capabilities.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            match self.fs.kill_priv(ino) {
-                Ok(true) => {
-                    if let Some(n) = self.notifier.get() {
-                        let _ = n.inval_inode(INodeNo(ino), -1, 0);
-                    }
-                }
-                Ok(false) => {}
-                Err(e) => return reply.error(errno(e)),
+            if let Err(e) = self.kill_priv(req, ino) {
+                return reply.error(errno(e));
             }
         }
         if let Some(u) = uncached {
@@ -1429,7 +1449,7 @@ impl Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1452,7 +1472,15 @@ impl Filesystem for FuseFs {
         } else {
             Falloc::Allocate { keep_size }
         };
-        done(self.fs.fallocate(self.ino(ino), m, offset, length), reply)
+        let ino = self.ino(ino);
+        // As a write does: a caller other than root (one without
+        // CAP_FSETID) takes the set-ID bits (xfstests generic/683-685).
+        if req.uid() != 0 {
+            if let Err(e) = self.kill_priv(req, ino) {
+                return reply.error(errno(e));
+            }
+        }
+        done(self.fs.fallocate(ino, m, offset, length), reply)
     }
 
     fn lseek(

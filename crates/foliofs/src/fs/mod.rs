@@ -763,8 +763,8 @@ impl Fs {
     /// file capability (`security.capability`). For an adapter that does
     /// this instead of the kernel (FUSE_HANDLE_KILLPRIV_V2). With nothing
     /// to take, nothing changes.
-    pub fn kill_priv(&self, ino: u64) -> Result<bool> {
-        self.mutate(|g| g.kill_priv(ino))
+    pub fn kill_priv(&self, ino: u64, in_group: impl FnOnce(u32) -> bool) -> Result<bool> {
+        self.mutate(|g| g.kill_priv(ino, in_group))
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {

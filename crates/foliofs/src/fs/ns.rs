@@ -108,7 +108,7 @@ impl Inner {
         if let Some(m) = set.mode {
             self.acl_chmod(ino, m)?;
         } else if set.kill_priv {
-            self.kill_priv(ino)?;
+            self.kill_priv(ino, |_| true)?;
         }
         self.getattr(ino)
     }
@@ -116,15 +116,17 @@ impl Inner {
     /// Take from a regular file what a write, truncate or chown takes on
     /// Linux: set-user-ID, set-group-ID when group-executable, and the
     /// file capability (`security.capability`). With nothing to take,
-    /// nothing changes. True when the mode changed.
-    pub fn kill_priv(&mut self, ino: u64) -> Result<bool> {
+    /// nothing changes. True when the mode changed. Set-group-ID also
+    /// goes when the caller is not in the file's group (`in_group`, asked
+    /// only then), as Linux's setattr_should_drop_sgid has it.
+    pub fn kill_priv(&mut self, ino: u64, in_group: impl FnOnce(u32) -> bool) -> Result<bool> {
         let (ip, mut cx) = self.with(ino)?;
         if ip.kind() != FileType::File {
             return Ok(false);
         }
         let m = ip.d.mode;
         let mut new = m & !S_ISUID;
-        if m & 0o010 != 0 {
+        if m & S_ISGID != 0 && (m & 0o010 != 0 || !in_group(ip.d.gid)) {
             new &= !S_ISGID;
         }
         if new != m {
