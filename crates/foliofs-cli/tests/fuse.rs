@@ -1113,7 +1113,7 @@ fn atime_follows_relatime_noatime_and_strictatime() {
 
 #[test]
 fn posix_acls_are_enforced_and_inherited() {
-    if !fuse_ready(&["runuser", "setfacl", "getfacl"]) {
+    if !fuse_ready(&["runuser", "setfacl", "getfacl", "setpriv"]) {
         return;
     }
     let mut m = Mounted::new("acl", "");
@@ -1166,6 +1166,20 @@ fn posix_acls_are_enforced_and_inherited() {
     assert!(w.status.success(), "{w:?}");
     m.remount("");
     assert!(as_nobody(&cat).status.success(), "ACLs survive a remount");
+    // An access ACL set by its owner from outside the file's group takes
+    // set-group-ID; from inside, it stays (xfstests generic/375).
+    let t = m.path("sgid");
+    std::fs::write(&t, b"").unwrap();
+    std::os::unix::fs::chown(&t, Some(100), Some(100)).unwrap();
+    for (gid, kept) in [("100", true), ("101", false)] {
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o2755)).unwrap();
+        run(Command::new("setpriv")
+            .args(["--reuid", "100", "--regid", gid, "--clear-groups"])
+            .args(["setfacl", "-m", "u::rwx,g::rwx,o::rwx"])
+            .arg(&t));
+        let mode = std::fs::metadata(&t).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode & 0o2000 != 0, kept, "gid {gid}: mode {mode:o}");
+    }
     m.unmount_and_check();
 }
 

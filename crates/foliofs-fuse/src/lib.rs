@@ -638,6 +638,29 @@ impl FuseFs {
         Ok(())
     }
 
+    /// An access ACL set by a caller outside the file's group (and not
+    /// root) takes set-group-ID, as Linux's posix_acl_update_mode does.
+    /// The kernel asks for this with FUSE_SETXATTR_ACL_KILL_SGID, which
+    /// needs FUSE_SETXATTR_EXT, which fuser lacks: done here instead
+    /// (xfstests generic/375).
+    fn acl_kill_sgid(&self, req: &Request, ino: u64) {
+        let Ok(a) = self.fs.getattr(ino) else {
+            return;
+        };
+        if a.perm & libc::S_ISGID == 0 || caller_in_group(req, a.gid) {
+            return;
+        }
+        let set = SetAttr {
+            mode: Some(a.perm & !libc::S_ISGID),
+            ..SetAttr::default()
+        };
+        if self.fs.setattr(ino, &set).is_ok() {
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            }
+        }
+    }
+
     /// Whether `fh` takes the engine's direct path (O_DIRECT).
     fn is_odirect(&self, fh: FileHandle) -> bool {
         self.handle(fh).is_some_and(|h| h.odirect)
@@ -1372,7 +1395,7 @@ impl Filesystem for FuseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1384,10 +1407,11 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::EPERM);
         }
         let ino = self.ino(ino);
-        done(
-            self.fs.setxattr(ino, name.as_bytes(), value, flags as u32),
-            reply,
-        )
+        let r = self.fs.setxattr(ino, name.as_bytes(), value, flags as u32);
+        if r.is_ok() && name.as_bytes() == b"system.posix_acl_access" && req.uid() != 0 {
+            self.acl_kill_sgid(req, ino);
+        }
+        done(r, reply)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
