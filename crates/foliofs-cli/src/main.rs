@@ -406,8 +406,9 @@ fn main() -> ExitCode {
     let argv0 = std::env::args().next().unwrap_or_default();
     if argv0.rsplit('/').next() == Some("mount.fuse.foliofs") {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let r = mount::helper_args(&args)
-            .and_then(|(img, dir, opts, fg)| mount_cmd(&img, &dir, &opts, fg, ready));
+        let r = mount::helper_args(&args).and_then(|(img, dir, opts, fg)| {
+            mount_cmd(&img, &dir, &mount::helper_defaults(opts), fg, ready)
+        });
         return finish(r.map(|()| 0), MOUNT_FAILED);
     }
     let cli = Cli::parse();

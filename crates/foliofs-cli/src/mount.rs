@@ -55,8 +55,8 @@ pub struct Options {
     pub log_file: Option<PathBuf>,
     pub log_level: log::LevelFilter,
     /// The per-mount flags: device files and set-ID bits honoured (`dev`,
-    /// `suid`; off by default, as libfuse and fusermount3 have them),
-    /// programs not run (`noexec`).
+    /// `suid`; off by default, as libfuse has them, on for root through
+    /// the mount(8) helper, `helper_defaults`), programs not run (`noexec`).
     pub dev: bool,
     pub suid: bool,
     pub noexec: bool,
@@ -658,6 +658,19 @@ pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// The options of a mount that mount(8) asks the helper for. mount(8)
+/// passes on `nodev` and `nosuid` but not `dev` and `suid`, the defaults
+/// of kernel file systems; so, as libfuse's mount.fuse does, a helper run
+/// by root takes `dev,suid` unless the options say otherwise (a user's
+/// mount stays nodev,nosuid: fusermount3 allows nothing else).
+pub fn helper_defaults(mut options: Vec<String>) -> Vec<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && !is_remount(&options) {
+        options.insert(0, "dev,suid".into());
+    }
+    options
 }
 
 /// Arguments in the mount.fuse helper convention:

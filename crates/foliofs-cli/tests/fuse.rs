@@ -733,6 +733,12 @@ fn helper_daemon_and_sigterm() {
         .arg(&dir)
         .args(["-o", "rw,noauto,_netdev"]));
     assert!(is_mounted(&dir));
+    // Run by root, the helper mounts dev,suid as mount(8) does a kernel
+    // file system (mount(8) does not pass those defaults on).
+    // SAFETY: statvfs fills the struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cstr(&dir).as_ptr(), &mut st) }, 0);
+    assert_eq!(st.f_flag & (libc::ST_NODEV | libc::ST_NOSUID), 0);
     std::fs::write(dir.join("kept"), b"through SIGTERM").unwrap();
     // Find the daemon by its command line and stop it with SIGTERM.
     let pid = std::fs::read_dir("/proc")
