@@ -1491,6 +1491,76 @@ fn file_handles_survive_dropped_caches_and_a_remount() {
     m.unmount_and_check();
 }
 
+/// RENAME_WHITEOUT leaves a whiteout (a character device 0:0, mode 0) at
+/// the old name, and so the mount can be overlayfs's upper layer: a file
+/// of the lower layer removed through the overlay stays hidden, and one
+/// renamed keeps its contents (xfstests generic/078, 631).
+#[test]
+fn whiteouts_and_an_overlayfs_upper_layer() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let m = Mounted::new("whiteout", "");
+    std::fs::write(m.path("a"), b"moved").unwrap();
+    // SAFETY: valid paths; RENAME_WHITEOUT is 4.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(&m.path("a")).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&m.path("b")).as_ptr(),
+            4,
+        )
+    };
+    assert_eq!(r, 0, "renameat2: {}", std::io::Error::last_os_error());
+    let w = std::fs::symlink_metadata(m.path("a")).unwrap();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    assert!(w.file_type().is_char_device());
+    assert_eq!((w.rdev(), w.mode() & 0o7777), (0, 0));
+    assert_eq!(std::fs::read(m.path("b")).unwrap(), b"moved");
+    // overlayfs with its upper and work directories on the mount.
+    let base = m.dir.parent().unwrap().to_path_buf();
+    let (lower, merged) = (base.join("lower"), base.join("merged"));
+    let _ = Command::new("umount").arg(&merged).status();
+    for d in [&lower, &merged] {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::create_dir(m.path("upper")).unwrap();
+    std::fs::create_dir(m.path("work")).unwrap();
+    std::fs::write(lower.join("removed"), b"lower").unwrap();
+    std::fs::write(lower.join("renamed"), b"lower data").unwrap();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        m.path("upper").display(),
+        m.path("work").display()
+    );
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&merged));
+    let r = (|| -> std::io::Result<()> {
+        std::fs::remove_file(merged.join("removed"))?;
+        std::fs::rename(merged.join("renamed"), merged.join("new-name"))?;
+        Ok(())
+    })();
+    let listed: Vec<String> = std::fs::read_dir(&merged)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let moved = std::fs::read(merged.join("new-name"));
+    run(Command::new("umount").arg(&merged));
+    r.unwrap();
+    assert!(
+        !listed.iter().any(|n| n == "removed" || n == "renamed"),
+        "{listed:?}"
+    );
+    assert_eq!(moved.unwrap(), b"lower data");
+    // The upper layer on the mount holds the whiteouts.
+    let w = std::fs::symlink_metadata(m.path("upper/removed")).unwrap();
+    assert!(w.file_type().is_char_device() && w.rdev() == 0);
+}
+
 /// Directory offsets (d_off, telldir) are seekable file offsets: every
 /// one is positive, lseek takes it, and seekdir to it resumes the listing
 /// at the entry that followed it (xfstests generic/257 and 637; offsets

@@ -1028,7 +1028,7 @@ impl Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1036,15 +1036,27 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::EINVAL);
-        }
         let mut f = 0;
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
             f |= foliofs::fs::RENAME_NOREPLACE;
         }
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             f |= foliofs::fs::RENAME_EXCHANGE;
+        }
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            // (The kernel has checked CAP_MKNOD.)
+            return done(
+                self.fs.rename_whiteout(
+                    self.ino(parent),
+                    name.as_bytes(),
+                    self.ino(newparent),
+                    newname.as_bytes(),
+                    f,
+                    req.uid(),
+                    req.gid(),
+                ),
+                reply,
+            );
         }
         done(
             self.fs.rename(

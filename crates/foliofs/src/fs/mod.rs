@@ -438,6 +438,41 @@ impl Fs {
         self.mutate(|g| g.rename(parent, name, new_parent, new_name, flags))
     }
 
+    /// rename(2) with RENAME_WHITEOUT (and RENAME_NOREPLACE if asked):
+    /// the rename and, in the same transaction, a whiteout where the old
+    /// name was: a character device 0:0 with no permissions, owned by
+    /// `uid` and `gid` as `mknod` would make it. overlayfs marks a name
+    /// removed from its lower layers so; its upper layer needs this.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_whiteout(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<()> {
+        if flags & RENAME_EXCHANGE != 0 {
+            return Err(Error::Invalid(
+                "RENAME_WHITEOUT with RENAME_EXCHANGE".into(),
+            ));
+        }
+        self.mutate(|g| {
+            let src = g.lookup(parent, name)?;
+            if g.lookup(new_parent, new_name)
+                .is_ok_and(|d| d.ino == src.ino)
+            {
+                // The same inode under both names: nothing to do.
+                return Ok(());
+            }
+            g.rename(parent, name, new_parent, new_name, flags)?;
+            g.create(parent, name, FileType::CharDev, 0, 0, uid, gid, 0, None)
+                .map(drop)
+        })
+    }
+
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
     pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
         self.list(ino, cookie, max, |_, e| Ok(e))
