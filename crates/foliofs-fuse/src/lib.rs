@@ -713,7 +713,7 @@ impl FuseFs {
         f: impl FnOnce(foliofs::Result<&[u8]>) -> R,
     ) -> R {
         with_aligned(size, |buf| {
-            let r = if direct {
+            let r = if direct && self.block_aligned(offset, size) {
                 self.fs.read_direct(ino, offset, buf)
             } else {
                 self.fs.read(ino, offset, buf)
@@ -722,8 +722,18 @@ impl FuseFs {
         })
     }
 
+    /// Whether a direct request covers whole blocks of the engine. One
+    /// that does not (O_DIRECT in 512-byte sectors, as Linux's own file
+    /// systems take it) goes through the engine's page cache instead,
+    /// which is coherent with its direct path: the same data, checksummed
+    /// the same way, made durable by fsync as any write is.
+    fn block_aligned(&self, offset: u64, len: usize) -> bool {
+        let bs = self.fs.block_size();
+        offset % bs == 0 && len as u64 % bs == 0
+    }
+
     fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
-        if direct {
+        if direct && self.block_aligned(offset, data.len()) {
             // The request buffer is not aligned for the device: copy once.
             with_aligned(data.len(), |buf| {
                 buf.copy_from_slice(data);
