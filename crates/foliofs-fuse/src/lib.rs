@@ -638,29 +638,6 @@ impl FuseFs {
         Ok(())
     }
 
-    /// An access ACL set by a caller outside the file's group (and not
-    /// root) takes set-group-ID, as Linux's posix_acl_update_mode does.
-    /// The kernel asks for this with FUSE_SETXATTR_ACL_KILL_SGID, which
-    /// needs FUSE_SETXATTR_EXT, which fuser lacks: done here instead
-    /// (xfstests generic/375).
-    fn acl_kill_sgid(&self, req: &Request, ino: u64) {
-        let Ok(a) = self.fs.getattr(ino) else {
-            return;
-        };
-        if a.perm & libc::S_ISGID == 0 || caller_in_group(req, a.gid) {
-            return;
-        }
-        let set = SetAttr {
-            mode: Some(a.perm & !libc::S_ISGID),
-            ..SetAttr::default()
-        };
-        if self.fs.setattr(ino, &set).is_ok() {
-            if let Some(n) = self.notifier.get() {
-                let _ = n.inval_inode(INodeNo(ino), -1, 0);
-            }
-        }
-    }
-
     /// Whether `fh` takes the engine's direct path (O_DIRECT).
     fn is_odirect(&self, fh: FileHandle) -> bool {
         self.handle(fh).is_some_and(|h| h.odirect)
@@ -1057,13 +1034,10 @@ impl Filesystem for FuseFs {
             // (The kernel has checked CAP_MKNOD.)
             return done(
                 self.fs.rename_whiteout(
-                    self.ino(parent),
-                    name.as_bytes(),
-                    self.ino(newparent),
-                    newname.as_bytes(),
+                    (self.ino(parent), name.as_bytes()),
+                    (self.ino(newparent), newname.as_bytes()),
                     f,
-                    req.uid(),
-                    req.gid(),
+                    (req.uid(), req.gid()),
                 ),
                 reply,
             );
@@ -1172,8 +1146,10 @@ impl Filesystem for FuseFs {
         // fill can come through an O_DIRECT handle (a MAP_PRIVATE mapping
         // of a file opened so) and holds its pages locked: it is a cached
         // read, and must not wait for the kernel to drop those pages.
-        let fill = lock_owner.is_none();
-        let uncached = self.uncached(fh, ino, false).filter(|_| !fill);
+        let uncached = match lock_owner {
+            Some(_) => self.uncached(fh, ino, false),
+            None => None,
+        };
         if let Some(u) = uncached {
             self.kernel_writeback(ino, u.cached_writable);
         }
@@ -1429,11 +1405,16 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::EPERM);
         }
         let ino = self.ino(ino);
-        let r = self.fs.setxattr(ino, name.as_bytes(), value, flags as u32);
-        if r.is_ok() && name.as_bytes() == b"system.posix_acl_access" && req.uid() != 0 {
-            self.acl_kill_sgid(req, ino);
-        }
-        done(r, reply)
+        // An access ACL set from outside the file's group takes
+        // set-group-ID (xfstests generic/375). The kernel asks for this
+        // with FUSE_SETXATTR_ACL_KILL_SGID, which needs FUSE_SETXATTR_EXT,
+        // which fuser does not parse: root stands for CAP_FSETID here.
+        let in_group = |gid| req.uid() == 0 || caller_in_group(req, gid);
+        done(
+            self.fs
+                .setxattr_by(ino, name.as_bytes(), value, flags as u32, in_group),
+            reply,
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

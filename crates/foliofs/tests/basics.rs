@@ -133,7 +133,7 @@ fn rename_with_whiteout_leaves_a_whiteout_in_the_same_transaction() {
     let d = fs.mkdir(root, b"d", 0o2775, 0, 7).unwrap();
     let a = fs.create(d.ino, b"a", 0o644, 0, 0).unwrap();
     fs.write(a.ino, 0, b"contents").unwrap();
-    fs.rename_whiteout(d.ino, b"a", root, b"b", 0, 3, 3)
+    fs.rename_whiteout((d.ino, b"a"), (root, b"b"), 0, (3, 3))
         .unwrap();
     // The whiteout: a character device 0:0, no permissions, the
     // caller's, the set-GID directory's group.
@@ -146,15 +146,15 @@ fn rename_with_whiteout_leaves_a_whiteout_in_the_same_transaction() {
     // NOREPLACE still refuses a taken name; EXCHANGE does not combine.
     fs.create(d.ino, b"c", 0o644, 0, 0).unwrap();
     assert!(matches!(
-        fs.rename_whiteout(d.ino, b"c", root, b"b", RENAME_NOREPLACE, 0, 0),
+        fs.rename_whiteout((d.ino, b"c"), (root, b"b"), RENAME_NOREPLACE, (0, 0)),
         Err(Error::Exists)
     ));
     assert!(fs
-        .rename_whiteout(d.ino, b"c", root, b"b", RENAME_EXCHANGE, 0, 0)
+        .rename_whiteout((d.ino, b"c"), (root, b"b"), RENAME_EXCHANGE, (0, 0))
         .is_err());
     // Two names of one inode: nothing happens, as rename(2) does.
     fs.link(a.ino, root, b"b2").unwrap();
-    fs.rename_whiteout(root, b"b", root, b"b2", 0, 0, 0)
+    fs.rename_whiteout((root, b"b"), (root, b"b2"), 0, (0, 0))
         .unwrap();
     assert_eq!(fs.lookup(root, b"b").unwrap().ino, a.ino);
     // Both halves are in one transaction: after a remount both are there.

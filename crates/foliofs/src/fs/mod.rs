@@ -435,42 +435,22 @@ impl Fs {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        self.mutate(|g| g.rename(parent, name, new_parent, new_name, flags))
+        self.mutate(|g| g.rename(parent, name, new_parent, new_name, flags, None))
     }
 
     /// rename(2) with RENAME_WHITEOUT (and RENAME_NOREPLACE if asked):
     /// the rename and, in the same transaction, a whiteout where the old
-    /// name was: a character device 0:0 with no permissions, owned by
-    /// `uid` and `gid` as `mknod` would make it. overlayfs marks a name
-    /// removed from its lower layers so; its upper layer needs this.
-    #[allow(clippy::too_many_arguments)]
+    /// name was, owned by `owner` (uid, gid) as `mknod` would make it.
+    /// overlayfs marks a name removed from its lower layers so; its upper
+    /// layer needs this.
     pub fn rename_whiteout(
         &self,
-        parent: u64,
-        name: &[u8],
-        new_parent: u64,
-        new_name: &[u8],
+        from: (u64, &[u8]),
+        to: (u64, &[u8]),
         flags: u32,
-        uid: u32,
-        gid: u32,
+        owner: (u32, u32),
     ) -> Result<()> {
-        if flags & RENAME_EXCHANGE != 0 {
-            return Err(Error::Invalid(
-                "RENAME_WHITEOUT with RENAME_EXCHANGE".into(),
-            ));
-        }
-        self.mutate(|g| {
-            let src = g.lookup(parent, name)?;
-            if g.lookup(new_parent, new_name)
-                .is_ok_and(|d| d.ino == src.ino)
-            {
-                // The same inode under both names: nothing to do.
-                return Ok(());
-            }
-            g.rename(parent, name, new_parent, new_name, flags)?;
-            g.create(parent, name, FileType::CharDev, 0, 0, uid, gid, 0, None)
-                .map(drop)
-        })
+        self.mutate(|g| g.rename(from.0, from.1, to.0, to.1, flags, Some(owner)))
     }
 
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
@@ -790,7 +770,21 @@ impl Fs {
 
     /// flags: XATTR_CREATE (1) fails if it exists, XATTR_REPLACE (2) if not.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        self.mutate(|g| g.setxattr(ino, name, value, flags))
+        self.setxattr_by(ino, name, value, flags, |_| true)
+    }
+
+    /// `setxattr` for a caller who may lack the file's group: an access
+    /// ACL it sets takes set-group-ID unless `in_group` (asked of the
+    /// file's gid; true for a caller with CAP_FSETID) says it is in it.
+    pub fn setxattr_by(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        in_group: impl FnOnce(u32) -> bool,
+    ) -> Result<()> {
+        self.mutate(|g| g.setxattr(ino, name, value, flags, in_group))
     }
 
     /// Take from a regular file what a write, truncate or chown takes on

@@ -406,9 +406,22 @@ impl Inner {
         ))
     }
 
-    pub fn rename(&mut self, p: u64, name: &[u8], np: u64, nname: &[u8], flags: u32) -> Result<()> {
+    /// rename(2). With `whiteout` (RENAME_WHITEOUT: the owner's uid and
+    /// gid) the old name is then given a whiteout, a character device 0:0
+    /// with no permissions, as `create` makes one, in the same
+    /// transaction; not with RENAME_EXCHANGE.
+    pub fn rename(
+        &mut self,
+        p: u64,
+        name: &[u8],
+        np: u64,
+        nname: &[u8],
+        flags: u32,
+        whiteout: Option<(u32, u32)>,
+    ) -> Result<()> {
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+            || (whiteout.is_some() && flags & RENAME_EXCHANGE != 0)
         {
             return Err(Error::Invalid(format!("rename flags {flags:#x}")));
         }
@@ -503,6 +516,9 @@ impl Inner {
                 self.adjust_nlink(np, -1)?;
             }
             self.drop_link(d.ino)?;
+        }
+        if let Some((uid, gid)) = whiteout {
+            self.create(p, name, FileType::CharDev, 0, 0, uid, gid, 0, None)?;
         }
         Ok(())
     }

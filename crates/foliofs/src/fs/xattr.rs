@@ -7,7 +7,7 @@
 
 use super::acl::{self, Acl};
 use super::dir::name_key;
-use super::types::{FileType, XATTR_NAME_MAX};
+use super::types::{FileType, S_ISGID, XATTR_NAME_MAX};
 use crate::btree::max_value_len;
 use crate::error::{Error, Result};
 pub use crate::format::xattr::XATTR_VALUE_MAX;
@@ -78,7 +78,17 @@ impl Inner {
     /// Set an attribute. The POSIX ACLs are validated; setting the access
     /// ACL sets the mode bits it implies and stores it only when it says
     /// more than they do.
-    pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+    /// Set an xattr. An access ACL also sets the mode bits it implies and,
+    /// set by a caller outside the file's group (`in_group` says no, asked
+    /// only then), takes set-group-ID, as Linux's posix_acl_update_mode.
+    pub fn setxattr(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        in_group: impl FnOnce(u32) -> bool,
+    ) -> Result<()> {
         check(name)?;
         if value.len() > XATTR_VALUE_MAX {
             return Err(Error::AttrTooBig);
@@ -91,6 +101,9 @@ impl Inner {
             }
             if name == acl::ACCESS {
                 ip.d.mode = (ip.d.mode & !0o777) | a.mode();
+                if ip.d.mode & S_ISGID != 0 && !in_group(ip.d.gid) {
+                    ip.d.mode &= !S_ISGID;
+                }
                 ip.touch_ctime();
                 ip.store(&mut cx)?;
                 if a.is_minimal() {
