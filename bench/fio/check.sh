@@ -16,6 +16,8 @@ job() {
       -e "s|^\([[:space:]]*\)size=.*|\1size=$2|" -e "/time_based/d" "$here/$1.fio" > "$work/$1.fio"
   echo "$work/$1.fio"
 }
+# fio writes its verify state files into the working directory.
+cd "$work"
 status=0
 for w in W1 W2; do
   size=8M; [ "$w" = W2 ] && size=128M
