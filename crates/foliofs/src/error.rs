@@ -53,6 +53,10 @@ pub enum Error {
     AttrTooBig,
     #[error("operation not supported: {0}")]
     Unsupported(&'static str),
+    /// The inode's flags forbid it (chattr +i, +a), or setting a flag
+    /// needs a privilege the caller lacks.
+    #[error("operation not permitted: {0}")]
+    NotPermitted(&'static str),
 }
 
 impl Error {
@@ -85,6 +89,7 @@ impl Error {
             Error::NoAttr => libc::ENODATA,
             Error::AttrTooBig => libc::E2BIG,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NotPermitted(_) => libc::EPERM,
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
 use crate::format::extent::Extent;
-use crate::format::inode::{DiskInode, FLAG_ORPHAN, INODE_SIZE};
+use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
 use crate::format::inode::{FileType, Fork};
 use crate::format::{bitmap, data_crc, magic};
 use crate::meta::{self, Meta};
@@ -265,6 +265,13 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let kind = FileType::from_mode(d.mode).unwrap_or(FileType::File);
     let ag = geo.inode_ag(ino);
     c.inodes.insert(ino, (kind, d.nlink, d.parent, d.flags));
+    if d.flags & !FLAGS_KNOWN != 0 {
+        c.problem(
+            "inode",
+            blk,
+            format!("inode {ino}: unknown flags {:#x}", d.flags & !FLAGS_KNOWN),
+        );
+    }
     if kind == FileType::Dir {
         c.dirs.push(ino);
     }

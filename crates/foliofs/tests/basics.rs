@@ -338,3 +338,143 @@ fn mkfs_gives_the_root_directory_its_owner() {
     let a = fs.getattr(fs.root_ino()).unwrap();
     assert_eq!((a.uid, a.gid), (0, 0), "the library's default");
 }
+
+/// The error is EPERM (chattr's flags, or the privilege to set them).
+fn eperm<T: std::fmt::Debug>(r: Result<T, Error>, what: &str) {
+    match r {
+        Err(e) => assert_eq!(e.errno(), libc::EPERM, "{what}: {e}"),
+        Ok(v) => panic!("{what}: allowed ({v:?})"),
+    }
+}
+
+#[test]
+fn chattr_immutable_and_append_only_are_enforced_and_kept() {
+    let (dev, fs) = fresh(64 << 20, 4096);
+    let root = fs.root_ino();
+    let f = fs.create(root, b"f", 0o644, 1000, 1000).unwrap().ino;
+    fs.write(f, 0, &[7u8; 8192]).unwrap();
+    fs.setxattr(f, b"user.k", b"v", 0).unwrap();
+    fs.create(root, b"victim", 0o644, 0, 0).unwrap();
+
+    // Who may set what.
+    assert!(matches!(
+        fs.set_flags(f, FL_IMMUTABLE | 0x1000, true),
+        Err(Error::Unsupported(_))
+    ));
+    eperm(fs.set_flags(f, FL_IMMUTABLE, false), "+i unprivileged");
+    eperm(fs.set_flags(f, FL_APPEND, false), "+a unprivileged");
+    let a = fs.set_flags(f, FL_NODUMP, false).unwrap();
+    assert_eq!(a.flags, FL_NODUMP);
+    let a = fs.set_flags(f, FL_IMMUTABLE | FL_NODUMP, true).unwrap();
+    assert_eq!(a.flags, FL_IMMUTABLE | FL_NODUMP);
+
+    // Immutable: reads only.
+    let mut buf = vec![0u8; 8192];
+    assert_eq!(fs.read(f, 0, &mut buf).unwrap(), 8192);
+    eperm(fs.write(f, 8192, b"x"), "write");
+    eperm(fs.write(f, 0, b"x"), "overwrite");
+    let block = foliofs::device::AlignedBuf::zeroed(4096);
+    eperm(fs.write_direct(f, 0, &block), "direct write");
+    let size = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    eperm(fs.setattr(f, &size), "truncate");
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    eperm(fs.setattr(f, &chmod), "chmod");
+    let touch = SetAttr {
+        mtime: Some(TimeSet::Now),
+        ..Default::default()
+    };
+    eperm(fs.setattr(f, &touch), "utimes");
+    eperm(
+        fs.fallocate(f, Falloc::Allocate { keep_size: true }, 0, 1 << 20),
+        "fallocate",
+    );
+    eperm(fs.setxattr(f, b"user.k", b"w", 0), "setxattr");
+    eperm(fs.removexattr(f, b"user.k"), "removexattr");
+    eperm(fs.unlink(root, b"f"), "unlink");
+    eperm(fs.rename(root, b"f", root, b"g", 0), "rename");
+    eperm(fs.rename(root, b"victim", root, b"f", 0), "rename over");
+    eperm(fs.link(f, root, b"f2"), "link");
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"v");
+
+    // Kept across a remount; clearing it gives everything back.
+    let fs = remount(&dev, fs);
+    assert_eq!(fs.getattr(f).unwrap().flags, FL_IMMUTABLE | FL_NODUMP);
+    eperm(fs.write(f, 0, b"x"), "write after remount");
+    fs.set_flags(f, FL_APPEND, true).unwrap();
+
+    // Append-only: appends, times and allocation; nothing else.
+    fs.write(f, 8192, b"tail").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 8196);
+    fs.setattr(f, &touch).unwrap();
+    fs.fallocate(f, Falloc::Allocate { keep_size: true }, 0, 1 << 20)
+        .unwrap();
+    eperm(fs.fallocate(f, Falloc::PunchHole, 0, 4096), "punch");
+    eperm(fs.setattr(f, &size), "truncate append-only");
+    eperm(fs.setattr(f, &chmod), "chmod append-only");
+    eperm(fs.unlink(root, b"f"), "unlink append-only");
+    eperm(fs.setxattr(f, b"user.k", b"w", 0), "setxattr append-only");
+    fs.set_flags(f, 0, true).unwrap();
+    fs.setattr(f, &size).unwrap();
+    fs.unlink(root, b"f").unwrap();
+
+    // Directories: +i freezes the entries, +a lets names in, not out.
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let inner = fs.create(d, b"in", 0o644, 0, 0).unwrap().ino;
+    fs.set_flags(d, FL_IMMUTABLE, true).unwrap();
+    eperm(fs.create(d, b"new", 0o644, 0, 0), "create in +i");
+    eperm(fs.mkdir(d, b"sub", 0o755, 0, 0), "mkdir in +i");
+    eperm(fs.unlink(d, b"in"), "unlink in +i");
+    eperm(fs.rename(root, b"victim", d, b"v", 0), "rename into +i");
+    eperm(fs.tmpfile(d, 0o644, 0, 0, 0), "tmpfile in +i");
+    fs.write(inner, 0, b"the file itself is not frozen")
+        .unwrap();
+    fs.set_flags(d, FL_APPEND, true).unwrap();
+    fs.create(d, b"new", 0o644, 0, 0).unwrap();
+    fs.rename(root, b"victim", d, b"v", 0).unwrap();
+    eperm(fs.unlink(d, b"in"), "unlink in +a");
+    eperm(fs.rename(d, b"v", root, b"victim", 0), "rename out of +a");
+    eperm(fs.rename(d, b"v", d, b"new", 0), "rename over in +a");
+    fs.set_flags(d, 0, true).unwrap();
+    fs.unlink(d, b"in").unwrap();
+    fs.unmount().unwrap();
+    let opts = foliofs::fsck::FsckOptions {
+        repair: false,
+        check_data: true,
+    };
+    let r = foliofs::fsck::fsck(dev, &opts, |_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn chattr_noatime_keeps_reads_from_stamping_atime() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let o = MountOptions {
+        atime: Atime::Strictatime,
+        ..Default::default()
+    };
+    let fs = Fs::mount(dev.clone(), o).unwrap();
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, b"data").unwrap();
+    let past = SetAttr {
+        atime: Some(TimeSet::At(Timespec { sec: 1000, nsec: 0 })),
+        ..Default::default()
+    };
+    fs.setattr(f, &past).unwrap();
+    let mut buf = [0u8; 4];
+    fs.set_flags(f, FL_NOATIME, false).unwrap();
+    assert!(!fs.atime_due(f).unwrap());
+    fs.read(f, 0, &mut buf).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().atime, (1000, 0));
+    fs.set_flags(f, 0, false).unwrap();
+    assert!(fs.atime_due(f).unwrap());
+    fs.read(f, 0, &mut buf).unwrap();
+    assert!(fs.getattr(f).unwrap().atime.0 > 1000);
+    fs.unmount().unwrap();
+}

@@ -19,7 +19,9 @@
 //! 100 crtime     i64 s + u32 ns
 //! 112 generation u32
 //! 116 flags      u32  bit 0: on the orphan list; bit 1: space was
-//!                     preallocated by fallocate (kept past EOF)
+//!                     preallocated by fallocate (kept past EOF); the
+//!                     user's (chattr): bit 2 immutable, bit 3 append
+//!                     only, bit 4 no dump, bit 5 no atime updates
 //! 120 fork       u8   0 inline extents, 1 extent B+tree, 2 inline directory,
 //!                     3 directory B+tree, 4 inline symlink target
 //! 121 (pad)      u8
@@ -50,6 +52,19 @@ pub const FLAG_ORPHAN: u32 = 1;
 /// fallocate allocated space for this file: blocks past EOF are the
 /// user's, not speculative, and are not trimmed on close.
 pub const FLAG_PREALLOC: u32 = 2;
+/// chattr +i: neither the inode nor its data nor (a directory) its
+/// entries may change.
+pub const FLAG_IMMUTABLE: u32 = 4;
+/// chattr +a: data may only be appended; no other change to the inode,
+/// and a directory's entries may be added, not removed.
+pub const FLAG_APPEND: u32 = 8;
+/// chattr +d: dump(8) skips the file (kept, not acted on).
+pub const FLAG_NODUMP: u32 = 16;
+/// chattr +A: reads do not update atime.
+pub const FLAG_NOATIME: u32 = 32;
+/// Every flag an inode may carry.
+pub const FLAGS_KNOWN: u32 =
+    FLAG_ORPHAN | FLAG_PREALLOC | FLAG_IMMUTABLE | FLAG_APPEND | FLAG_NODUMP | FLAG_NOATIME;
 
 /// A node's type, from the S_IFMT bits of its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

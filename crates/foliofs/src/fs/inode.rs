@@ -12,7 +12,19 @@ use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 pub(crate) use crate::format::inode::{inline_len, Fork};
-use crate::format::inode::{DiskInode, ForkFormat, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE};
+use crate::format::inode::{
+    DiskInode, ForkFormat, FLAG_APPEND, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP, FLAG_ORPHAN,
+    INODE_SIZE, LITERAL_SIZE,
+};
+use crate::fs::types::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
+
+/// On-disk flag bits and the API's `FL_*` values for the user's flags.
+const USER_FLAGS: [(u32, u32); 4] = [
+    (FLAG_IMMUTABLE, FL_IMMUTABLE),
+    (FLAG_APPEND, FL_APPEND),
+    (FLAG_NODUMP, FL_NODUMP),
+    (FLAG_NOATIME, FL_NOATIME),
+];
 use crate::format::magic;
 use crate::fs::state::{Ctx, Inner};
 
@@ -151,6 +163,42 @@ impl Inode {
             }
         }
         d
+    }
+
+    /// The user's flags (chattr) in the API's `FL_*` values.
+    pub fn user_flags(&self) -> u32 {
+        USER_FLAGS
+            .iter()
+            .filter(|(disk, _)| self.d.flags & disk != 0)
+            .fold(0, |acc, (_, fl)| acc | fl)
+    }
+
+    /// Set the user's flags from `FL_*` values (others must be checked
+    /// away by the caller).
+    pub fn set_user_flags(&mut self, flags: u32) {
+        for (disk, fl) in USER_FLAGS {
+            if flags & fl != 0 {
+                self.d.flags |= disk;
+            } else {
+                self.d.flags &= !disk;
+            }
+        }
+    }
+
+    /// Nothing about the inode may change (chattr +i), or (chattr +a)
+    /// nothing but appending to it: the reason, for `NotPermitted`.
+    pub fn frozen(&self) -> Option<&'static str> {
+        if self.d.flags & FLAG_IMMUTABLE != 0 {
+            Some("the inode is immutable")
+        } else if self.d.flags & FLAG_APPEND != 0 {
+            Some("the inode is append-only")
+        } else {
+            None
+        }
+    }
+
+    pub fn immutable(&self) -> bool {
+        self.d.flags & FLAG_IMMUTABLE != 0
     }
 
     pub fn kind(&self) -> FileType {

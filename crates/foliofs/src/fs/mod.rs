@@ -334,6 +334,33 @@ impl Fs {
         r
     }
 
+    /// Set the inode's flags (`FL_*`, as chattr does; `Attr::flags` has
+    /// them). Setting or clearing immutable or append-only needs
+    /// `privileged` (CAP_LINUX_IMMUTABLE); whether the caller may change
+    /// the inode's flags at all (its owner) is the caller's to check, as
+    /// for `setattr`. Flags outside `FL_SUPPORTED` are refused.
+    pub fn set_flags(&self, ino: u64, flags: u32, privileged: bool) -> Result<Attr> {
+        if flags & !FL_SUPPORTED != 0 {
+            return Err(Error::Unsupported("inode flags other than i, a, d and A"));
+        }
+        self.mutate(|g| {
+            let (ip, mut cx) = g.with(ino)?;
+            let old = ip.user_flags();
+            if old == flags {
+                return Ok(());
+            }
+            if (old ^ flags) & (FL_IMMUTABLE | FL_APPEND) != 0 && !privileged {
+                return Err(Error::NotPermitted(
+                    "setting or clearing immutable or append-only needs privilege",
+                ));
+            }
+            ip.set_user_flags(flags);
+            ip.touch_ctime();
+            ip.store(&mut cx)
+        })?;
+        self.getattr(ino)
+    }
+
     /// Create a node of any type (regular file, directory, fifo, device,
     /// socket) with mode `perm` less `umask`; under a directory with a
     /// default ACL the ACL decides instead of the umask (POSIX.1e).
@@ -662,6 +689,7 @@ impl Fs {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
+            g.check_unfrozen(ino, true)?;
             if g.with(ino)?.0.size < offset {
                 // The old last block is zeroed past EOF: stable pages.
                 self.s.wait_wb_idle(&mut g, ino);
@@ -740,6 +768,8 @@ impl Fs {
         let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
         let mut g = self.s.inner.lock();
         g.check_writable()?;
+        // chattr +a: allocating is no change to the data (Linux's rule).
+        g.check_unfrozen(ino, matches!(mode, Falloc::Allocate { .. }))?;
         self.s.wait_wb_idle(&mut g, ino);
         let r = g.guarded(|g| g.fallocate(ino, mode, offset, len));
         g.maybe_commit()?;
@@ -801,7 +831,12 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.mutate(|g| g.removexattr(ino, name))
+        self.mutate(|g| {
+            // Not in `Inner::removexattr`: an append to a chattr +a file
+            // still takes its file capability (`kill_priv`).
+            g.check_unfrozen(ino, false)?;
+            g.removexattr(ino, name)
+        })
     }
 
     // ---- path helpers for tools and tests ----

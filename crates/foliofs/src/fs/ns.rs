@@ -33,6 +33,7 @@ impl Inner {
             crtime: t(ip.d.crtime),
             blksize: bs as u32,
             generation: ip.d.generation,
+            flags: ip.user_flags(),
         })
     }
 
@@ -73,6 +74,14 @@ impl Inner {
     }
 
     pub fn setattr(&mut self, ino: u64, set: &SetAttr) -> Result<Attr> {
+        // chattr +a leaves the times to change (appends move them).
+        let owner = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
+        let times = set.atime.is_some() || set.mtime.is_some() || set.ctime.is_some();
+        if owner || set.size.is_some() || set.kill_priv {
+            self.check_unfrozen(ino, false)?;
+        } else if times {
+            self.check_unfrozen(ino, true)?;
+        }
         if let Some(size) = set.size {
             let (ip, _) = self.with(ino)?;
             if ip.is_dir() {
@@ -160,6 +169,7 @@ impl Inner {
     ) -> Result<Attr> {
         check_name(name)?;
         self.dir_of(parent)?;
+        self.check_unfrozen(parent, true)?;
         if let Some(t) = target {
             if t.is_empty() || t.len() > SYMLINK_MAX {
                 return Err(if t.is_empty() {
@@ -205,6 +215,7 @@ impl Inner {
         gid: u32,
     ) -> Result<Attr> {
         self.dir_of(parent)?;
+        self.check_unfrozen(parent, true)?;
         if self.with(parent)?.0.d.nlink == 0 {
             return Err(Error::NotFound);
         }
@@ -306,6 +317,8 @@ impl Inner {
     pub fn link(&mut self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         self.dir_of(parent)?;
+        self.check_unfrozen(ino, false)?;
+        self.check_unfrozen(parent, true)?;
         let kind = {
             let (ip, _) = self.with(ino)?;
             if ip.is_dir() {
@@ -368,6 +381,8 @@ impl Inner {
         }
         let (pp, mut cx) = self.with(parent)?;
         let d = pp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        self.check_unfrozen(parent, false)?;
+        self.check_unfrozen(d.ino, false)?;
         {
             let (ip, mut cx) = self.with(d.ino)?;
             match (rmdir, ip.is_dir()) {
@@ -445,6 +460,14 @@ impl Inner {
             }
         } else if flags & RENAME_EXCHANGE != 0 {
             return Err(Error::NotFound);
+        }
+        // Both names move or go: neither they nor the directories they
+        // leave may be frozen; a new name may go into an append-only one.
+        self.check_unfrozen(p, false)?;
+        self.check_unfrozen(np, dst.is_none())?;
+        self.check_unfrozen(src.ino, false)?;
+        if let Some(d) = &dst {
+            self.check_unfrozen(d.ino, false)?;
         }
         let src_dir = src.kind == FileType::Dir;
         if src_dir && self.is_below(np, src.ino)? {

@@ -23,7 +23,19 @@ pub struct Attr {
     pub crtime: (i64, u32),
     pub blksize: u32,
     pub generation: u32,
+    /// The user's inode flags (`FL_*`, as chattr sets them).
+    pub flags: u32,
 }
+
+/// Inode flags as chattr(1) and lsattr(1) see them (the values of
+/// Linux's FS_IOC_GETFLAGS): `Fs::set_flags`, `Attr::flags`. The engine
+/// enforces immutable and append-only itself, for every caller.
+pub const FL_IMMUTABLE: u32 = 0x10;
+pub const FL_APPEND: u32 = 0x20;
+pub const FL_NODUMP: u32 = 0x40;
+pub const FL_NOATIME: u32 = 0x80;
+/// The flags an inode can carry.
+pub const FL_SUPPORTED: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {

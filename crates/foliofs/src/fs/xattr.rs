@@ -90,6 +90,7 @@ impl Inner {
         in_group: impl FnOnce(u32) -> bool,
     ) -> Result<()> {
         check(name)?;
+        self.check_unfrozen(ino, false)?;
         if value.len() > XATTR_VALUE_MAX {
             return Err(Error::AttrTooBig);
         }
