@@ -8,6 +8,7 @@
 //! pass, unless FOLIOFS_REQUIRE_FUSE=1 (CI), where they fail.
 
 use std::ffi::CString;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -2108,5 +2109,104 @@ fn o_tmpfile_is_unnamed_until_linked_and_goes_with_its_last_close() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("named")]);
+    m.unmount_and_check();
+}
+
+/// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS on `p` (chattr's ioctls).
+fn inode_flags(p: &Path, set: Option<u32>) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(p)?;
+    let mut v: libc::c_int = set.unwrap_or(0) as libc::c_int;
+    let cmd = if set.is_some() {
+        libc::FS_IOC_SETFLAGS
+    } else {
+        libc::FS_IOC_GETFLAGS
+    };
+    // SAFETY: both ioctls take a pointer to an int.
+    if unsafe { libc::ioctl(f.as_raw_fd(), cmd, &mut v) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v as u32)
+}
+
+/// chattr +i and +a through the mount: the kernel forwards the flags
+/// (FUSE_IOCTL), the daemon refuses what they forbid, opens included
+/// (the kernel does not know a FUSE file's flags), writes the kernel
+/// cached before +i still reach the file, and the flags survive a
+/// remount.
+#[test]
+fn chattr_immutable_and_append_only_through_the_mount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let eperm = |r: std::io::Result<()>, what: &str| {
+        let e = r.err().unwrap_or_else(|| panic!("{what}: allowed"));
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{what}: {e}");
+    };
+    let (imm, app) = (foliofs::fs::FL_IMMUTABLE, foliofs::fs::FL_APPEND);
+    let mut m = Mounted::new("chattr", "");
+    let f = m.path("f");
+    std::fs::write(&f, b"before").unwrap();
+    // A write the kernel caches, then +i while it is still cached.
+    let mut w = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    w.write_all(b", cached").unwrap();
+    inode_flags(&f, Some(imm)).unwrap();
+    assert_eq!(inode_flags(&f, None).unwrap() & (imm | app), imm);
+    drop(w);
+    let open_w = |append: bool| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .append(append)
+            .open(&f)
+            .map(drop)
+    };
+    eperm(open_w(false), "open for writing");
+    eperm(open_w(true), "open for appending");
+    eperm(std::fs::remove_file(&f), "unlink");
+    eperm(std::fs::rename(&f, m.path("g")), "rename");
+    eperm(std::fs::hard_link(&f, m.path("h")), "link");
+    eperm(
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)),
+        "chmod",
+    );
+    std::fs::write(m.path("other"), b"x").unwrap();
+    eperm(std::fs::rename(m.path("other"), &f), "rename over");
+    assert_eq!(std::fs::read(&f).unwrap(), b"before, cached");
+
+    m.remount("");
+    assert_eq!(std::fs::read(&f).unwrap(), b"before, cached");
+    assert_eq!(inode_flags(&f, None).unwrap() & (imm | app), imm);
+    inode_flags(&f, Some(app)).unwrap();
+    eperm(open_w(false), "open for writing, append-only");
+    open_w(true).unwrap();
+    let mut a = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    a.write_all(b", appended").unwrap();
+    a.sync_all().unwrap();
+    drop(a);
+    eperm(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&f)
+            .map(drop),
+        "O_TRUNC, append-only",
+    );
+    eperm(std::fs::remove_file(&f), "unlink, append-only");
+    assert_eq!(std::fs::read(&f).unwrap(), b"before, cached, appended");
+
+    // A directory: +a takes new names, keeps old ones.
+    let d = m.path("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("old"), b"1").unwrap();
+    inode_flags(&d, Some(app)).unwrap();
+    std::fs::write(d.join("new"), b"2").unwrap();
+    eperm(
+        std::fs::remove_file(d.join("old")),
+        "unlink in +a directory",
+    );
+    inode_flags(&d, Some(0)).unwrap();
+    inode_flags(&f, Some(0)).unwrap();
+    std::fs::remove_file(d.join("old")).unwrap();
+    std::fs::remove_file(&f).unwrap();
     m.unmount_and_check();
 }

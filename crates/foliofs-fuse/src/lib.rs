@@ -26,7 +26,10 @@
 //! mount's root directory (`foliofs stat --mount DIR` prints them).
 
 use foliofs::device::AlignedBuf;
-use foliofs::fs::{Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence};
+use foliofs::fs::{
+    Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_IMMUTABLE,
+    FL_NOATIME, FL_NODUMP,
+};
 use foliofs::{Error, Fs};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
@@ -57,6 +60,57 @@ pub const COUNTERS_XATTR: &str = "foliofs.counters";
 /// `foliofs sync PATH` does syncfs and then this (as `btrfs filesystem
 /// sync` uses BTRFS_IOC_SYNC).
 pub const FOLIOFS_IOC_SYNC: u32 = (0xb7 << 8) | 1;
+
+/// chattr's ioctls as the kernel forwards them (FUSE_IOCTL from its
+/// fileattr calls): the flags as an int, or a struct fsxattr.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+const FSXATTR_SIZE: usize = 28;
+/// FS_XFLAG_* and the FS_*_FL flag each stands for.
+const XFLAGS: [(u32, u32); 4] = [
+    (0x08, FL_IMMUTABLE),
+    (0x10, FL_APPEND),
+    (0x40, FL_NOATIME),
+    (0x80, FL_NODUMP),
+];
+
+fn xflags_of(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(_, f)| flags & f != 0)
+        .fold(0, |acc, (x, _)| acc | x)
+}
+
+/// The FS_*_FL flags for FS_XFLAG_* `x`; None if it has others.
+fn flags_of_xflags(x: u32) -> Option<u32> {
+    let known = XFLAGS.iter().fold(0, |acc, (x, _)| acc | x);
+    (x & !known == 0).then(|| {
+        XFLAGS
+            .iter()
+            .filter(|(xf, _)| x & xf != 0)
+            .fold(0, |acc, (_, f)| acc | f)
+    })
+}
+
+/// Whether a file with chattr `flags` may be opened with open(2)
+/// `oflags`, as Linux's may_open has it: not for writing or truncation
+/// when immutable; when append-only, writing only with O_APPEND and no
+/// truncation. (The kernel does not know a FUSE file's flags.)
+fn open_allowed(flags: u32, oflags: i32) -> bool {
+    let write = oflags & libc::O_ACCMODE != libc::O_RDONLY;
+    let trunc = oflags & libc::O_TRUNC != 0;
+    if flags & FL_IMMUTABLE != 0 {
+        return !write && !trunc;
+    }
+    if flags & FL_APPEND != 0 {
+        return !trunc && (!write || oflags & libc::O_APPEND != 0);
+    }
+    true
+}
 
 /// What `foliofs sync` does on an open file or directory: syncfs of its
 /// file system, then FOLIOFS_IOC_SYNC. Ok(false) when the file system is
@@ -721,6 +775,21 @@ impl FuseFs {
         }
     }
 
+    /// chattr through the kernel (FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR):
+    /// the kernel's vfs_fileattr_set has checked that the caller owns the
+    /// inode and, for immutable and append-only, holds
+    /// CAP_LINUX_IMMUTABLE. Before a file turns immutable, the writes the
+    /// kernel still caches for it are written back (they were accepted
+    /// before it was frozen); afterwards the engine refuses them.
+    fn set_flags(&self, ino: u64, flags: u32) -> foliofs::Result<()> {
+        let was = self.fs.getattr(ino)?.flags;
+        if flags & !was & FL_IMMUTABLE != 0 {
+            self.kernel_drop(ino, 0, 0);
+            self.fs.fsync(ino, true)?;
+        }
+        self.fs.set_flags(ino, flags, true).map(drop)
+    }
+
     fn counters_json(&self) -> Vec<u8> {
         let mut c = serde_json::to_value(self.fs.counters()).unwrap_or_default();
         if let Some(m) = c.as_object_mut() {
@@ -1074,6 +1143,10 @@ impl Filesystem for FuseFs {
             Ok((a, f)) if a.kind == FileType::Dir => {
                 let _ = self.fs.release_file(f);
                 reply.error(Errno::EISDIR)
+            }
+            Ok((a, f)) if !open_allowed(a.flags, flags.0) => {
+                let _ = self.fs.release_file(f);
+                reply.error(Errno::EPERM)
             }
             Ok((_, f)) => {
                 let (fh, open) = self.new_handle(ino, flags.0, f);
@@ -1450,20 +1523,56 @@ impl Filesystem for FuseFs {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if cmd != FOLIOFS_IOC_SYNC {
-            return reply.error(Errno::ENOTTY);
-        }
-        match self.fs.sync() {
-            Ok(()) => reply.ioctl(0, &[]),
-            Err(e) => reply.error(errno(e)),
+        let ino = self.ino(ino);
+        match cmd {
+            FOLIOFS_IOC_SYNC => match self.fs.sync() {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(errno(e)),
+            },
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.fs.getattr(ino) {
+                Ok(a) => reply.ioctl(0, &a.flags.to_ne_bytes()),
+                Err(e) => reply.error(errno(e)),
+            },
+            FS_IOC_FSGETXATTR => match self.fs.getattr(ino) {
+                Ok(a) => {
+                    let mut x = [0u8; FSXATTR_SIZE];
+                    x[..4].copy_from_slice(&xflags_of(a.flags).to_ne_bytes());
+                    reply.ioctl(0, &x)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS if in_data.len() >= 4 => {
+                let flags = u32::from_ne_bytes(in_data[..4].try_into().unwrap());
+                match self.set_flags(ino, flags) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            FS_IOC_FSSETXATTR if in_data.len() >= FSXATTR_SIZE => {
+                let word = |i: usize| u32::from_ne_bytes(in_data[i..i + 4].try_into().unwrap());
+                // Extent size hints and project IDs: not kept.
+                let r = match flags_of_xflags(word(0)) {
+                    Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => {
+                        self.set_flags(ino, flags)
+                    }
+                    _ => Err(Error::Unsupported(
+                        "these xflags, extent size hints or project IDs",
+                    )),
+                };
+                match r {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            _ => reply.error(Errno::ENOTTY),
         }
     }
 
