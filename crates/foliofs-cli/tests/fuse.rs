@@ -2210,3 +2210,46 @@ fn chattr_immutable_and_append_only_through_the_mount() {
     std::fs::remove_file(&f).unwrap();
     m.unmount_and_check();
 }
+
+/// FS_IOC_SHUTDOWN (xfstests' godown) through the mount: the log is
+/// flushed, later changes fail with EIO, and after umount and mount what
+/// was fsynced is there and fsck is clean; a non-root caller is refused.
+#[test]
+fn shutdown_ioctl_through_the_mount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let shutdown = |dir: &Path| {
+        let d = std::fs::File::open(dir).unwrap();
+        let mut flag: u32 = 1; // XFS_FSOP_GOING_FLAGS_LOGFLUSH
+                               // SAFETY: the ioctl reads a u32 through the pointer.
+        if unsafe { libc::ioctl(d.as_raw_fd(), 0x8004_587d, &mut flag) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    let mut m = Mounted::new("shutdown", "");
+    let mut f = std::fs::File::create(m.path("kept")).unwrap();
+    f.write_all(b"fsynced").unwrap();
+    f.sync_all().unwrap();
+    std::fs::create_dir(m.path("dir")).unwrap();
+    let d = m.dir.display().to_string();
+    let out = as_nobody(&format!(
+        "python3 -c 'import fcntl,os; fcntl.ioctl(os.open(\"{d}\", os.O_RDONLY), 0x8004587d, b\"\\1\\0\\0\\0\")'"
+    ));
+    assert!(!out.status.success(), "a user shut the mount down");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"));
+    drop(f);
+    shutdown(&m.dir).unwrap();
+    let e = std::fs::write(m.path("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    run(Command::new("umount").arg(&m.dir));
+    let st = m.child.take().unwrap().wait().unwrap();
+    // The image is left for the next mount to replay, as after a crash.
+    assert_eq!(st.code(), Some(32), "the daemon after a shutdown: {st}");
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"fsynced");
+    assert!(m.path("dir").is_dir(), "the flushed log lost a mkdir");
+    m.unmount_and_check();
+}

@@ -70,6 +70,9 @@ const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 const FSXATTR_SIZE: usize = 28;
+/// Shut the file system down (XFS_IOC_GOINGDOWN, ext4's and f2fs's
+/// shutdown; root only).
+const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
 /// FS_XFLAG_* and the FS_*_FL flag each stands for.
 const XFLAGS: [(u32, u32); 4] = [
     (0x08, FL_IMMUTABLE),
@@ -1522,7 +1525,7 @@ impl Filesystem for FuseFs {
     /// FOLIOFS_IOC_SYNC; any other command is not one of ours (ENOTTY).
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -1534,6 +1537,14 @@ impl Filesystem for FuseFs {
         let ino = self.ino(ino);
         match cmd {
             FOLIOFS_IOC_SYNC => match self.fs.sync() {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(errno(e)),
+            },
+            // The flag (XFS's flush-the-log-or-not) does not reach a FUSE
+            // server (an _IOR ioctl passes nothing in): the log is
+            // flushed, the cached data is not.
+            FS_IOC_SHUTDOWN if req.uid() != 0 => reply.error(Errno::EPERM),
+            FS_IOC_SHUTDOWN => match self.fs.shutdown(true) {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(e)),
             },

@@ -478,3 +478,46 @@ fn chattr_noatime_keeps_reads_from_stamping_atime() {
     assert!(fs.getattr(f).unwrap().atime.0 > 1000);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn shutdown_on_request_is_a_crash_with_or_without_the_log_flushed() {
+    for flush_log in [true, false] {
+        let (dev, fs) = fresh(64 << 20, 4096);
+        let root = fs.root_ino();
+        let kept = fs.create(root, b"kept", 0o644, 0, 0).unwrap().ino;
+        fs.write(kept, 0, b"fsynced").unwrap();
+        fs.fsync(kept, false).unwrap();
+        let late = fs.create(root, b"late", 0o644, 0, 0).unwrap().ino;
+        fs.write(late, 0, b"cached only").unwrap();
+        fs.shutdown(flush_log).unwrap();
+        fs.shutdown(flush_log).unwrap();
+        assert!(matches!(fs.write(kept, 0, b"x"), Err(Error::Shutdown(_))));
+        assert!(matches!(
+            fs.create(root, b"new", 0o644, 0, 0),
+            Err(Error::Shutdown(_))
+        ));
+        assert!(fs.unmount().is_err(), "unmount reports the shutdown");
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        let mut buf = [0u8; 16];
+        let n = fs.read(kept, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"fsynced");
+        // The flushed log has the create; the data was never written.
+        match fs.lookup(root, b"late") {
+            Ok(a) => {
+                assert!(flush_log, "the create survived an unflushed log");
+                assert_eq!(a.size, 0);
+            }
+            Err(e) => {
+                assert!(!flush_log, "the flushed log lost the create: {e}");
+                assert!(matches!(e, Error::NotFound));
+            }
+        }
+        fs.unmount().unwrap();
+        let opts = foliofs::fsck::FsckOptions {
+            repair: false,
+            check_data: true,
+        };
+        let r = foliofs::fsck::fsck(dev, &opts, |_, _| {}).unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+    }
+}

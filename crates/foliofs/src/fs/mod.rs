@@ -231,6 +231,26 @@ impl Fs {
         g.check_reservations()
     }
 
+    /// Shut the file system down on request, as a crash would
+    /// (FS_IOC_SHUTDOWN; xfstests' godown): with `flush_log`, the
+    /// journal's running transaction is committed first (metadata only;
+    /// cached data is not written back). From then on every change fails
+    /// with `Error::Shutdown` and nothing new is written; unmount leaves
+    /// the image for the next mount to replay its journal.
+    pub fn shutdown(&self, flush_log: bool) -> Result<()> {
+        let g = self.s.inner.lock();
+        if g.meta.is_shutdown() {
+            return Ok(());
+        }
+        let mut g = if flush_log && !g.opts.read_only {
+            self.s.commit_sync(g)?
+        } else {
+            g
+        };
+        g.meta.poison("shut down on request".into());
+        Ok(())
+    }
+
     /// Why the file system shut down, if it did.
     pub fn shutdown_reason(&self) -> Option<String> {
         self.s
