@@ -35,8 +35,8 @@ use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -967,6 +967,24 @@ impl Filesystem for FuseFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.attr_reply(self.fs.getattr(self.ino(ino)), reply)
+    }
+
+    /// statx asking for the birth time: the attributes and the inode's
+    /// creation time, which the kernel then keeps with the attributes it
+    /// caches (stat(1)'s "Birth", statx's STATX_BTIME).
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        match self.fs.getattr(self.ino(ino)) {
+            Ok(a) => reply.statx(&self.cache.attr_timeout, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     /// With FUSE_HANDLE_KILLPRIV_V2 the engine, not the kernel, takes

@@ -60,6 +60,7 @@ pub use crate::rename_flags::RenameFlags;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyData;
 pub use crate::reply::ReplyDirectory;
 pub use crate::reply::ReplyDirectoryPlus;
@@ -436,6 +437,23 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Get file attributes.
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         warn!("[Not Implemented] getattr(ino: {ino:#x?}, fh: {fh:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// statx(2) asking for more than stat(2) has (FUSE_STATX, protocol
+    /// 7.39): `mask` is the STATX_* fields asked for, `flags` the
+    /// AT_STATX_* flags. The default answers ENOSYS, after which the
+    /// kernel asks `getattr` instead and reports no birth time.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!("[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:#x?}, flags: {flags:#x}, mask: {mask:#x})");
         reply.error(Errno::ENOSYS);
     }
 

@@ -320,6 +320,35 @@ impl ReplyAttr {
 }
 
 ///
+/// Statx Reply (FUSE_STATX)
+///
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with what stat has and the birth time (`attr.crtime`).
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
+///
 /// XTimes Reply
 ///
 #[cfg(target_os = "macos")]

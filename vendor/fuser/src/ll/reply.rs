@@ -120,6 +120,50 @@ impl ResponseStruct<abi::fuse_attr_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_statx_out> {
+    /// A statx reply: what stat has, and the birth time.
+    pub(crate) fn new_statx(ttl: &Duration, attr: &crate::FileAttr) -> Self {
+        const STATX_BASIC_STATS: u32 = 0x7ff;
+        const STATX_BTIME: u32 = 0x800;
+        let a = fuse_attr_from_attr(attr);
+        let time = |sec: i64, nsec: u32| abi::fuse_sx_time {
+            tv_sec: sec,
+            tv_nsec: nsec,
+            reserved: 0,
+        };
+        let (bsec, bnsec) = time_from_system_time(&attr.crtime);
+        // fuse_attr's rdev is the kernel's new_encode_dev form.
+        let (major, minor) = (
+            (a.rdev >> 8) & 0xfff,
+            (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
+        );
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask: STATX_BASIC_STATS | STATX_BTIME,
+                blksize: a.blksize,
+                nlink: a.nlink,
+                uid: a.uid,
+                gid: a.gid,
+                mode: a.mode as u16,
+                ino: a.ino,
+                size: a.size,
+                blocks: a.blocks,
+                atime: time(a.atime, a.atimensec),
+                btime: time(bsec, bnsec),
+                ctime: time(a.ctime, a.ctimensec),
+                mtime: time(a.mtime, a.mtimensec),
+                rdev_major: major,
+                rdev_minor: minor,
+                ..Default::default()
+            },
+        })
+    }
+}
+
 #[cfg(target_os = "macos")]
 impl ResponseStruct<abi::fuse_getxtimes_out> {
     pub(crate) fn new_xtimes(bkuptime: SystemTime, crtime: SystemTime) -> Self {

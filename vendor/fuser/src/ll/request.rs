@@ -1277,6 +1277,29 @@ mod op {
         }
     }
 
+    /// statx(2) asking for more than stat(2) has (FUSE_STATX).
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+                .then_some(FileHandle(self.arg.fh))
+        }
+        /// AT_STATX_* and other statx flags.
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+        /// The STATX_* fields asked for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+    }
+
     /// If a process issuing a FUSE filesystem request is interrupted, the
     /// following will happen:
     ///
@@ -1818,6 +1841,10 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
             fuse_opcode::FUSE_CREATE => Operation::Create(Create {
                 header,
                 arg: data.fetch()?,
@@ -1939,6 +1966,7 @@ pub(crate) enum Operation<'a> {
     Access(Access<'a>),
     Create(Create<'a>),
     TmpFile(TmpFile<'a>),
+    Statx(Statx<'a>),
     Interrupt(Interrupt<'a>),
     BMap(BMap<'a>),
     Destroy(Destroy<'a>),
@@ -2096,6 +2124,7 @@ impl fmt::Display for Operation<'_> {
                 x.mode(),
                 x.flags()
             ),
+            Operation::Statx(x) => write!(f, "STATX mask {:#x}, flags {:#x}", x.mask(), x.flags()),
             Operation::Interrupt(x) => write!(f, "INTERRUPT unique {:?}", x.unique()),
             Operation::BMap(x) => write!(f, "BMAP blocksize {}, ids {}", x.block_size(), x.block()),
             Operation::Destroy(_) => write!(f, "DESTROY"),
