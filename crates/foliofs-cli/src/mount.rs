@@ -276,11 +276,18 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         let image = image
             .canonicalize()
             .with_context(|| format!("cannot open {}", image.display()))?;
+        // A block device mounted by root is a fuseblk mount: the kernel
+        // claims the device itself (so the daemon does not open it O_EXCL)
+        // and passes syncfs(2) and sync(1) on (FUSE_SYNCFS).
+        let blkdev = unsafe { libc::geteuid() } == 0
+            && std::fs::metadata(&image)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
         let dev = FileDevice::open_with(
             &image,
             &DeviceOptions {
                 writable: !o.engine.read_only,
                 daemon: true,
+                exclusive: !blkdev,
                 ..Default::default()
             },
         )
@@ -301,6 +308,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         ];
         if o.default_permissions {
             cfg.mount_options.push(MountOption::DefaultPermissions);
+        }
+        if blkdev {
+            cfg.mount_options.push(MountOption::BlockDevice);
         }
         if o.dev {
             cfg.mount_options.push(MountOption::Dev);

@@ -2306,3 +2306,102 @@ fn statx_reports_the_birth_time() {
     assert_eq!(t(statx(&f).stx_btime), t(born.stx_btime));
     m.unmount_and_check();
 }
+
+/// A loop device over an image file, detached when dropped.
+struct Loop(String);
+
+impl Loop {
+    /// None (with a message) where loop devices cannot be made.
+    fn new(img: &Path) -> Option<Loop> {
+        let out = Command::new("losetup")
+            .args(["-f", "--show", "--direct-io=on"])
+            .arg(img)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                Some(Loop(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+            }
+            Ok(o) => {
+                eprintln!(
+                    "skipped: no loop device: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: losetup: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// A block device mounted by root is a fuseblk mount: the kernel claims
+/// the device (a second claim is refused) and passes syncfs(2) and
+/// sync(1) on to the daemon (FUSE_SYNCFS), so what they covered survives
+/// a killed daemon, as on a kernel file system. (On an image file, Linux
+/// keeps sync from a FUSE server; `foliofs sync` is the way there.)
+#[test]
+fn sync_reaches_the_daemon_of_a_block_device_mount() {
+    if !fuse_ready(&[]) || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuse-fuseblk");
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(base.join("mnt"))
+        .status();
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(base.join("mnt")).unwrap();
+    let file = base.join("backing.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
+    let Some(lo) = Loop::new(&file) else {
+        return;
+    };
+    run(Command::new(BIN)
+        .arg("mkfs")
+        .arg(&lo.0)
+        .stdout(Stdio::null()));
+    let mut m = Mounted {
+        img: PathBuf::from(&lo.0),
+        dir: base.join("mnt"),
+        child: None,
+    };
+    m.mount("");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        mountinfo
+            .lines()
+            .any(|l| l.contains(&format!(" - fuseblk {} ", lo.0))),
+        "not a fuseblk mount:\n{mountinfo}"
+    );
+    let busy = Command::new(BIN).arg("fsck").arg(&lo.0).output().unwrap();
+    assert!(!busy.status.success(), "fsck opened a mounted device");
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    std::fs::write(m.path("synced"), &data).unwrap();
+    std::fs::create_dir(m.path("dir")).unwrap();
+    let d = std::fs::File::open(&m.dir).unwrap();
+    // SAFETY: a valid open descriptor.
+    assert_eq!(
+        unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) },
+        0
+    );
+    drop(d);
+    m.kill_daemon();
+    let _ = Command::new("umount").arg("-l").arg(&m.dir).status();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("synced")).unwrap(), data);
+    assert!(m.path("dir").is_dir());
+    m.unmount_and_check();
+}

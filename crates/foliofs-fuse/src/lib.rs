@@ -1361,6 +1361,13 @@ impl Filesystem for FuseFs {
         done(self.fsync_fh(self.ino(ino), fh, datasync), reply)
     }
 
+    /// syncfs(2) and sync(1) on a fuseblk mount (a block device mounted by
+    /// root): write back and commit everything, as `foliofs sync` does.
+    /// The kernel has written back its own cached writes first.
+    fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
+        done(self.fs.sync(), reply)
+    }
+
     /// With FUSE_NO_OPENDIR_SUPPORT the first opendir answers ENOSYS and
     /// the kernel sends no more opendir or releasedir (two round trips
     /// less per listing) and caches listings itself: an open directory is

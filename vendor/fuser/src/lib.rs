@@ -440,6 +440,15 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// syncfs(2) or sync(2) (FUSE_SYNCFS, protocol 7.34): make everything
+    /// written so far durable. The kernel sends it on fuseblk mounts
+    /// (`MountOption::BlockDevice`, Linux 6.18) and virtiofs only. The
+    /// default answers ENOSYS, after which the kernel stops asking.
+    fn syncfs(&self, _req: &Request, ino: INodeNo, reply: ReplyEmpty) {
+        warn!("[Not Implemented] syncfs(ino: {ino:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
     /// statx(2) asking for more than stat(2) has (FUSE_STATX, protocol
     /// 7.39): `mask` is the STATX_* fields asked for, `flags` the
     /// AT_STATX_* flags. The default answers ENOSYS, after which the

@@ -406,6 +406,9 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            ll::Operation::SyncFs(_) => {
+                filesystem.syncfs(self.request_header(), self.request.nodeid(), self.reply());
+            }
             ll::Operation::Statx(x) => {
                 filesystem.statx(
                     self.request_header(),

@@ -30,6 +30,10 @@ pub struct DeviceOptions {
     pub daemon: bool,
     /// How long to wait for a daemon finishing after its unmount.
     pub wait: Duration,
+    /// Open a block device O_EXCL (with `lock`), which keeps kernel
+    /// mounts and other exclusive openers out. Off for a fuseblk mount,
+    /// whose kernel side claims the device itself.
+    pub exclusive: bool,
 }
 
 impl Default for DeviceOptions {
@@ -39,6 +43,7 @@ impl Default for DeviceOptions {
             lock: true,
             daemon: false,
             wait: lock::DEFAULT_WAIT,
+            exclusive: true,
         }
     }
 }
@@ -69,7 +74,11 @@ impl FileDevice {
         let block_dev = std::fs::metadata(path)?.file_type().is_block_device();
         // Block devices also open O_EXCL, which keeps kernel mounts (and
         // other exclusive openers) out for as long as we hold them.
-        let excl = if block_dev && o.lock { libc::O_EXCL } else { 0 };
+        let excl = if block_dev && o.lock && o.exclusive {
+            libc::O_EXCL
+        } else {
+            0
+        };
         let open_direct = || match open(libc::O_DIRECT | excl) {
             Ok(f) => Ok((f, true)),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((open(excl)?, false)),

@@ -207,7 +207,8 @@ pub fn fuse_mounts() -> Vec<FuseMount> {
             let pre: Vec<&str> = pre.split(' ').collect();
             let post: Vec<&str> = post.split(' ').collect();
             let fstype = *post.first()?;
-            if fstype != "fuse" && !fstype.starts_with("fuse.") {
+            let fuse = |t: &str| fstype == t || fstype.starts_with(&format!("{t}."));
+            if !fuse("fuse") && !fuse("fuseblk") {
                 return None;
             }
             Some(FuseMount {

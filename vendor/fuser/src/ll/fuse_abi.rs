@@ -161,6 +161,7 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    FUSE_SYNCFS = 50,
     FUSE_TMPFILE = 51,
     FUSE_STATX = 52,
 
@@ -224,6 +225,13 @@ pub(crate) struct fuse_getattr_in {
     pub(crate) getattr_flags: u32,
     pub(crate) dummy: u32,
     pub(crate) fh: u64,
+}
+
+/// FUSE_SYNCFS (protocol 7.34): syncfs(2) on a fuseblk or virtiofs mount.
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_syncfs_in {
+    pub(crate) padding: u64,
 }
 
 /// FUSE_STATX (protocol 7.39): statx(2) when it asks for more than

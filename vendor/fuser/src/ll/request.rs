@@ -1277,6 +1277,16 @@ mod op {
         }
     }
 
+    /// syncfs(2) or sync(2): make everything durable (FUSE_SYNCFS; the
+    /// kernel sends it on fuseblk and virtiofs mounts only).
+    #[derive(Debug)]
+    pub(crate) struct SyncFs<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        #[expect(dead_code)]
+        arg: &'a fuse_syncfs_in,
+    }
+
     /// statx(2) asking for more than stat(2) has (FUSE_STATX).
     #[derive(Debug)]
     pub(crate) struct Statx<'a> {
@@ -1841,6 +1851,10 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_SYNCFS => Operation::SyncFs(SyncFs {
+                header,
+                arg: data.fetch()?,
+            }),
             fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
                 header,
                 arg: data.fetch()?,
@@ -1967,6 +1981,7 @@ pub(crate) enum Operation<'a> {
     Create(Create<'a>),
     TmpFile(TmpFile<'a>),
     Statx(Statx<'a>),
+    SyncFs(SyncFs<'a>),
     Interrupt(Interrupt<'a>),
     BMap(BMap<'a>),
     Destroy(Destroy<'a>),
@@ -2124,6 +2139,7 @@ impl fmt::Display for Operation<'_> {
                 x.mode(),
                 x.flags()
             ),
+            Operation::SyncFs(_) => write!(f, "SYNCFS"),
             Operation::Statx(x) => write!(f, "STATX mask {:#x}, flags {:#x}", x.mask(), x.flags()),
             Operation::Interrupt(x) => write!(f, "INTERRUPT unique {:?}", x.unique()),
             Operation::BMap(x) => write!(f, "BMAP blocksize {}, ids {}", x.block_size(), x.block()),

@@ -477,11 +477,12 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    let blkdev = options.contains(&MountOption::BlockDevice);
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(if blkdev { "fuseblk" } else { "fuse" }),
         flags,
         Some(mount_options.as_str()),
     );
@@ -490,7 +491,7 @@ fn fuse_mount_sys(
 
     match result {
         Ok(()) => Ok(Some(file)),
-        Err(nix::errno::Errno::EPERM) => Ok(None), // Retry with fusermount
+        Err(nix::errno::Errno::EPERM) if !blkdev => Ok(None), // Retry with fusermount
         Err(e) => Err(Error::new(
             ErrorKind::Other,
             format!(

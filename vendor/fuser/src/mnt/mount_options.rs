@@ -40,6 +40,11 @@ pub enum MountOption {
     AutoUnmount,
     /// Enable permission checking in the kernel
     DefaultPermissions,
+    /// Mount as `fuseblk` (libfuse's `blkdev`): `FSName` is a block
+    /// device, which the kernel claims for the mount. Root only. The
+    /// kernel then passes syncfs(2) and sync(2) on (FUSE_SYNCFS, Linux
+    /// 6.18) and waits for the reply to DESTROY at unmount.
+    BlockDevice,
 
     /* Flags */
     /// Enable special character and block devices
@@ -78,6 +83,7 @@ impl MountOption {
         match s {
             "auto_unmount" => MountOption::AutoUnmount,
             "default_permissions" => MountOption::DefaultPermissions,
+            "blkdev" => MountOption::BlockDevice,
             "dev" => MountOption::Dev,
             "nodev" => MountOption::NoDev,
             "suid" => MountOption::Suid,
@@ -132,6 +138,7 @@ fn conflicts_with(option: &MountOption) -> Vec<MountOption> {
         | MountOption::CUSTOM(_)
         | MountOption::DirSync
         | MountOption::AutoUnmount
+        | MountOption::BlockDevice
         | MountOption::DefaultPermissions => vec![],
         MountOption::Dev => vec![MountOption::NoDev],
         MountOption::NoDev => vec![MountOption::Dev],
@@ -157,6 +164,7 @@ pub(crate) fn option_to_string(option: &MountOption) -> String {
         MountOption::CUSTOM(value) => value.to_string(),
         MountOption::AutoUnmount => "auto_unmount".to_string(),
         MountOption::DefaultPermissions => "default_permissions".to_string(),
+        MountOption::BlockDevice => "blkdev".to_string(),
         MountOption::Dev => "dev".to_string(),
         MountOption::NoDev => "nodev".to_string(),
         MountOption::Suid => "suid".to_string(),
@@ -180,6 +188,7 @@ pub(crate) fn option_group(option: &MountOption) -> MountOptionGroup {
         MountOption::Subtype(_) => MountOptionGroup::Fusermount,
         MountOption::CUSTOM(_) => MountOptionGroup::KernelOption,
         MountOption::AutoUnmount => MountOptionGroup::Fusermount,
+        MountOption::BlockDevice => MountOptionGroup::Fusermount,
         MountOption::Dev => MountOptionGroup::KernelFlag,
         MountOption::NoDev => MountOptionGroup::KernelFlag,
         MountOption::Suid => MountOptionGroup::KernelFlag,
