@@ -1898,6 +1898,23 @@ fn postgres_keeps_every_acknowledged_commit_through_a_killed_daemon() {
     assert!(log.contains("redo done"), "no recovery in the log:\n{log}");
     assert!(!log.contains("checksum"), "a page checksum failed:\n{log}");
     as_postgres(&format!("{bin}/pg_ctl stop -w -D {data}/db"));
+    // pg_ctl returns once the postmaster's pid file is gone; its last
+    // processes may still be closing files on the mount for a moment.
+    wait_for("PostgreSQL to let go of the mount", || {
+        !std::fs::read_dir("/proc").unwrap().any(|e| {
+            let Some(pid) = e.ok() else { return false };
+            let cwd = std::fs::read_link(pid.path().join("cwd"));
+            let fds = std::fs::read_dir(pid.path().join("fd"));
+            cwd.is_ok_and(|c| c.starts_with(&m.dir))
+                || fds.is_ok_and(|mut fds| {
+                    fds.any(|f| {
+                        f.ok()
+                            .and_then(|f| std::fs::read_link(f.path()).ok())
+                            .is_some_and(|t| t.starts_with(&m.dir))
+                    })
+                })
+        })
+    });
     m.unmount_and_check();
 }
 
