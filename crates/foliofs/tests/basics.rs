@@ -1,5 +1,7 @@
 //! End-to-end behaviour of the library API on an in-memory device.
 
+mod common;
+
 use foliofs::device::{Device, MemDevice};
 use foliofs::fs::*;
 use foliofs::{Error, Fs};
@@ -223,12 +225,7 @@ fn a_tmpfile_is_named_by_link_or_goes_with_its_last_close_or_a_crash() {
         "{before:?} {after:?}"
     );
     fs.unmount().unwrap();
-    let opts = foliofs::fsck::FsckOptions {
-        repair: false,
-        check_data: true,
-    };
-    let r = foliofs::fsck::fsck(crashed, &opts, |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    common::fsck_clean(crashed, "the tmpfile after a crash");
 }
 
 #[test]
@@ -443,12 +440,7 @@ fn chattr_immutable_and_append_only_are_enforced_and_kept() {
     fs.set_flags(d, 0, true).unwrap();
     fs.unlink(d, b"in").unwrap();
     fs.unmount().unwrap();
-    let opts = foliofs::fsck::FsckOptions {
-        repair: false,
-        check_data: true,
-    };
-    let r = foliofs::fsck::fsck(dev, &opts, |_, _| {}).unwrap();
-    assert!(r.is_clean(), "{:?}", r.problems);
+    common::fsck_clean(dev, "after chattr");
 }
 
 #[test]
@@ -513,11 +505,6 @@ fn shutdown_on_request_is_a_crash_with_or_without_the_log_flushed() {
             }
         }
         fs.unmount().unwrap();
-        let opts = foliofs::fsck::FsckOptions {
-            repair: false,
-            check_data: true,
-        };
-        let r = foliofs::fsck::fsck(dev, &opts, |_, _| {}).unwrap();
-        assert!(r.is_clean(), "{:?}", r.problems);
+        common::fsck_clean(dev, "after the shutdown");
     }
 }
