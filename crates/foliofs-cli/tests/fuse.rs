@@ -2210,12 +2210,31 @@ fn chattr_immutable_and_append_only_through_the_mount() {
     );
     eperm(std::fs::remove_file(&f), "unlink, append-only");
     assert_eq!(std::fs::read(&f).unwrap(), b"before, cached, appended");
+    let past = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    eperm(
+        std::fs::File::open(&f).unwrap().set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(past)
+                .set_modified(past),
+        ),
+        "utimes with times, append-only",
+    );
 
     // A directory: +a takes new names, keeps old ones.
     let d = m.path("d");
     std::fs::create_dir(&d).unwrap();
     std::fs::write(d.join("old"), b"1").unwrap();
+    // chattr moves the change time, and stat sees it at once (of a
+    // directory: the kernel keeps a regular file's ctime as its own
+    // while it caches writes, and does not move it for chattr).
+    let ctime = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let c0 = ctime(&d);
+    std::thread::sleep(Duration::from_millis(50));
     inode_flags(&d, Some(app)).unwrap();
+    assert!(ctime(&d) > c0, "ctime after chattr +a");
     std::fs::write(d.join("new"), b"2").unwrap();
     eperm(
         std::fs::remove_file(d.join("old")),
@@ -2265,6 +2284,13 @@ fn shutdown_ioctl_through_the_mount() {
     let st = m.child.take().unwrap().wait().unwrap();
     // The image is left for the next mount to replay, as after a crash.
     assert_eq!(st.code(), Some(32), "the daemon after a shutdown: {st}");
+    // A read-only mount replays the journal into memory (xfstests 417,
+    // 646): the image is left for the next read-write mount to replay.
+    m.mount("ro");
+    assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"fsynced");
+    assert!(m.path("dir").is_dir(), "the read-only mount lost a mkdir");
+    run(Command::new("umount").arg(&m.dir));
+    assert!(m.child.take().unwrap().wait().unwrap().success());
     m.mount("");
     assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"fsynced");
     assert!(m.path("dir").is_dir(), "the flushed log lost a mkdir");

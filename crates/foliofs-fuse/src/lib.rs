@@ -790,7 +790,12 @@ impl FuseFs {
             self.kernel_drop(ino, 0, 0);
             self.fs.fsync(ino, true)?;
         }
-        self.fs.set_flags(ino, flags, true).map(drop)
+        self.fs.set_flags(ino, flags, true)?;
+        // The change time moved: the kernel's cached one is stale.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
+        Ok(())
     }
 
     fn counters_json(&self) -> Vec<u8> {

@@ -409,6 +409,20 @@ fn chattr_immutable_and_append_only_are_enforced_and_kept() {
     fs.write(f, 8192, b"tail").unwrap();
     assert_eq!(fs.getattr(f).unwrap().size, 8196);
     fs.setattr(f, &touch).unwrap();
+    let past = TimeSet::At(Timespec { sec: 1000, nsec: 0 });
+    let picked = SetAttr {
+        atime: Some(past),
+        mtime: Some(past),
+        ..Default::default()
+    };
+    eperm(fs.setattr(f, &picked), "utimes with times, append-only");
+    // A cache in front handing over the times it owns (after appends).
+    let handed = SetAttr {
+        mtime: Some(past),
+        ctime: Some(past),
+        ..Default::default()
+    };
+    fs.setattr(f, &handed).unwrap();
     fs.fallocate(f, Falloc::Allocate { keep_size: true }, 0, 1 << 20)
         .unwrap();
     eperm(fs.fallocate(f, Falloc::PunchHole, 0, 4096), "punch");
@@ -507,4 +521,41 @@ fn shutdown_on_request_is_a_crash_with_or_without_the_log_flushed() {
         fs.unmount().unwrap();
         common::fsck_clean(dev, "after the shutdown");
     }
+}
+
+#[test]
+fn a_read_only_mount_replays_the_journal_into_memory() {
+    let (dev, fs) = fresh(64 << 20, 4096);
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, b"fsynced before the crash").unwrap();
+    fs.fsync(f, false).unwrap();
+    let crashed = Arc::new(MemDevice::from_image(dev.image()));
+    fs.unmount().unwrap();
+    let before = crashed.image();
+    let report = common::fsck_clean(
+        Arc::new(MemDevice::from_image(before.clone())),
+        "the crashed image",
+    );
+    assert!(report.journal_replayed > 0, "nothing to replay");
+    let ro = MountOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        let fs = Fs::mount(crashed.clone(), ro.clone()).unwrap();
+        let a = fs.lookup(fs.root_ino(), b"f").unwrap();
+        let mut buf = vec![0u8; 64];
+        let n = fs.read(a.ino, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"fsynced before the crash");
+        assert!(matches!(
+            fs.create(fs.root_ino(), b"g", 0o644, 0, 0),
+            Err(Error::ReadOnly)
+        ));
+        fs.unmount().unwrap();
+        assert!(crashed.image() == before, "a read-only mount wrote");
+    }
+    let fs = Fs::mount(crashed.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.lookup(fs.root_ino(), b"f").unwrap().size, 24);
+    fs.unmount().unwrap();
+    common::fsck_clean(crashed, "after the read-write replay");
 }

@@ -51,6 +51,7 @@ impl Fs {
     /// Mount: read the superblock, replay the journal, load the AGs and
     /// finish any orphaned inodes left by a crash.
     pub fn mount(dev: Arc<dyn Device>, opts: MountOptions) -> Result<Fs> {
+        let mut dev = dev;
         let mut sb = meta::read_superblock(&*dev)?;
         meta::check_device_size(&*dev, &sb)?;
         if !opts.read_only {
@@ -62,9 +63,14 @@ impl Fs {
             // transaction of this format's.
             sb.version = crate::format::FORMAT_VERSION;
         } else if has_journal_work(&*dev, &sb)? {
-            return Err(Error::Invalid(
-                "the journal needs replay; mount read-write once (or run fsck) first".into(),
-            ));
+            // A read-only mount recovers the journal, as XFS's and ext4's
+            // do, but into memory: the device is not written, and the next
+            // read-write mount replays the same transactions.
+            let overlay: Arc<dyn Device> =
+                Arc::new(crate::device::OverlayDevice::new(dev, sb.block_size as u64));
+            let n = meta::replay(&*overlay, &mut sb)?;
+            log::info!("journal replay into memory (read-only): {n} transactions applied");
+            dev = overlay;
         }
         let mut opts = opts;
         if opts.dirty_limit_bytes == 0 {

@@ -74,10 +74,15 @@ impl Inner {
     }
 
     pub fn setattr(&mut self, ino: u64, set: &SetAttr) -> Result<Attr> {
-        // chattr +a leaves the times to change (appends move them).
+        // chattr +a lets appends move the times: "now", or the times a
+        // cache in front of the engine owns and hands over (`ctime` set,
+        // no atime: the FUSE kernel's flush after cached writes); not
+        // times a caller picks (utimes), as Linux's notify_change has it.
         let owner = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
+        let at = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+        let picked = at(set.atime) || (at(set.mtime) && set.ctime.is_none());
         let times = set.atime.is_some() || set.mtime.is_some() || set.ctime.is_some();
-        if owner || set.size.is_some() || set.kill_priv {
+        if owner || picked || set.size.is_some() || set.kill_priv {
             self.check_unfrozen(ino, false)?;
         } else if times {
             self.check_unfrozen(ino, true)?;
