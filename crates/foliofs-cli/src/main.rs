@@ -337,9 +337,31 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                 )?
             );
         } else {
+            // lsattr's letters for the flags set.
+            let flags: String = [
+                (foliofs::fs::FL_IMMUTABLE, 'i'),
+                (foliofs::fs::FL_APPEND, 'a'),
+                (foliofs::fs::FL_NODUMP, 'd'),
+                (foliofs::fs::FL_NOATIME, 'A'),
+            ]
+            .iter()
+            .filter(|(f, _)| attr.flags & f != 0)
+            .map(|(_, c)| *c)
+            .collect();
             println!(
-                "{p}: inode {} {:?} size {} mode {:o} links {} uid {} gid {}",
-                ino, attr.kind, attr.size, attr.perm, attr.nlink, attr.uid, attr.gid
+                "{p}: inode {} {:?} size {} mode {:o} links {} uid {} gid {}{}",
+                ino,
+                attr.kind,
+                attr.size,
+                attr.perm,
+                attr.nlink,
+                attr.uid,
+                attr.gid,
+                if flags.is_empty() {
+                    String::new()
+                } else {
+                    format!(" flags {flags}")
+                }
             );
             println!("{} extents:", extents.len());
             for e in &extents {

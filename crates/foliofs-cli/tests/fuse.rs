@@ -2244,7 +2244,11 @@ fn chattr_immutable_and_append_only_through_the_mount() {
     inode_flags(&f, Some(0)).unwrap();
     std::fs::remove_file(d.join("old")).unwrap();
     std::fs::remove_file(&f).unwrap();
+    std::fs::write(m.path("nodump"), b"").unwrap();
+    inode_flags(&m.path("nodump"), Some(foliofs::fs::FL_NODUMP)).unwrap();
     m.unmount_and_check();
+    let out = run(Command::new(BIN).arg("stat").arg(&m.img).arg("/nodump"));
+    assert!(out.contains(" flags d\n"), "foliofs stat: {out}");
 }
 
 /// FS_IOC_SHUTDOWN (xfstests' godown) through the mount: the log is
