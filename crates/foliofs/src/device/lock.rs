@@ -282,6 +282,13 @@ pub(crate) fn acquire(
             // this for a moment. Look again until SETTLE, then it is busy.
             Some(Verdict::Busy(h)) if started.elapsed() >= SETTLE => return Err(busy(path, &h)),
             None if started.elapsed() >= SETTLE => {
+                // Free when looked at: its owner may have closed it just
+                // after `open_owned` found it taken (a daemon finishing
+                // after `umount`). One more try tells that from a holder
+                // no table shows (a kernel mount, an O_EXCL opener).
+                if let Some(f) = open_owned()? {
+                    return Ok(f);
+                }
                 return Err(busy(path, &Holder::default()));
             }
             Some(Verdict::Busy(_)) | None => {}
@@ -333,6 +340,34 @@ mod tests {
     fn own(p: &Path) -> io::Result<Option<File>> {
         let f = File::open(p)?;
         Ok(try_own(&f)?.then_some(f))
+    }
+
+    /// An owner that closes the image after the opener found it taken and
+    /// before it looked at who holds it, past the settle time (a daemon
+    /// finishing as `mount` follows `umount`): the opener gets the image.
+    #[test]
+    fn an_owner_closing_between_the_two_looks_is_not_a_busy_image() {
+        let dir = std::env::temp_dir().join(format!("foliofs-lock-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("img");
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let mut owner = own(&p).unwrap();
+        assert!(owner.is_some());
+        let started = Instant::now();
+        let got = acquire(
+            &p,
+            Duration::from_secs(5),
+            || own(&p),
+            || {
+                if started.elapsed() >= SETTLE {
+                    owner.take();
+                }
+                File::open(&p)
+            },
+        );
+        assert!(got.is_ok(), "{got:?}");
+        drop(got);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
