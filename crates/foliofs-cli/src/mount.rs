@@ -279,6 +279,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         // A block device mounted by root is a fuseblk mount: the kernel
         // claims the device itself (so the daemon does not open it O_EXCL)
         // and passes syncfs(2) and sync(1) on (FUSE_SYNCFS).
+        // SAFETY: geteuid has no preconditions.
         let blkdev = unsafe { libc::geteuid() } == 0
             && std::fs::metadata(&image)
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));

@@ -1565,55 +1565,41 @@ impl Filesystem for FuseFs {
         reply: ReplyIoctl,
     ) {
         let ino = self.ino(ino);
-        match cmd {
-            FOLIOFS_IOC_SYNC => match self.fs.sync() {
-                Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(errno(e)),
-            },
+        let word = |i: usize| u32::from_ne_bytes(in_data[i..i + 4].try_into().unwrap());
+        let r: foliofs::Result<Vec<u8>> = match cmd {
+            FOLIOFS_IOC_SYNC => self.fs.sync().map(|()| Vec::new()),
             // The flag (XFS's flush-the-log-or-not) does not reach a FUSE
             // server (an _IOR ioctl passes nothing in): the log is
             // flushed, the cached data is not.
-            FS_IOC_SHUTDOWN if req.uid() != 0 => reply.error(Errno::EPERM),
-            FS_IOC_SHUTDOWN => match self.fs.shutdown(true) {
-                Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(errno(e)),
-            },
-            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.fs.getattr(ino) {
-                Ok(a) => reply.ioctl(0, &a.flags.to_ne_bytes()),
-                Err(e) => reply.error(errno(e)),
-            },
-            FS_IOC_FSGETXATTR => match self.fs.getattr(ino) {
-                Ok(a) => {
-                    let mut x = [0u8; FSXATTR_SIZE];
-                    x[..4].copy_from_slice(&xflags_of(a.flags).to_ne_bytes());
-                    reply.ioctl(0, &x)
-                }
-                Err(e) => reply.error(errno(e)),
-            },
+            FS_IOC_SHUTDOWN if req.uid() != 0 => Err(Error::NotPermitted(
+                "shutting the file system down is root's",
+            )),
+            FS_IOC_SHUTDOWN => self.fs.shutdown(true).map(|()| Vec::new()),
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
+                self.fs.getattr(ino).map(|a| a.flags.to_ne_bytes().to_vec())
+            }
+            FS_IOC_FSGETXATTR => self.fs.getattr(ino).map(|a| {
+                let mut x = vec![0u8; FSXATTR_SIZE];
+                x[..4].copy_from_slice(&xflags_of(a.flags).to_ne_bytes());
+                x
+            }),
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS if in_data.len() >= 4 => {
-                let flags = u32::from_ne_bytes(in_data[..4].try_into().unwrap());
-                match self.set_flags(ino, flags) {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(errno(e)),
-                }
+                self.set_flags(ino, word(0)).map(|()| Vec::new())
             }
-            FS_IOC_FSSETXATTR if in_data.len() >= FSXATTR_SIZE => {
-                let word = |i: usize| u32::from_ne_bytes(in_data[i..i + 4].try_into().unwrap());
-                // Extent size hints and project IDs: not kept.
-                let r = match flags_of_xflags(word(0)) {
-                    Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => {
-                        self.set_flags(ino, flags)
-                    }
-                    _ => Err(Error::Unsupported(
-                        "these xflags, extent size hints or project IDs",
-                    )),
-                };
-                match r {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(errno(e)),
+            // Extent size hints and project IDs: not kept.
+            FS_IOC_FSSETXATTR if in_data.len() >= FSXATTR_SIZE => match flags_of_xflags(word(0)) {
+                Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => {
+                    self.set_flags(ino, flags).map(|()| Vec::new())
                 }
-            }
-            _ => reply.error(Errno::ENOTTY),
+                _ => Err(Error::Unsupported(
+                    "these xflags, extent size hints or project IDs",
+                )),
+            },
+            _ => return reply.error(Errno::ENOTTY),
+        };
+        match r {
+            Ok(out) => reply.ioctl(0, &out),
+            Err(e) => reply.error(errno(e)),
         }
     }
 

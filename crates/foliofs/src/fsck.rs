@@ -8,7 +8,7 @@
 //! uncorrected, 8 operational error.
 
 use crate::btree::Tree;
-use crate::device::{AlignedBuf, Device, OverlayDevice};
+use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
@@ -148,12 +148,12 @@ pub fn fsck(
 ) -> Result<Report> {
     let mut sb = meta::read_superblock(&*dev)?;
     meta::check_device_size(&*dev, &sb)?;
-    let dev: Arc<dyn Device> = if opts.repair {
-        dev
+    let (dev, replayed) = if opts.repair {
+        let n = meta::replay(&*dev, &mut sb)?;
+        (dev, n)
     } else {
-        Arc::new(OverlayDevice::new(dev, sb.block_size as u64))
+        meta::replay_in_memory(dev, &mut sb)?
     };
-    let replayed = meta::replay(&*dev, &mut sb)?;
     let meta = Meta::new(dev.clone(), sb, 256 << 20);
     let total = meta.geo.total_blocks;
     let mut c = Checker {

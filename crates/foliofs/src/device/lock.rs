@@ -207,8 +207,9 @@ pub fn fuse_mounts() -> Vec<FuseMount> {
             let pre: Vec<&str> = pre.split(' ').collect();
             let post: Vec<&str> = post.split(' ').collect();
             let fstype = *post.first()?;
-            let fuse = |t: &str| fstype == t || fstype.starts_with(&format!("{t}."));
-            if !fuse("fuse") && !fuse("fuseblk") {
+            // fuse, fuseblk, or either with a subtype ("fuse.foliofs").
+            let base = fstype.split_once('.').map_or(fstype, |(t, _)| t);
+            if base != "fuse" && base != "fuseblk" {
                 return None;
             }
             Some(FuseMount {

@@ -16,6 +16,8 @@ use crate::format::inode::{
     DiskInode, ForkFormat, FLAG_APPEND, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP, FLAG_ORPHAN,
     INODE_SIZE, LITERAL_SIZE,
 };
+use crate::format::magic;
+use crate::fs::state::{Ctx, Inner};
 use crate::fs::types::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
 
 /// On-disk flag bits and the API's `FL_*` values for the user's flags.
@@ -25,8 +27,6 @@ const USER_FLAGS: [(u32, u32); 4] = [
     (FLAG_NODUMP, FL_NODUMP),
     (FLAG_NOATIME, FL_NOATIME),
 ];
-use crate::format::magic;
-use crate::fs::state::{Ctx, Inner};
 
 pub(crate) struct Inode {
     pub d: DiskInode,
@@ -185,20 +185,22 @@ impl Inode {
         }
     }
 
-    /// Nothing about the inode may change (chattr +i), or (chattr +a)
-    /// nothing but appending to it: the reason, for `NotPermitted`.
-    pub fn frozen(&self) -> Option<&'static str> {
+    /// `NotPermitted` when the inode is immutable (chattr +i: nothing
+    /// about it may change), or append-only (chattr +a) unless
+    /// `append_ok`.
+    pub fn check_unfrozen(&self, append_ok: bool) -> Result<()> {
         if self.d.flags & FLAG_IMMUTABLE != 0 {
-            Some("the inode is immutable")
-        } else if self.d.flags & FLAG_APPEND != 0 {
-            Some("the inode is append-only")
-        } else {
-            None
+            return Err(Error::NotPermitted("the inode is immutable"));
         }
+        if self.d.flags & FLAG_APPEND != 0 && !append_ok {
+            return Err(Error::NotPermitted("the inode is append-only"));
+        }
+        Ok(())
     }
 
-    pub fn immutable(&self) -> bool {
-        self.d.flags & FLAG_IMMUTABLE != 0
+    /// chattr +A: reads leave atime alone.
+    pub fn no_atime(&self) -> bool {
+        self.d.flags & FLAG_NOATIME != 0
     }
 
     pub fn kind(&self) -> FileType {

@@ -64,11 +64,8 @@ impl Fs {
             sb.version = crate::format::FORMAT_VERSION;
         } else if has_journal_work(&*dev, &sb)? {
             // A read-only mount recovers the journal, as XFS's and ext4's
-            // do, but into memory: the device is not written, and the next
-            // read-write mount replays the same transactions.
-            let overlay: Arc<dyn Device> =
-                Arc::new(crate::device::OverlayDevice::new(dev, sb.block_size as u64));
-            let n = meta::replay(&*overlay, &mut sb)?;
+            // do, but into memory: the device is not written.
+            let (overlay, n) = meta::replay_in_memory(dev, &mut sb)?;
             log::info!("journal replay into memory (read-only): {n} transactions applied");
             dev = overlay;
         }
@@ -372,19 +369,18 @@ impl Fs {
         self.mutate(|g| {
             let (ip, mut cx) = g.with(ino)?;
             let old = ip.user_flags();
-            if old == flags {
-                return Ok(());
-            }
             if (old ^ flags) & (FL_IMMUTABLE | FL_APPEND) != 0 && !privileged {
                 return Err(Error::NotPermitted(
                     "setting or clearing immutable or append-only needs privilege",
                 ));
             }
-            ip.set_user_flags(flags);
-            ip.touch_ctime();
-            ip.store(&mut cx)
-        })?;
-        self.getattr(ino)
+            if old != flags {
+                ip.set_user_flags(flags);
+                ip.touch_ctime();
+                ip.store(&mut cx)?;
+            }
+            g.getattr(ino)
+        })
     }
 
     /// Create a node of any type (regular file, directory, fifo, device,
@@ -715,8 +711,9 @@ impl Fs {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
-            g.check_unfrozen(ino, true)?;
-            if g.with(ino)?.0.size < offset {
+            let ip = g.with(ino)?.0;
+            ip.check_unfrozen(true)?;
+            if ip.size < offset {
                 // The old last block is zeroed past EOF: stable pages.
                 self.s.wait_wb_idle(&mut g, ino);
             }

@@ -81,12 +81,8 @@ impl Inner {
         let owner = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
         let at = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
         let picked = at(set.atime) || (at(set.mtime) && set.ctime.is_none());
-        let times = set.atime.is_some() || set.mtime.is_some() || set.ctime.is_some();
-        if owner || picked || set.size.is_some() || set.kill_priv {
-            self.check_unfrozen(ino, false)?;
-        } else if times {
-            self.check_unfrozen(ino, true)?;
-        }
+        let append_ok = !(owner || picked || set.size.is_some() || set.kill_priv);
+        self.check_unfrozen(ino, append_ok)?;
         if let Some(size) = set.size {
             let (ip, _) = self.with(ino)?;
             if ip.is_dir() {

@@ -14,7 +14,6 @@ use crate::alloc::Alloc;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::Timespec;
-use crate::fs::types::FL_NOATIME;
 use crate::meta::Meta;
 use crate::U64Map;
 use parking_lot::{Condvar, Mutex};
@@ -193,7 +192,7 @@ impl Inner {
         }
         let (strict, no_dir) = (self.opts.atime == Atime::Strictatime, self.opts.no_diratime);
         let ip = self.with(ino)?.0;
-        if (no_dir && ip.is_dir()) || ip.user_flags() & FL_NOATIME != 0 {
+        if (no_dir && ip.is_dir()) || ip.no_atime() {
             return Ok(false);
         }
         let key = |t: Timespec| (t.sec, t.nsec);
@@ -202,15 +201,9 @@ impl Inner {
         Ok((strict || stale) && a != key(now))
     }
 
-    /// `NotPermitted` when `ino` is immutable, or append-only unless
-    /// `append_ok` (what chattr +i and +a forbid).
+    /// `Inode::check_unfrozen` of `ino`.
     pub(in crate::fs) fn check_unfrozen(&mut self, ino: u64, append_ok: bool) -> Result<()> {
-        let ip = self.with(ino)?.0;
-        match ip.frozen() {
-            Some(_) if append_ok && !ip.immutable() => Ok(()),
-            Some(why) => Err(Error::NotPermitted(why)),
-            None => Ok(()),
-        }
+        self.with(ino)?.0.check_unfrozen(append_ok)
     }
 
     pub(in crate::fs) fn check_writable(&self) -> Result<()> {

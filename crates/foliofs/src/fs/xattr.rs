@@ -76,11 +76,10 @@ impl Inner {
     }
 
     /// Set an attribute. The POSIX ACLs are validated; setting the access
-    /// ACL sets the mode bits it implies and stores it only when it says
-    /// more than they do.
-    /// Set an xattr. An access ACL also sets the mode bits it implies and,
-    /// set by a caller outside the file's group (`in_group` says no, asked
-    /// only then), takes set-group-ID, as Linux's posix_acl_update_mode.
+    /// ACL sets the mode bits it implies (stored only when it says more
+    /// than they do) and, set by a caller outside the file's group
+    /// (`in_group` says no, asked only then), takes set-group-ID, as
+    /// Linux's posix_acl_update_mode.
     pub fn setxattr(
         &mut self,
         ino: u64,

@@ -8,7 +8,7 @@
 //! move the tail past them.
 
 use super::{write_superblock, Kind, Meta};
-use crate::device::{AlignedBuf, Device};
+use crate::device::{AlignedBuf, Device, OverlayDevice};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{csum, data_crc, header, journal, magic};
@@ -858,6 +858,18 @@ impl Meta {
         self.sb = sb;
         Ok(())
     }
+}
+
+/// `replay` without writing `dev`: into a memory overlay of it, returned
+/// to read the recovered state through (fsck without repair, a
+/// read-only mount). The next read-write mount replays the same.
+pub fn replay_in_memory(
+    dev: Arc<dyn Device>,
+    sb: &mut Superblock,
+) -> Result<(Arc<dyn Device>, u64)> {
+    let overlay: Arc<dyn Device> = Arc::new(OverlayDevice::new(dev, sb.block_size as u64));
+    let n = replay(&*overlay, sb)?;
+    Ok((overlay, n))
 }
 
 /// Replay committed transactions from the superblock's tail. Returns the

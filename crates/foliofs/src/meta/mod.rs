@@ -44,7 +44,8 @@ use crate::geometry::Geometry;
 use crate::U64Map;
 use journal::InFlight;
 pub use journal::{
-    replay, CheckpointJob, DataFlush, JournalIo, JournalStats, SealedTx, MAX_IN_FLIGHT,
+    replay, replay_in_memory, CheckpointJob, DataFlush, JournalIo, JournalStats, SealedTx,
+    MAX_IN_FLIGHT,
 };
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -450,8 +450,8 @@ impl Fs {
             let io = self.s.iolocks.lock(ino, mode, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
-            g.check_unfrozen(ino, true)?;
             let (ip, mut cx) = g.with(ino)?;
+            ip.check_unfrozen(true)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
             }
