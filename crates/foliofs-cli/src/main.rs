@@ -108,7 +108,7 @@ enum Cmd {
         /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE,
         /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
         /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
-        /// noatime, strictatime, nodiratime, threads=N, no_writeback_cache (the
+        /// noatime, strictatime, nodiratime, sync, dirsync, threads=N, no_writeback_cache (the
         /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
         /// negative_timeout=S, max_background=N, uncached_below=SIZE (files opened for writing with less free go uncached, so ENOSPC reaches write; default 256M), readdirplus, io_uring=on|off (FUSE over
         /// io_uring where the kernel offers it, on by default), ring_depth=N,
@@ -339,6 +339,8 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
         } else {
             // lsattr's letters for the flags set.
             let flags: String = [
+                (foliofs::fs::FL_SYNC, 'S'),
+                (foliofs::fs::FL_DIRSYNC, 'D'),
                 (foliofs::fs::FL_IMMUTABLE, 'i'),
                 (foliofs::fs::FL_APPEND, 'a'),
                 (foliofs::fs::FL_NODUMP, 'd'),

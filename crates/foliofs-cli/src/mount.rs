@@ -84,7 +84,6 @@ const IGNORED: &[&str] = &[
     "nofail",
     "lazytime",
     "nolazytime",
-    "async",
     "silent",
     "loud",
 ];
@@ -309,6 +308,14 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         ];
         if o.default_permissions {
             cfg.mount_options.push(MountOption::DefaultPermissions);
+        }
+        // The kernel makes its own cached writes synchronous under `sync`
+        // (an fsync after each); the engine does the rest.
+        if o.engine.sync {
+            cfg.mount_options.push(MountOption::Sync);
+        }
+        if o.engine.dirsync {
+            cfg.mount_options.push(MountOption::DirSync);
         }
         if blkdev {
             cfg.mount_options.push(MountOption::BlockDevice);

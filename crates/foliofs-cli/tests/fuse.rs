@@ -2251,6 +2251,52 @@ fn chattr_immutable_and_append_only_through_the_mount() {
     assert!(out.contains(" flags d\n"), "foliofs stat: {out}");
 }
 
+/// chattr +S and +D, and the `sync` mount option, through the mount:
+/// what they make synchronous survives the daemon's death (SIGKILL: the
+/// engine's memory and the kernel's cached writes are gone) while the
+/// file is still open, so the write must have reached the engine and
+/// been committed before it returned. New files take +S from their
+/// directory; lsattr's letters in `foliofs stat`.
+#[test]
+fn synchronous_updates_through_the_mount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let (sync, dirsync) = (foliofs::fs::FL_SYNC, foliofs::fs::FL_DIRSYNC);
+    let mut m = Mounted::new("syncflags", "");
+    std::fs::create_dir(m.path("s")).unwrap();
+    std::fs::create_dir(m.path("d")).unwrap();
+    inode_flags(&m.path("s"), Some(sync)).unwrap();
+    inode_flags(&m.path("d"), Some(dirsync)).unwrap();
+    let mut f = std::fs::File::create(m.path("s/f")).unwrap();
+    assert_eq!(inode_flags(&m.path("s/f"), None).unwrap() & sync, sync);
+    f.write_all(b"synchronous").unwrap();
+    // +D: the name is durable at once, the data is not.
+    let mut g = std::fs::File::create(m.path("d/name")).unwrap();
+    g.write_all(b"cached").unwrap();
+    m.kill_daemon();
+    drop((f, g));
+    m.detach_dead();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("s/f")).unwrap(), b"synchronous");
+    assert_eq!(std::fs::metadata(m.path("d/name")).unwrap().len(), 0);
+    assert_eq!(inode_flags(&m.path("d"), None).unwrap(), dirsync);
+    m.unmount_and_check();
+    let out = run(Command::new(BIN).arg("stat").arg(&m.img).arg("/s/f"));
+    assert!(out.contains(" flags S\n"), "foliofs stat: {out}");
+
+    // -o sync: every write, through the kernel's cache too.
+    m.mount("sync");
+    let mut f = std::fs::File::create(m.path("t")).unwrap();
+    f.write_all(b"written through").unwrap();
+    m.kill_daemon();
+    drop(f);
+    m.detach_dead();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("t")).unwrap(), b"written through");
+    m.unmount_and_check();
+}
+
 /// FS_IOC_SHUTDOWN (xfstests' godown) through the mount: the log is
 /// flushed, later changes fail with EIO, and after umount and mount what
 /// was fsynced is there and fsck is clean; a non-root caller is refused.

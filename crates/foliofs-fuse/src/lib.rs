@@ -27,8 +27,8 @@
 
 use foliofs::device::AlignedBuf;
 use foliofs::fs::{
-    Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_IMMUTABLE,
-    FL_NOATIME, FL_NODUMP,
+    Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_DIRSYNC,
+    FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC,
 };
 use foliofs::{Error, Fs};
 use fuser::{
@@ -73,10 +73,11 @@ const FSXATTR_SIZE: usize = 28;
 /// Shut the file system down (XFS_IOC_GOINGDOWN, ext4's and f2fs's
 /// shutdown; root only).
 const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
-/// FS_XFLAG_* and the FS_*_FL flag each stands for.
-const XFLAGS: [(u32, u32); 4] = [
+/// FS_XFLAG_* and the FS_*_FL flag each stands for (dirsync has none).
+const XFLAGS: [(u32, u32); 5] = [
     (0x08, FL_IMMUTABLE),
     (0x10, FL_APPEND),
+    (0x20, FL_SYNC),
     (0x40, FL_NOATIME),
     (0x80, FL_NODUMP),
 ];
@@ -646,9 +647,15 @@ impl FuseFs {
                 self.cache.uncached_below >> 20
             );
         }
+        // chattr +S: every write must reach the engine, which makes it
+        // durable before the reply.
+        let sync = !odirect
+            && writable
+            && self.cache.writeback_cache
+            && self.fs.getattr(ino).is_ok_and(|a| a.flags & FL_SYNC != 0);
         let h = Handle {
             ino,
-            uncached: odirect || low,
+            uncached: odirect || low || sync,
             odirect,
             writable,
             file,
@@ -783,10 +790,13 @@ impl FuseFs {
     /// inode and, for immutable and append-only, holds
     /// CAP_LINUX_IMMUTABLE. Before a file turns immutable, the writes the
     /// kernel still caches for it are written back (they were accepted
-    /// before it was frozen); afterwards the engine refuses them.
+    /// before it was frozen); afterwards the engine refuses them. So
+    /// they are before a file turns synchronous (+S), whose later opens
+    /// bypass the kernel's cache (`new_handle`); descriptions open
+    /// already keep writing through it until closed.
     fn set_flags(&self, ino: u64, flags: u32) -> foliofs::Result<()> {
         let was = self.fs.getattr(ino)?.flags;
-        if flags & !was & FL_IMMUTABLE != 0 {
+        if flags & !was & (FL_IMMUTABLE | FL_SYNC) != 0 {
             self.kernel_drop(ino, 0, 0);
             self.fs.fsync(ino, true)?;
         }
@@ -1587,10 +1597,13 @@ impl Filesystem for FuseFs {
                 self.set_flags(ino, word(0)).map(|()| Vec::new())
             }
             // Extent size hints and project IDs: not kept.
+            // Dirsync, which no xflag stands for, stays as it was.
             FS_IOC_FSSETXATTR if in_data.len() >= FSXATTR_SIZE => match flags_of_xflags(word(0)) {
-                Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => {
-                    self.set_flags(ino, flags).map(|()| Vec::new())
-                }
+                Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => self
+                    .fs
+                    .getattr(ino)
+                    .and_then(|a| self.set_flags(ino, flags | (a.flags & FL_DIRSYNC)))
+                    .map(|()| Vec::new()),
                 _ => Err(Error::Unsupported(
                     "these xflags, extent size hints or project IDs",
                 )),

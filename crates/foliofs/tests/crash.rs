@@ -336,3 +336,118 @@ fn small_files_written_back_together_survive_a_crash_at_every_flush() {
     let r = fsck_clean(d, "after the cut");
     assert_eq!(r.data_blocks_unverified, 0);
 }
+
+/// The image a power cut leaves now: every flushed write, none of the
+/// ones since the last flush.
+fn cut_now(dev: &foliofs::device::CrashDevice) -> Fs {
+    let log = dev.log();
+    let mut img = log.initial.clone();
+    for writes in &log.epochs[..log.epochs.len() - 1] {
+        for (off, data) in writes {
+            img[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+        }
+    }
+    Fs::mount(
+        Arc::new(MemDevice::from_image(img)),
+        MountOptions::default(),
+    )
+    .unwrap()
+}
+
+/// A crash-recording file system mounted with `opts` (engine options).
+fn crash_fs_with(opts: &str) -> (Arc<foliofs::device::CrashDevice>, Fs) {
+    let (dev, fs) = crash_fs(32 << 20);
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::parse(opts).unwrap()).unwrap();
+    (dev, fs)
+}
+
+/// chattr +S and +D, and the `sync` and `dirsync` mount options: what
+/// they make synchronous is durable when the call returns (a power cut
+/// right after keeps it), and what they do not cover is not (the cut
+/// loses it: the check can fail). New files and directories take the
+/// flags from their directory.
+#[test]
+fn synchronous_updates_are_durable_when_the_call_returns() {
+    let gone = |fs: &Fs, dir: u64, name: &[u8]| {
+        assert!(matches!(
+            fs.lookup(dir, name),
+            Err(foliofs::Error::NotFound)
+        ));
+    };
+    let read = |fs: &Fs, ino: u64, n: usize| {
+        let mut buf = vec![0u8; n];
+        assert_eq!(fs.read(ino, 0, &mut buf).unwrap(), n);
+        buf
+    };
+
+    // Without: a create and a write are not durable yet.
+    let (dev, fs) = crash_fs(32 << 20);
+    let root = fs.root_ino();
+    let f = fs.create(root, b"plain", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, b"cached").unwrap();
+    gone(&cut_now(&dev), root, b"plain");
+
+    // +D: the directory's entries, and its new subdirectories'.
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.fsync(d, false).unwrap();
+    fs.set_flags(d, FL_DIRSYNC, false).unwrap();
+    let sub = fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap();
+    assert_eq!(sub.flags, FL_DIRSYNC, "a new directory takes dirsync");
+    let x = fs.create(sub.ino, b"x", 0o644, 0, 0).unwrap();
+    assert_eq!(x.flags, 0, "a new file does not");
+    fs.write(x.ino, 0, b"not synchronous").unwrap();
+    let after = cut_now(&dev);
+    assert_eq!(after.getattr(d).unwrap().flags, FL_DIRSYNC);
+    let x2 = after
+        .lookup(after.lookup(d, b"sub").unwrap().ino, b"x")
+        .unwrap();
+    assert_eq!(x2.size, 0, "+D makes the name durable, not the data");
+    fs.rename(sub.ino, b"x", d, b"y", 0).unwrap();
+    let after = cut_now(&dev);
+    gone(&after, after.lookup(d, b"sub").unwrap().ino, b"x");
+    after.lookup(d, b"y").unwrap();
+    fs.unlink(d, b"y").unwrap();
+    gone(&cut_now(&dev), d, b"y");
+    // Dirsync is a directory's flag only (ext4 drops it on files).
+    assert_eq!(fs.set_flags(f, FL_DIRSYNC, false).unwrap().flags, 0);
+
+    // +S on a directory: its entries, and its new files take +S, whose
+    // writes, attribute and xattr changes are durable at once.
+    let s = fs.mkdir(root, b"s", 0o755, 0, 0).unwrap().ino;
+    fs.fsync(s, false).unwrap();
+    fs.set_flags(s, FL_SYNC | FL_NOATIME, false).unwrap();
+    let g = fs.create(s, b"g", 0o644, 0, 0).unwrap();
+    assert_eq!(g.flags, FL_SYNC | FL_NOATIME, "sync and noatime pass on");
+    fs.write(g.ino, 0, b"synchronous").unwrap();
+    assert_eq!(read(&cut_now(&dev), g.ino, 11), b"synchronous");
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(g.ino, &chmod).unwrap();
+    fs.setxattr(g.ino, b"user.k", b"v", 0).unwrap();
+    let after = cut_now(&dev);
+    assert_eq!(after.getattr(g.ino).unwrap().perm, 0o600);
+    assert_eq!(after.getxattr(g.ino, b"user.k").unwrap(), b"v");
+    let mut block = AlignedBuf::zeroed(4096);
+    block.fill(b'd');
+    fs.write_direct(g.ino, 4096, &block).unwrap();
+    assert_eq!(read(&cut_now(&dev), g.ino, 8192)[4096..], block[..]);
+    fs.unmount().unwrap();
+
+    // The mount options: `sync` makes everything synchronous, `dirsync`
+    // the entries only.
+    let (dev, fs) = crash_fs_with("sync");
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, b"at once").unwrap();
+    assert_eq!(read(&cut_now(&dev), f, 7), b"at once");
+    fs.unmount().unwrap();
+    let (dev, fs) = crash_fs_with("dirsync");
+    let f = fs.create(root, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, b"later").unwrap();
+    let after = cut_now(&dev);
+    assert_eq!(after.lookup(root, b"f").unwrap().size, 0);
+    fs.unmount().unwrap();
+    fsck_clean(dev, "after the synchronous updates");
+}

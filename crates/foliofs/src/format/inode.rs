@@ -62,9 +62,21 @@ pub const FLAG_APPEND: u32 = 8;
 pub const FLAG_NODUMP: u32 = 16;
 /// chattr +A: reads do not update atime.
 pub const FLAG_NOATIME: u32 = 32;
+/// chattr +S: changes to the file, or to the directory and its entries,
+/// are durable before the call that made them returns.
+pub const FLAG_SYNC: u32 = 64;
+/// chattr +D: changes to the directory's entries are durable before the
+/// call returns.
+pub const FLAG_DIRSYNC: u32 = 128;
 /// Every flag an inode may carry.
-pub const FLAGS_KNOWN: u32 =
-    FLAG_ORPHAN | FLAG_PREALLOC | FLAG_IMMUTABLE | FLAG_APPEND | FLAG_NODUMP | FLAG_NOATIME;
+pub const FLAGS_KNOWN: u32 = FLAG_ORPHAN
+    | FLAG_PREALLOC
+    | FLAG_IMMUTABLE
+    | FLAG_APPEND
+    | FLAG_NODUMP
+    | FLAG_NOATIME
+    | FLAG_SYNC
+    | FLAG_DIRSYNC;
 
 /// A node's type, from the S_IFMT bits of its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -52,11 +52,13 @@ impl Inode {
             .map(|c| base | c)
             .find(|k| !bucket.iter().any(|d| d.key == *k))
             .ok_or(Error::NoSpace)?;
+        self.entries_changed(cx);
         self.kv_put(cx, key, &encode(ino, kind, name))
     }
 
     pub fn dir_remove(&mut self, cx: &mut Ctx, name: &[u8]) -> Result<Dirent> {
         let d = self.dir_lookup(cx, name)?.ok_or(Error::NotFound)?;
+        self.entries_changed(cx);
         self.kv_del(cx, d.key)?;
         Ok(d)
     }
@@ -70,6 +72,7 @@ impl Inode {
         kind: FileType,
     ) -> Result<()> {
         let d = self.dir_lookup(cx, name)?.ok_or(Error::NotFound)?;
+        self.entries_changed(cx);
         self.kv_put(cx, d.key, &encode(ino, kind, name))
     }
 

@@ -13,19 +13,21 @@ use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 pub(crate) use crate::format::inode::{inline_len, Fork};
 use crate::format::inode::{
-    DiskInode, ForkFormat, FLAG_APPEND, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP, FLAG_ORPHAN,
-    INODE_SIZE, LITERAL_SIZE,
+    DiskInode, ForkFormat, FLAG_APPEND, FLAG_DIRSYNC, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP,
+    FLAG_ORPHAN, FLAG_SYNC, INODE_SIZE, LITERAL_SIZE,
 };
 use crate::format::magic;
 use crate::fs::state::{Ctx, Inner};
-use crate::fs::types::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
+use crate::fs::types::{FL_APPEND, FL_DIRSYNC, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC};
 
 /// On-disk flag bits and the API's `FL_*` values for the user's flags.
-const USER_FLAGS: [(u32, u32); 4] = [
+const USER_FLAGS: [(u32, u32); 6] = [
     (FLAG_IMMUTABLE, FL_IMMUTABLE),
     (FLAG_APPEND, FL_APPEND),
     (FLAG_NODUMP, FL_NODUMP),
     (FLAG_NOATIME, FL_NOATIME),
+    (FLAG_SYNC, FL_SYNC),
+    (FLAG_DIRSYNC, FL_DIRSYNC),
 ];
 
 pub(crate) struct Inode {
@@ -198,6 +200,25 @@ impl Inode {
         Ok(())
     }
 
+    /// chattr +S: the file's changes are durable when the call returns.
+    pub fn sync_updates(&self) -> bool {
+        self.d.flags & FLAG_SYNC != 0
+    }
+
+    /// chattr +S or +D on a directory: changes to its entries are
+    /// durable when the call returns.
+    fn sync_entries(&self) -> bool {
+        self.d.flags & (FLAG_SYNC | FLAG_DIRSYNC) != 0
+    }
+
+    /// A change to this directory's entries: synchronous if the
+    /// directory or the mount says so.
+    pub fn entries_changed(&self, cx: &mut Ctx) {
+        if self.sync_entries() || cx.meta.sync_dirs {
+            cx.meta.sync_wanted = true;
+        }
+    }
+
     /// chattr +A: reads leave atime alone.
     pub fn no_atime(&self) -> bool {
         self.d.flags & FLAG_NOATIME != 0
@@ -235,6 +256,9 @@ impl Inode {
     /// Write the inode into its inode-table block (joins the transaction).
     pub fn store(&mut self, cx: &mut Ctx) -> Result<()> {
         self.datasync_seq = cx.meta.running_seq();
+        if self.sync_updates() {
+            cx.meta.sync_wanted = true;
+        }
         self.store_times(cx)
     }
 

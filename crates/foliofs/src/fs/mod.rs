@@ -76,6 +76,7 @@ impl Fs {
         let counters = Arc::new(Counters::default());
         let mut meta = Meta::new(dev.clone(), sb, opts.meta_cache_bytes);
         meta.stats.replayed_transactions = 0;
+        meta.sync_dirs = opts.sync || opts.dirsync;
         let alloc = Alloc::load(&mut meta)?;
         let mut inner = Inner {
             meta,
@@ -338,7 +339,26 @@ impl Fs {
         g.check_writable()?;
         let r = g.guarded(f);
         g.maybe_commit()?;
-        r
+        let r = r?;
+        self.settle(g)?;
+        Ok(r)
+    }
+
+    /// After a change: commit it before the call returns if it must be
+    /// synchronous (the `sync` mount option; an inode or directory with
+    /// chattr +S or +D; a directory's entries under `dirsync`).
+    fn settle(&self, mut g: MutexGuard<'_, Inner>) -> Result<()> {
+        if std::mem::take(&mut g.meta.sync_wanted) || g.opts.sync {
+            return self.s.commit_wait(g);
+        }
+        Ok(())
+    }
+
+    /// Whether writes to `ino` are synchronous (O_SYNC for every
+    /// writer): the `sync` mount option, or chattr +S.
+    fn sync_writes(&self, ino: u64) -> Result<bool> {
+        let mut g = self.s.inner.lock();
+        Ok(g.opts.sync || g.with(ino)?.0.sync_updates())
     }
 
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
@@ -354,20 +374,30 @@ impl Fs {
         }
         let r = g.guarded(|g| g.setattr(ino, set));
         g.maybe_commit()?;
-        r
+        let r = r?;
+        self.settle(g)?;
+        Ok(r)
     }
 
     /// Set the inode's flags (`FL_*`, as chattr does; `Attr::flags` has
     /// them). Setting or clearing immutable or append-only needs
     /// `privileged` (CAP_LINUX_IMMUTABLE); whether the caller may change
     /// the inode's flags at all (its owner) is the caller's to check, as
-    /// for `setattr`. Flags outside `FL_SUPPORTED` are refused.
+    /// for `setattr`. Flags outside `FL_SUPPORTED` are refused; dirsync
+    /// is kept for directories only (as ext4 does).
     pub fn set_flags(&self, ino: u64, flags: u32, privileged: bool) -> Result<Attr> {
         if flags & !FL_SUPPORTED != 0 {
-            return Err(Error::Unsupported("inode flags other than i, a, d and A"));
+            return Err(Error::Unsupported(
+                "inode flags other than i, a, d, A, S and D",
+            ));
         }
         self.mutate(|g| {
             let (ip, mut cx) = g.with(ino)?;
+            let flags = if ip.is_dir() {
+                flags
+            } else {
+                flags & !FL_DIRSYNC
+            };
             let old = ip.user_flags();
             if (old ^ flags) & (FL_IMMUTABLE | FL_APPEND) != 0 && !privileged {
                 return Err(Error::NotPermitted(
@@ -732,7 +762,11 @@ impl Fs {
             // No lock held: throttled writers sleep here.
             self.s.balance_dirty(ino, data.len() as u64)?;
         }
-        r.map_err(|e| self.checksum_failed(e))
+        let n = r.map_err(|e| self.checksum_failed(e))?;
+        if self.sync_writes(ino)? {
+            self.fsync(ino, false)?;
+        }
+        Ok(n)
     }
 
     /// fsync / fdatasync: the file's data and the metadata needed to reach
@@ -796,7 +830,8 @@ impl Fs {
         self.s.wait_wb_idle(&mut g, ino);
         let r = g.guarded(|g| g.fallocate(ino, mode, offset, len));
         g.maybe_commit()?;
-        r
+        r?;
+        self.settle(g)
     }
 
     /// SEEK_DATA / SEEK_HOLE. `Ok(None)` is ENXIO.

@@ -246,7 +246,7 @@ impl Inner {
         target: Option<&[u8]>,
     ) -> Result<u64> {
         let (mut perm, mut gid) = (perm & 0o7777, gid);
-        {
+        let inherited = {
             let (pp, _) = self.with(parent)?;
             if pp.d.mode & S_ISGID != 0 {
                 gid = pp.d.gid;
@@ -254,7 +254,15 @@ impl Inner {
                     perm |= S_ISGID;
                 }
             }
-        }
+            // chattr's sync, no-atime and no-dump pass to what is made
+            // inside, dirsync to new directories (as in XFS and ext4).
+            let pass = match kind {
+                FileType::Dir => FL_INHERITED | FL_DIRSYNC,
+                FileType::File => FL_INHERITED,
+                _ => FL_NODUMP | FL_NOATIME,
+            };
+            pp.user_flags() & pass
+        };
         let mut acls = Vec::new();
         match self.default_acl(parent)? {
             Some(default) if kind != FileType::Symlink => {
@@ -279,6 +287,7 @@ impl Inner {
         {
             let (ip, mut cx) = self.with(ino)?;
             ip.d.rdev = rdev;
+            ip.set_user_flags(inherited);
             if kind == FileType::Dir {
                 ip.d.nlink = 2;
                 ip.d.parent = parent;

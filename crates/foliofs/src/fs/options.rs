@@ -61,6 +61,14 @@ pub struct MountOptions {
     /// written out of place instead of logged (the data is not written
     /// twice). Default 256 KiB; capped by the log's size.
     pub overwrite_log_max: u64,
+    /// Every change is durable before the call that made it returns
+    /// (mount option `sync`): writes as with O_SYNC, and namespace,
+    /// attribute and xattr changes committed at once.
+    pub sync: bool,
+    /// Changes to directories are durable before the call returns
+    /// (mount option `dirsync`): create, link, unlink, rename, mkdir,
+    /// rmdir, mknod, symlink.
+    pub dirsync: bool,
 }
 
 /// When a read updates the access time (mount options `relatime`,
@@ -125,6 +133,8 @@ impl Default for MountOptions {
             write_behind_bytes: 8 << 20,
             overwrite_log: true,
             overwrite_log_max: 256 << 10,
+            sync: false,
+            dirsync: false,
         }
     }
 }
@@ -161,7 +171,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The engine's option names, for messages.
 pub const ENGINE_OPTIONS: &str = "ro, rw, cache_size=SIZE, dirty_limit=SIZE, page_cache=SIZE, \
      wb_contexts=N, prealloc=on|off, write_behind=SIZE (0: off), dio_cap=BLOCKS, \
-     dio_lock=shared|exclusive, overwrite_log=on|off, overwrite_log_max=SIZE, relatime, noatime, strictatime, nodiratime";
+     dio_lock=shared|exclusive, overwrite_log=on|off, overwrite_log_max=SIZE, relatime, noatime, strictatime, nodiratime, \
+     sync, async, dirsync";
 
 impl MountOptions {
     /// Apply one option. `Ok(false)`: not an engine option (the caller
@@ -195,6 +206,9 @@ impl MountOptions {
             ("noatime", None) => self.atime = Atime::Noatime,
             ("strictatime", None) => self.atime = Atime::Strictatime,
             ("nodiratime", None) => self.no_diratime = true,
+            ("sync", None) => self.sync = true,
+            ("async", None) => self.sync = false,
+            ("dirsync", None) => self.dirsync = true,
             ("diratime", None) => self.no_diratime = false,
             ("overwrite_log", Some("on")) => self.overwrite_log = true,
             ("overwrite_log", Some("off")) => self.overwrite_log = false,
@@ -258,6 +272,10 @@ mod tests {
         assert_eq!(o.overwrite_log_max, 1 << 20);
         assert!(MountOptions::parse("").unwrap().overwrite_log);
         assert!(MountOptions::parse("overwrite_log=maybe").is_err());
+        let o = MountOptions::parse("sync,dirsync").unwrap();
+        assert!(o.sync && o.dirsync);
+        assert!(!MountOptions::parse("sync,async").unwrap().sync);
+        assert!(MountOptions::parse("sync=1").is_err());
         assert!(MountOptions::parse("allow_other").is_err());
         assert_eq!(MountOptions::parse("").unwrap().atime, Atime::Relatime);
         let o = MountOptions::parse("noatime,nodiratime").unwrap();

@@ -34,8 +34,18 @@ pub const FL_IMMUTABLE: u32 = 0x10;
 pub const FL_APPEND: u32 = 0x20;
 pub const FL_NODUMP: u32 = 0x40;
 pub const FL_NOATIME: u32 = 0x80;
+/// Synchronous updates: a file's writes and changes, a directory's
+/// entries, are durable when the call returns (as the `sync` mount
+/// option, for one file or directory).
+pub const FL_SYNC: u32 = 0x8;
+/// A directory's entries are changed synchronously (as `dirsync`).
+pub const FL_DIRSYNC: u32 = 0x1_0000;
 /// The flags an inode can carry.
-pub const FL_SUPPORTED: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
+pub const FL_SUPPORTED: u32 =
+    FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME | FL_SYNC | FL_DIRSYNC;
+/// The flags a new inode takes from its directory (as XFS and ext4
+/// do); a directory also passes on FL_DIRSYNC to new directories.
+pub const FL_INHERITED: u32 = FL_NODUMP | FL_NOATIME | FL_SYNC;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {

@@ -110,6 +110,13 @@ pub struct Meta {
     pub freed_running: Vec<(u64, u64)>,
     pub freed_committed: Vec<(u64, u64)>,
     pub freed_reusable: Vec<(u64, u64)>,
+    /// A change that must be durable before its call returns was made
+    /// (an inode or directory with chattr +S or +D, or any directory
+    /// while `sync_dirs`): the call commits (`Fs::settle`).
+    pub sync_wanted: bool,
+    /// Every directory's entries change synchronously (mount options
+    /// `sync` and `dirsync`).
+    pub sync_dirs: bool,
     shutdown: Option<String>,
     cache_limit: usize,
     pub stats: JournalStats,
@@ -151,6 +158,8 @@ impl Meta {
             freed_running: Vec::new(),
             freed_committed: Vec::new(),
             freed_reusable: Vec::new(),
+            sync_wanted: false,
+            sync_dirs: false,
             shutdown: None,
             stats: JournalStats::default(),
             sealed: Default::default(),

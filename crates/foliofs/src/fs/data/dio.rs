@@ -430,6 +430,14 @@ impl Fs {
     /// `DioLock::Exclusive` knob is set); anything that allocates, converts
     /// unwritten blocks or extends the file takes it exclusive.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let n = self.write_direct_once(ino, offset, data)?;
+        if self.sync_writes(ino)? {
+            self.fsync(ino, false)?;
+        }
+        Ok(n)
+    }
+
+    fn write_direct_once(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let bs = self.s.block_size;
         check_aligned(bs, offset, data.len(), data.as_ptr())?;
         let end = offset
