@@ -737,12 +737,15 @@ impl Fs {
     /// the metadata lock (the folio pinned), so writers of different files
     /// copy in parallel.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let (r, over) = {
+        let (r, over, sync) = {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
+            let mount_sync = g.opts.sync;
             let ip = g.with(ino)?.0;
             ip.check_unfrozen(true)?;
+            // chattr +S or `-o sync`: as O_SYNC.
+            let sync = mount_sync || ip.sync_updates();
             if ip.size < offset {
                 // The old last block is zeroed past EOF: stable pages.
                 self.s.wait_wb_idle(&mut g, ino);
@@ -756,14 +759,14 @@ impl Fs {
             });
             let mut g = h.g;
             g.maybe_commit()?;
-            (r, g.dirty_bytes > g.background_bytes())
+            (r, g.dirty_bytes > g.background_bytes(), sync)
         };
         if over {
             // No lock held: throttled writers sleep here.
             self.s.balance_dirty(ino, data.len() as u64)?;
         }
         let n = r.map_err(|e| self.checksum_failed(e))?;
-        if self.sync_writes(ino)? {
+        if sync {
             self.fsync(ino, false)?;
         }
         Ok(n)
