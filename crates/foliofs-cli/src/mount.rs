@@ -591,8 +591,9 @@ pub fn is_remount(options: &[String]) -> bool {
 
 /// `mount -o remount[,ro|rw][,nosuid|suid,...] DIR`: change a live
 /// mount's flags, as mount(8) asks the helper to. The kernel's FUSE takes
-/// read-only and the per-mount flags at remount and nothing else, so the
-/// engine's options (fixed while mounted) are checked and left as they
+/// read-only, sync and the per-mount flags at remount and nothing else;
+/// of the engine's options, `sync` and `dirsync` follow (an ioctl to the
+/// daemon), the rest (fixed while mounted) are checked and left as they
 /// are. Going read-only, the kernel first writes its cached data back to
 /// the daemon; then the daemon commits, so the image is as durable as
 /// after `foliofs sync` and stays so (no writes reach it). An image the
@@ -610,8 +611,9 @@ pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
         );
     }
     // The flags the mount has now, then the ones asked for.
-    const FLAGS: [(libc::c_ulong, libc::c_ulong, &str, &str); 7] = [
+    const FLAGS: [(libc::c_ulong, libc::c_ulong, &str, &str); 8] = [
         (libc::ST_RDONLY, libc::MS_RDONLY, "ro", "rw"),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS, "sync", "async"),
         (libc::ST_NOSUID, libc::MS_NOSUID, "nosuid", "suid"),
         (libc::ST_NODEV, libc::MS_NODEV, "nodev", "dev"),
         (libc::ST_NOEXEC, libc::MS_NOEXEC, "noexec", "exec"),
@@ -665,9 +667,22 @@ pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
         };
         bail!("cannot remount {}: {e}{why}", dir.display());
     }
+    let f = std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+    // The kernel's sync flag changed with the remount; the engine's
+    // follow (dirsync is the engine's alone, and only turns on).
+    let dirsync = rest.iter().any(|o| o == "dirsync");
+    foliofs_fuse::set_sync_mode(
+        &f,
+        Some(flags & libc::MS_SYNCHRONOUS != 0),
+        dirsync.then_some(true),
+    )
+    .with_context(|| {
+        format!(
+            "remounted, but the sync options of {} did not change",
+            dir.display()
+        )
+    })?;
     if flags & libc::MS_RDONLY != 0 {
-        let f =
-            std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
         foliofs_fuse::sync_mount(&f).with_context(|| {
             format!(
                 "remounted read-only, but the sync of {} failed",

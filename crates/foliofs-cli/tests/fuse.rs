@@ -2251,7 +2251,8 @@ fn chattr_immutable_and_append_only_through_the_mount() {
     assert!(out.contains(" flags d\n"), "foliofs stat: {out}");
 }
 
-/// chattr +S and +D, and the `sync` mount option, through the mount:
+/// chattr +S and +D, and the `sync` mount option (at mount and by
+/// remount), through the mount:
 /// what they make synchronous survives the daemon's death (SIGKILL: the
 /// engine's memory and the kernel's cached writes are gone) while the
 /// file is still open, so the write must have reached the engine and
@@ -2294,6 +2295,31 @@ fn synchronous_updates_through_the_mount() {
     m.detach_dead();
     m.mount("");
     assert_eq!(std::fs::read(m.path("t")).unwrap(), b"written through");
+
+    // `mount -o remount,sync` (the helper, as mount(8) calls it) on a
+    // live mount: the kernel's flag and the engine's change.
+    let helper = m.dir.parent().unwrap().join("mount.fuse.foliofs");
+    let _ = std::fs::remove_file(&helper);
+    std::os::unix::fs::symlink(BIN, &helper).unwrap();
+    let out = Command::new(&helper)
+        .arg(&m.img)
+        .arg(&m.dir)
+        .args(["-o", "remount,sync"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let opts = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(&m.dir));
+    assert!(opts.split(',').any(|o| o.trim() == "sync"), "{opts}");
+    let mut f = std::fs::File::create(m.path("u")).unwrap();
+    f.write_all(b"after remount,sync").unwrap();
+    // The kernel alone would make only the write durable (by an fsync).
+    std::fs::create_dir(m.path("v")).unwrap();
+    m.kill_daemon();
+    drop(f);
+    m.detach_dead();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("u")).unwrap(), b"after remount,sync");
+    assert!(m.path("v").is_dir(), "remount,sync: a mkdir was lost");
     m.unmount_and_check();
 }
 

@@ -61,6 +61,14 @@ pub const COUNTERS_XATTR: &str = "foliofs.counters";
 /// sync` uses BTRFS_IOC_SYNC).
 pub const FOLIOFS_IOC_SYNC: u32 = (0xb7 << 8) | 1;
 
+/// The `sync` and `dirsync` mount options of a live mount, as a u32 (bit
+/// 0 sync, bit 1 dirsync): `_IOW(0xb7, 2, u32)` sets them (root only),
+/// `_IOR(0xb7, 3, u32)` reads them. `mount -o remount,sync` uses them
+/// (`set_sync_mode`): the kernel's own flag changes by the remount, the
+/// engine's by the ioctl.
+pub const FOLIOFS_IOC_SET_SYNC_MODE: u32 = 0x4004_b702;
+pub const FOLIOFS_IOC_GET_SYNC_MODE: u32 = 0x8004_b703;
+
 /// chattr's ioctls as the kernel forwards them (FUSE_IOCTL from its
 /// fileattr calls): the flags as an int, or a struct fsxattr.
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
@@ -114,6 +122,35 @@ fn open_allowed(flags: u32, oflags: i32) -> bool {
         return !trunc && (!write || oflags & libc::O_APPEND != 0);
     }
     true
+}
+
+/// Set a live mount's `sync` and `dirsync` options (None: leave it as it
+/// is) through an open file or directory of it.
+pub fn set_sync_mode(
+    f: &std::fs::File,
+    sync: Option<bool>,
+    dirsync: Option<bool>,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut mode: u32 = 0;
+    // SAFETY: a valid descriptor; the command writes a u32 through the
+    // pointer.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FOLIOFS_IOC_GET_SYNC_MODE as _, &mut mode) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    for (bit, want) in [(1, sync), (2, dirsync)] {
+        match want {
+            Some(true) => mode |= bit,
+            Some(false) => mode &= !bit,
+            None => {}
+        }
+    }
+    // SAFETY: a valid descriptor; the command reads a u32 through the
+    // pointer.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FOLIOFS_IOC_SET_SYNC_MODE as _, &mode) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What `foliofs sync` does on an open file or directory: syncfs of its
@@ -1585,6 +1622,18 @@ impl Filesystem for FuseFs {
                 "shutting the file system down is root's",
             )),
             FS_IOC_SHUTDOWN => self.fs.shutdown(true).map(|()| Vec::new()),
+            FOLIOFS_IOC_GET_SYNC_MODE => {
+                let (sync, dirsync) = self.fs.sync_mode();
+                Ok((sync as u32 | (dirsync as u32) << 1).to_ne_bytes().to_vec())
+            }
+            FOLIOFS_IOC_SET_SYNC_MODE if req.uid() != 0 => Err(Error::NotPermitted(
+                "changing the mount's sync options is root's",
+            )),
+            FOLIOFS_IOC_SET_SYNC_MODE if in_data.len() >= 4 => {
+                let mode = word(0);
+                self.fs.set_sync_mode(mode & 1 != 0, mode & 2 != 0);
+                Ok(Vec::new())
+            }
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
                 self.fs.getattr(ino).map(|a| a.flags.to_ne_bytes().to_vec())
             }

@@ -255,6 +255,21 @@ impl Fs {
         Ok(())
     }
 
+    /// Change the `sync` and `dirsync` mount options of a live file
+    /// system (`mount -o remount,sync`); calls made afterwards follow them.
+    pub fn set_sync_mode(&self, sync: bool, dirsync: bool) {
+        let mut g = self.s.inner.lock();
+        g.opts.sync = sync;
+        g.opts.dirsync = dirsync;
+        g.meta.sync_dirs = sync || dirsync;
+    }
+
+    /// The `sync` and `dirsync` mount options in force.
+    pub fn sync_mode(&self) -> (bool, bool) {
+        let g = self.s.inner.lock();
+        (g.opts.sync, g.opts.dirsync)
+    }
+
     /// Why the file system shut down, if it did.
     pub fn shutdown_reason(&self) -> Option<String> {
         self.s
