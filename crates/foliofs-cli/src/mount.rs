@@ -589,6 +589,17 @@ pub fn is_remount(options: &[String]) -> bool {
         .any(|o| o == "remount")
 }
 
+/// The options the kernel shows for a FUSE mount of its own accord
+/// (user_id=0,group_id=0,...): mount(8) passes them back to the helper
+/// at remount, from the mount table.
+fn kernel_fuse_option(o: &str) -> bool {
+    let key = o.split_once('=').map_or(o, |(k, _)| k);
+    matches!(
+        key,
+        "user_id" | "group_id" | "rootmode" | "fd" | "max_read" | "blksize" | "fsname" | "subtype"
+    )
+}
+
 /// `mount -o remount[,ro|rw][,nosuid|suid,...] DIR`: change a live
 /// mount's flags, as mount(8) asks the helper to. The kernel's FUSE takes
 /// read-only, sync and the per-mount flags at remount and nothing else;
@@ -637,13 +648,16 @@ pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
             flags |= ms;
         }
     }
+    // Sync is what the options say, as for mount(2) itself: mount(8)
+    // passes the whole list back, with `sync` or without it for async.
+    flags &= !libc::MS_SYNCHRONOUS;
     let mut rest = Vec::new();
     for o in options.iter().flat_map(|s| s.split(',')) {
         if let Some((_, ms, _, _)) = FLAGS.iter().find(|f| f.2 == o) {
             flags |= ms;
         } else if let Some((_, ms, _, _)) = FLAGS.iter().find(|f| f.3 == o) {
             flags &= !ms;
-        } else if o != "remount" && !o.is_empty() {
+        } else if o != "remount" && !o.is_empty() && !kernel_fuse_option(o) {
             rest.push(o.to_string());
         }
     }

@@ -2321,6 +2321,31 @@ fn synchronous_updates_through_the_mount() {
     assert_eq!(std::fs::read(m.path("u")).unwrap(), b"after remount,sync");
     assert!(m.path("v").is_dir(), "remount,sync: a mkdir was lost");
     m.unmount_and_check();
+    // `mount -o remount,async` of a sync mount: mount(8) passes the
+    // mount's options back without `sync` (and the kernel's own ones).
+    m.mount("sync");
+    let out = Command::new(&helper)
+        .arg(&m.img)
+        .arg(&m.dir)
+        .args(["-o", "rw,relatime,remount,user_id=0,group_id=0,allow_other"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let opts = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(&m.dir));
+    assert!(!opts.split(',').any(|o| o.trim() == "sync"), "{opts}");
+    let d = std::fs::File::open(&m.dir).unwrap();
+    let mut mode = 0u32;
+    // SAFETY: the command writes a u32 through the pointer.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&d),
+            foliofs_fuse::FOLIOFS_IOC_GET_SYNC_MODE as _,
+            &mut mode,
+        )
+    };
+    assert_eq!((r, mode), (0, 0), "the engine is still sync");
+    drop(d);
+    m.unmount_and_check();
 }
 
 /// FS_IOC_SHUTDOWN (xfstests' godown) through the mount: the log is

@@ -478,11 +478,24 @@ fn fuse_mount_sys(
     }
 
     let blkdev = options.contains(&MountOption::BlockDevice);
+    // The type names the subtype as libfuse's does ("fuse.SUBTYPE"), so
+    // the mount table shows it and mount(8) finds its helper at remount.
+    #[cfg(target_os = "linux")]
+    let fstype = {
+        let base = if blkdev { "fuseblk" } else { "fuse" };
+        match options.iter().find_map(|x| match x {
+            MountOption::Subtype(s) => Some(s),
+            _ => None,
+        }) {
+            Some(subtype) => format!("{base}.{subtype}"),
+            None => base.to_string(),
+        }
+    };
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some(if blkdev { "fuseblk" } else { "fuse" }),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
