@@ -2297,7 +2297,10 @@ fn synchronous_updates_through_the_mount() {
     assert_eq!(std::fs::read(m.path("t")).unwrap(), b"written through");
 
     // `mount -o remount,sync` (the helper, as mount(8) calls it) on a
-    // live mount: the kernel's flag and the engine's change.
+    // live mount: the kernel's flag and the engine's change. mount(8)
+    // finds the helper by the type the mount table shows.
+    let fstype = run(Command::new("findmnt").args(["-no", "FSTYPE"]).arg(&m.dir));
+    assert_eq!(fstype.trim(), "fuse.foliofs");
     let helper = m.dir.parent().unwrap().join("mount.fuse.foliofs");
     let _ = std::fs::remove_file(&helper);
     std::os::unix::fs::symlink(BIN, &helper).unwrap();
@@ -2525,7 +2528,7 @@ fn sync_reaches_the_daemon_of_a_block_device_mount() {
     assert!(
         mountinfo
             .lines()
-            .any(|l| l.contains(&format!(" - fuseblk {} ", lo.0))),
+            .any(|l| l.contains(&format!(" - fuseblk.foliofs {} ", lo.0))),
         "not a fuseblk mount:\n{mountinfo}"
     );
     let busy = Command::new(BIN).arg("fsck").arg(&lo.0).output().unwrap();
