@@ -262,6 +262,19 @@ fn busy(path: &Path, h: &Holder) -> io::Error {
 pub(crate) fn acquire(
     path: &Path,
     wait: Duration,
+    open_owned: impl FnMut() -> io::Result<Option<File>>,
+    open_plain: impl FnMut() -> io::Result<File>,
+) -> io::Result<File> {
+    acquire_settling(path, wait, SETTLE, open_owned, open_plain)
+}
+
+/// `acquire`, with `settle` for how long an owner with no mark may look
+/// busy before it is (tests choose it: the order of the looks is theirs
+/// then, not the clock's).
+fn acquire_settling(
+    path: &Path,
+    wait: Duration,
+    settle: Duration,
     mut open_owned: impl FnMut() -> io::Result<Option<File>>,
     mut open_plain: impl FnMut() -> io::Result<File>,
 ) -> io::Result<File> {
@@ -281,8 +294,8 @@ pub(crate) fn acquire(
             // block device): an owner arriving or leaving (a process that
             // exits drops its daemon mark before its flock) looks like
             // this for a moment. Look again until SETTLE, then it is busy.
-            Some(Verdict::Busy(h)) if started.elapsed() >= SETTLE => return Err(busy(path, &h)),
-            None if started.elapsed() >= SETTLE => {
+            Some(Verdict::Busy(h)) if started.elapsed() >= settle => return Err(busy(path, &h)),
+            None if started.elapsed() >= settle => {
                 // Free when looked at: its owner may have closed it just
                 // after `open_owned` found it taken (a daemon finishing
                 // after `umount`). One more try tells that from a holder
@@ -346,6 +359,8 @@ mod tests {
     /// An owner that closes the image after the opener found it taken and
     /// before it looked at who holds it, past the settle time (a daemon
     /// finishing as `mount` follows `umount`): the opener gets the image.
+    /// The settle time is zero, so the first look is already past it and
+    /// the owner closes between that look and the next, every time.
     #[test]
     fn an_owner_closing_between_the_two_looks_is_not_a_busy_image() {
         let dir = std::env::temp_dir().join(format!("foliofs-lock-race-{}", std::process::id()));
@@ -354,15 +369,13 @@ mod tests {
         std::fs::write(&p, [0u8; 4096]).unwrap();
         let mut owner = own(&p).unwrap();
         assert!(owner.is_some());
-        let started = Instant::now();
-        let got = acquire(
+        let got = acquire_settling(
             &p,
             Duration::from_secs(5),
+            Duration::ZERO,
             || own(&p),
             || {
-                if started.elapsed() >= SETTLE {
-                    owner.take();
-                }
+                owner.take();
                 File::open(&p)
             },
         );
