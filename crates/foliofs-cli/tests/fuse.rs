@@ -2304,15 +2304,20 @@ fn synchronous_updates_through_the_mount() {
     let helper = m.dir.parent().unwrap().join("mount.fuse.foliofs");
     let _ = std::fs::remove_file(&helper);
     std::os::unix::fs::symlink(BIN, &helper).unwrap();
-    let out = Command::new(&helper)
-        .arg(&m.img)
-        .arg(&m.dir)
-        .args(["-o", "remount,sync"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let opts = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(&m.dir));
-    assert!(opts.split(',').any(|o| o.trim() == "sync"), "{opts}");
+    // Remount with `opts`; whether the mount table shows sync after.
+    let (img, dir) = (m.img.clone(), m.dir.clone());
+    let remount = |opts: &str| {
+        let out = Command::new(&helper)
+            .arg(&img)
+            .arg(&dir)
+            .args(["-o", opts])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let shown = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(&dir));
+        shown.split(',').any(|o| o.trim() == "sync")
+    };
+    assert!(remount("remount,sync"));
     let mut f = std::fs::File::create(m.path("u")).unwrap();
     f.write_all(b"after remount,sync").unwrap();
     // The kernel alone would make only the write durable (by an fsync).
@@ -2327,15 +2332,9 @@ fn synchronous_updates_through_the_mount() {
     // `mount -o remount,async` of a sync mount: mount(8) passes the
     // mount's options back without `sync` (and the kernel's own ones).
     m.mount("sync");
-    let out = Command::new(&helper)
-        .arg(&m.img)
-        .arg(&m.dir)
-        .args(["-o", "rw,relatime,remount,user_id=0,group_id=0,allow_other"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let opts = run(Command::new("findmnt").args(["-no", "OPTIONS"]).arg(&m.dir));
-    assert!(!opts.split(',').any(|o| o.trim() == "sync"), "{opts}");
+    assert!(!remount(
+        "rw,relatime,remount,user_id=0,group_id=0,allow_other"
+    ));
     let d = std::fs::File::open(&m.dir).unwrap();
     let mut mode = 0u32;
     // SAFETY: the command writes a u32 through the pointer.
