@@ -827,10 +827,10 @@ impl FuseFs {
     /// inode and, for immutable and append-only, holds
     /// CAP_LINUX_IMMUTABLE. Before a file turns immutable, the writes the
     /// kernel still caches for it are written back (they were accepted
-    /// before it was frozen); afterwards the engine refuses them. So
-    /// they are before a file turns synchronous (+S), whose later opens
-    /// bypass the kernel's cache (`new_handle`); descriptions open
-    /// already keep writing through it until closed.
+    /// before it was frozen); afterwards the engine refuses them. The
+    /// same before a file turns synchronous (+S): its later opens bypass
+    /// the kernel's cache (`new_handle`), while descriptions open already
+    /// keep writing through it until they are closed.
     fn set_flags(&self, ino: u64, flags: u32) -> foliofs::Result<()> {
         let was = self.fs.getattr(ino)?.flags;
         if flags & !was & (FL_IMMUTABLE | FL_SYNC) != 0 {
