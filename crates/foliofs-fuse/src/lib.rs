@@ -830,9 +830,11 @@ impl FuseFs {
     /// before it was frozen); afterwards the engine refuses them. The
     /// same before a file turns synchronous (+S): its later opens bypass
     /// the kernel's cache (`new_handle`), while descriptions open already
-    /// keep writing through it until they are closed.
-    fn set_flags(&self, ino: u64, flags: u32) -> foliofs::Result<()> {
+    /// keep writing through it until they are closed. `new` gives the
+    /// flags from the ones the inode has.
+    fn set_flags(&self, ino: u64, new: impl FnOnce(u32) -> u32) -> foliofs::Result<()> {
         let was = self.fs.getattr(ino)?.flags;
+        let flags = new(was);
         if flags & !was & (FL_IMMUTABLE | FL_SYNC) != 0 {
             self.kernel_drop(ino, 0, 0);
             self.fs.fsync(ino, true)?;
@@ -1643,15 +1645,13 @@ impl Filesystem for FuseFs {
                 x
             }),
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS if in_data.len() >= 4 => {
-                self.set_flags(ino, word(0)).map(|()| Vec::new())
+                self.set_flags(ino, |_| word(0)).map(|()| Vec::new())
             }
             // Extent size hints and project IDs: not kept.
             // Dirsync, which no xflag stands for, stays as it was.
             FS_IOC_FSSETXATTR if in_data.len() >= FSXATTR_SIZE => match flags_of_xflags(word(0)) {
                 Some(flags) if word(4) == 0 && word(12) == 0 && word(16) == 0 => self
-                    .fs
-                    .getattr(ino)
-                    .and_then(|a| self.set_flags(ino, flags | (a.flags & FL_DIRSYNC)))
+                    .set_flags(ino, |was| flags | (was & FL_DIRSYNC))
                     .map(|()| Vec::new()),
                 _ => Err(Error::Unsupported(
                     "these xflags, extent size hints or project IDs",

@@ -356,6 +356,15 @@ mod tests {
         Ok(try_own(&f)?.then_some(f))
     }
 
+    /// A fresh 4 KiB image in its own temporary directory: (dir, image).
+    fn temp_image(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("foliofs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("img");
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        (dir, p)
+    }
+
     /// An owner that closes the image after the opener found it taken and
     /// before it looked at who holds it, past the settle time (a daemon
     /// finishing as `mount` follows `umount`): the opener gets the image.
@@ -363,10 +372,7 @@ mod tests {
     /// the owner closes between that look and the next, every time.
     #[test]
     fn an_owner_closing_between_the_two_looks_is_not_a_busy_image() {
-        let dir = std::env::temp_dir().join(format!("foliofs-lock-race-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("img");
-        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let (dir, p) = temp_image("lock-race");
         let mut owner = own(&p).unwrap();
         assert!(owner.is_some());
         let got = acquire_settling(
@@ -386,10 +392,7 @@ mod tests {
 
     #[test]
     fn a_second_owner_is_refused_and_the_first_close_frees_the_image() {
-        let dir = std::env::temp_dir().join(format!("foliofs-lock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("img");
-        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let (dir, p) = temp_image("lock");
         let a = File::options().read(true).write(true).open(&p).unwrap();
         assert!(try_own(&a).unwrap());
         let b = File::open(&p).unwrap();

@@ -353,27 +353,20 @@ impl Fs {
         let mut g = self.s.inner.lock();
         g.check_writable()?;
         let r = g.guarded(f);
+        self.settle(g, r)
+    }
+
+    /// After a change, its outcome `r`: commit if the running transaction
+    /// is large, and before returning if the change must be synchronous
+    /// (the `sync` mount option; an inode or directory with chattr +S or
+    /// +D; a directory's entries under `dirsync`).
+    fn settle<R>(&self, mut g: MutexGuard<'_, Inner>, r: Result<R>) -> Result<R> {
         g.maybe_commit()?;
         let r = r?;
-        self.settle(g)?;
-        Ok(r)
-    }
-
-    /// After a change: commit it before the call returns if it must be
-    /// synchronous (the `sync` mount option; an inode or directory with
-    /// chattr +S or +D; a directory's entries under `dirsync`).
-    fn settle(&self, mut g: MutexGuard<'_, Inner>) -> Result<()> {
         if std::mem::take(&mut g.meta.sync_wanted) || g.opts.sync {
-            return self.s.commit_wait(g);
+            self.s.commit_wait(g)?;
         }
-        Ok(())
-    }
-
-    /// Whether writes to `ino` are synchronous (O_SYNC for every
-    /// writer): the `sync` mount option, or chattr +S.
-    fn sync_writes(&self, ino: u64) -> Result<bool> {
-        let mut g = self.s.inner.lock();
-        Ok(g.opts.sync || g.with(ino)?.0.sync_updates())
+        Ok(r)
     }
 
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
@@ -388,10 +381,7 @@ impl Fs {
             self.s.wait_wb_idle(&mut g, ino);
         }
         let r = g.guarded(|g| g.setattr(ino, set));
-        g.maybe_commit()?;
-        let r = r?;
-        self.settle(g)?;
-        Ok(r)
+        self.settle(g, r)
     }
 
     /// Set the inode's flags (`FL_*`, as chattr does; `Attr::flags` has
@@ -847,9 +837,7 @@ impl Fs {
         g.check_unfrozen(ino, matches!(mode, Falloc::Allocate { .. }))?;
         self.s.wait_wb_idle(&mut g, ino);
         let r = g.guarded(|g| g.fallocate(ino, mode, offset, len));
-        g.maybe_commit()?;
-        r?;
-        self.settle(g)
+        self.settle(g, r)
     }
 
     /// SEEK_DATA / SEEK_HOLE. `Ok(None)` is ENXIO.

@@ -430,14 +430,6 @@ impl Fs {
     /// `DioLock::Exclusive` knob is set); anything that allocates, converts
     /// unwritten blocks or extends the file takes it exclusive.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let n = self.write_direct_once(ino, offset, data)?;
-        if self.sync_writes(ino)? {
-            self.fsync(ino, false)?;
-        }
-        Ok(n)
-    }
-
-    fn write_direct_once(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let bs = self.s.block_size;
         check_aligned(bs, offset, data.len(), data.as_ptr())?;
         let end = offset
@@ -458,11 +450,14 @@ impl Fs {
             let io = self.s.iolocks.lock(ino, mode, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
+            let mount_sync = g.opts.sync;
             let (ip, mut cx) = g.with(ino)?;
             ip.check_unfrozen(true)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
             }
+            // chattr +S or `-o sync`: as O_SYNC.
+            let sync = mount_sync || ip.sync_updates();
             let segs = map_range(ip, &mut cx, from, to)?;
             let overwrite = end <= ip.size
                 && !ip.wb_busy
@@ -497,6 +492,9 @@ impl Fs {
             r?;
             bump(&self.s.counters.dio_write_bytes, data.len() as u64);
             bump(&self.s.counters.bytes_written_app, data.len() as u64);
+            if sync {
+                self.fsync(ino, false)?;
+            }
             return Ok(data.len());
         }
     }
