@@ -362,8 +362,11 @@ impl Fs {
     /// +D; a directory's entries under `dirsync`).
     fn settle<R>(&self, mut g: MutexGuard<'_, Inner>, r: Result<R>) -> Result<R> {
         g.maybe_commit()?;
+        // Taken whatever the outcome: a failed change leaves no wish for
+        // the next caller to commit.
+        let wanted = std::mem::take(&mut g.meta.sync_wanted);
         let r = r?;
-        if std::mem::take(&mut g.meta.sync_wanted) || g.opts.sync {
+        if wanted || g.opts.sync {
             self.s.commit_wait(g)?;
         }
         Ok(r)
