@@ -1682,20 +1682,9 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let known =
-            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        let m = if mode & !known != 0 {
-            return reply.error(Errno::EOPNOTSUPP);
-        } else if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-            if !keep_size || mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-                return reply.error(Errno::EINVAL);
-            }
-            Falloc::PunchHole
-        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            Falloc::ZeroRange { keep_size }
-        } else {
-            Falloc::Allocate { keep_size }
+        let m = match Falloc::from_linux(mode) {
+            Ok(m) => m,
+            Err(e) => return reply.error(errno(e)),
         };
         let ino = self.ino(ino);
         // As a write does: a caller other than root (one without

@@ -745,13 +745,26 @@ impl Fs {
     /// the metadata lock (the folio pinned), so writers of different files
     /// copy in parallel.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        let (r, over, sync) = {
+        self.write_at(ino, Some(offset), data).map(|(_, n)| n)
+    }
+
+    /// A buffered write at the end of the file, as with O_APPEND: the
+    /// offset is the size under the inode's lock, so appends by many
+    /// threads never overlap. Returns the offset written at and the count.
+    pub fn append(&self, ino: u64, data: &[u8]) -> Result<(u64, usize)> {
+        self.write_at(ino, None, data)
+    }
+
+    /// `write` at `offset`, or at the end of the file when None.
+    fn write_at(&self, ino: u64, offset: Option<u64>, data: &[u8]) -> Result<(u64, usize)> {
+        let (r, over, sync, offset) = {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
             g.check_writable()?;
             let mount_sync = g.opts.sync;
             let ip = g.with(ino)?.0;
             ip.check_unfrozen(true)?;
+            let offset = offset.unwrap_or(ip.size);
             // chattr +S or `-o sync`: as O_SYNC.
             let sync = mount_sync || ip.sync_updates();
             if ip.size < offset {
@@ -767,7 +780,7 @@ impl Fs {
             });
             let mut g = h.g;
             g.maybe_commit()?;
-            (r, g.dirty_bytes > g.background_bytes(), sync)
+            (r, g.dirty_bytes > g.background_bytes(), sync, offset)
         };
         if over {
             // No lock held: throttled writers sleep here.
@@ -777,7 +790,7 @@ impl Fs {
         if sync {
             self.fsync(ino, false)?;
         }
-        Ok(n)
+        Ok((offset, n))
     }
 
     /// fsync / fdatasync: the file's data and the metadata needed to reach

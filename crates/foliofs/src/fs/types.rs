@@ -104,6 +104,33 @@ pub enum Falloc {
     ZeroRange { keep_size: bool },
 }
 
+impl Falloc {
+    /// The operation fallocate(2)'s `mode` asks for: KEEP_SIZE,
+    /// PUNCH_HOLE (with KEEP_SIZE, as Linux requires) and ZERO_RANGE; any
+    /// other bit is unsupported (EOPNOTSUPP).
+    pub fn from_linux(mode: i32) -> crate::Result<Falloc> {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            Err(crate::Error::Unsupported(
+                "fallocate modes other than keep size, punch hole and zero range",
+            ))
+        } else if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep_size || mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+                return Err(crate::Error::Invalid(
+                    "a hole is punched with FALLOC_FL_KEEP_SIZE and alone".into(),
+                ));
+            }
+            Ok(Falloc::PunchHole)
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            Ok(Falloc::ZeroRange { keep_size })
+        } else {
+            Ok(Falloc::Allocate { keep_size })
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Whence {
     Data,
