@@ -58,5 +58,10 @@ if $bin mkfs "$tmp/t.img" --size 32M 2>/dev/null; then echo "mkfs over an existi
 $bin fsck "$tmp/t.img" >/dev/null
 if $bin fsck "$tmp/missing.img" 2>/dev/null; then echo "fsck of a missing image must fail" >&2; exit 1; fi
 echo "CLI smoke: 7 passed, 0 failed"
+echo "== C ABI from C (crates/foliofs-capi/tests/abi.c: the header against libfoliofs.a)"
+cargo build --locked --release -q -p foliofs-capi
+cc -O1 -Wall -Werror -I crates/foliofs-capi/include crates/foliofs-capi/tests/abi.c \
+  target/release/libfoliofs.a -lpthread -ldl -lm -o "$tmp/abi"
+"$tmp/abi" "$tmp/abi.img"
 echo "== fio external engine (seed W1, W2 jobs with verify=crc32c)"
 make -s -C bench/fio check

@@ -1,13 +1,14 @@
 //! The C ABI of the foliofs engine (`include/foliofs.h`): mount an image,
-//! open files by path, pread/pwrite (buffered or O_DIRECT), fsync, and the
-//! namespace calls a C program or the fio engine needs.
+//! open files by path, pread/pwrite (buffered or O_DIRECT, O_APPEND),
+//! fsync, fallocate, directory listings, links, attributes, inode flags,
+//! extended attributes, statfs and shutdown.
 //!
 //! Every function returns 0 or a count on success and a negative errno on
 //! failure, with the message kept per thread for `foliofs_last_error`.
 //! No Rust panic crosses the boundary: one becomes -EIO.
 
 use foliofs::device::FileDevice;
-use foliofs::fs::{Attr, FileType, OpenFile, SetAttr};
+use foliofs::fs::{Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Timespec};
 use foliofs::{Error, Fs, MkfsOptions, MountOptions};
 use parking_lot::RwLock;
 use std::cell::RefCell;
@@ -75,6 +76,8 @@ struct Handle {
     file: OpenFile,
     direct: bool,
     writable: bool,
+    /// O_APPEND: every write goes to the end of the file.
+    append: bool,
 }
 
 /// A mounted file system and its open files.
@@ -112,23 +115,86 @@ unsafe fn get<'a>(fs: *mut Foliofs) -> Result<&'a Foliofs, Fail> {
 }
 
 fn stat_of(a: &Attr) -> FoliofsStat {
+    let ts = |(sec, nsec): (i64, u32)| FoliofsTime { sec, nsec };
     FoliofsStat {
         ino: a.ino,
         size: a.size,
         allocated: a.allocated,
         mode: a.kind.mode_bits() | a.perm,
         nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        flags: a.flags,
+        rdev: a.rdev,
+        atime: ts(a.atime),
+        mtime: ts(a.mtime),
+        ctime: ts(a.ctime),
+        btime: ts(a.crtime),
     }
+}
+
+/// `struct foliofs_time`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct FoliofsTime {
+    pub sec: i64,
+    pub nsec: u32,
 }
 
 /// `struct foliofs_stat`.
 #[repr(C)]
+#[derive(Default)]
 pub struct FoliofsStat {
     pub ino: u64,
     pub size: u64,
     pub allocated: u64,
     pub mode: u32,
     pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub flags: u32,
+    pub rdev: u32,
+    pub atime: FoliofsTime,
+    pub mtime: FoliofsTime,
+    pub ctime: FoliofsTime,
+    pub btime: FoliofsTime,
+}
+
+/// `struct foliofs_statfs`.
+#[repr(C)]
+#[derive(Default)]
+pub struct FoliofsStatfs {
+    pub block_size: u32,
+    pub name_max: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+}
+
+/// Copy `bytes` to the caller's `buf` of `len` bytes when they fit (a
+/// call with `len` 0 asks for the size): the size either way, or ERANGE
+/// when `len` is too small, as getxattr(2) and listxattr(2) do.
+///
+/// # Safety
+/// `buf` holds `len` writable bytes, or `len` is 0.
+unsafe fn copy_out(bytes: &[u8], buf: *mut c_void, len: usize) -> Result<i64, Fail> {
+    if len == 0 {
+        return Ok(bytes.len() as i64);
+    }
+    if len < bytes.len() {
+        return Err(fail(
+            libc::ERANGE,
+            format!("{} bytes do not fit a {len}-byte buffer", bytes.len()),
+        ));
+    }
+    if buf.is_null() {
+        return Err(fail(libc::EFAULT, "buffer is NULL"));
+    }
+    // SAFETY: the caller gives `len` writable bytes at `buf`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len()) };
+    Ok(bytes.len() as i64)
 }
 
 /// # Safety
@@ -217,8 +283,13 @@ pub unsafe extern "C" fn foliofs_open(
     call(|| {
         // SAFETY: per the contract above.
         let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        if flags & libc::O_APPEND != 0 {
-            return Err(fail(libc::EINVAL, "O_APPEND is not supported: use offsets"));
+        let direct = flags & libc::O_DIRECT != 0;
+        let append = flags & libc::O_APPEND != 0;
+        if direct && append {
+            return Err(fail(
+                libc::EINVAL,
+                "O_APPEND with O_DIRECT is not supported: give O_DIRECT writes their offsets",
+            ));
         }
         let (dir, name) = f.parent(path)?;
         let ino = match f.fs.lookup(dir, name.as_bytes()) {
@@ -236,6 +307,13 @@ pub unsafe extern "C" fn foliofs_open(
         };
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (attr, file) = f.fs.open_file(ino)?;
+        if attr.kind == FileType::Symlink {
+            f.fs.release_file(file)?;
+            return Err(fail(
+                libc::ELOOP,
+                format!("{path} is a symbolic link (paths are not followed through links)"),
+            ));
+        }
         if attr.kind == FileType::Dir && writable {
             f.fs.release_file(file)?;
             return Err(fail(libc::EISDIR, format!("{path} is a directory")));
@@ -253,8 +331,9 @@ pub unsafe extern "C" fn foliofs_open(
         let fh = f.next.fetch_add(1, Ordering::Relaxed);
         let h = Handle {
             file,
-            direct: flags & libc::O_DIRECT != 0,
+            direct,
             writable,
+            append,
         };
         f.handles.write().insert(fh, Arc::new(h));
         Ok(fh)
@@ -357,6 +436,8 @@ pub unsafe extern "C" fn foliofs_pwrite(
         let b = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
         let n = if h.direct {
             f.fs.write_direct(h.file.ino, offset, b)?
+        } else if h.append {
+            f.fs.append(h.file.ino, b)?.1
         } else {
             f.fs.write(h.file.ino, offset, b)?
         };
@@ -499,6 +580,382 @@ pub unsafe extern "C" fn foliofs_sync(fs: *mut Foliofs) -> c_int {
     })
 }
 
+/// `foliofs_readdir`'s callback: the caller's context, the entry's name
+/// (NUL-terminated), inode number and type (a `DT_*` value); non-zero
+/// stops the listing.
+pub type DirentCb =
+    unsafe extern "C" fn(ctx: *mut c_void, name: *const c_char, ino: u64, kind: u32) -> c_int;
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `cb` is a function
+/// taking `ctx`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_readdir(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    cb: Option<DirentCb>,
+    ctx: *mut c_void,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let cb = cb.ok_or_else(|| fail(libc::EINVAL, "callback is NULL"))?;
+        let ino = f.fs.resolve(path)?;
+        let (mut cookie, mut seen) = (0, 0i64);
+        loop {
+            let batch = f.fs.readdir(ino, cookie, 128)?;
+            let Some(last) = batch.last() else {
+                return Ok(seen);
+            };
+            cookie = last.cookie;
+            for e in batch {
+                let name = CString::new(e.name)
+                    .map_err(|_| fail(libc::EIO, "a directory entry's name holds a NUL"))?;
+                seen += 1;
+                // SAFETY: the caller's callback, with its own context.
+                if unsafe { cb(ctx, name.as_ptr(), e.ino, e.kind.dtype() as u32) } != 0 {
+                    return Ok(seen);
+                }
+            }
+        }
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_fallocate(
+    fs: *mut Foliofs,
+    fh: i64,
+    mode: c_int,
+    offset: u64,
+    len: u64,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let f = unsafe { get(fs) }?;
+        let h = f.handle(fh)?;
+        if !h.writable {
+            return Err(fail(
+                libc::EBADF,
+                format!("handle {fh} is not open for writing"),
+            ));
+        }
+        f.fs.fallocate(h.file.ino, Falloc::from_linux(mode)?, offset, len)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `st` points to a `struct foliofs_statfs`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_statfs(fs: *mut Foliofs, st: *mut FoliofsStatfs) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let s = unsafe { get(fs) }?.fs.statfs()?;
+        // SAFETY: the caller gives a writable struct or NULL.
+        let st = unsafe { st.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "statfs is NULL"))?;
+        *st = FoliofsStatfs {
+            block_size: s.block_size,
+            name_max: s.name_max,
+            blocks: s.blocks,
+            blocks_free: s.blocks_free,
+            blocks_avail: s.blocks_avail,
+            files: s.files,
+            files_free: s.files_free,
+        };
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `target` and `path` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_symlink(
+    fs: *mut Foliofs,
+    target: *const c_char,
+    path: *const c_char,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, target, path) = unsafe { (get(fs)?, cstr(target, "target")?, cstr(path, "path")?) };
+        let (dir, name) = f.parent(path)?;
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        f.fs.symlink(dir, name.as_bytes(), target.as_bytes(), uid, gid)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `buf` holds `len`
+/// writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_readlink(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    buf: *mut c_char,
+    len: usize,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let ino = f.fs.resolve(path)?;
+        if f.fs.getattr(ino)?.kind != FileType::Symlink {
+            return Err(fail(libc::EINVAL, format!("{path} is not a symbolic link")));
+        }
+        let target = f.fs.readlink(ino)?;
+        if buf.is_null() || len == 0 {
+            return Err(fail(libc::EINVAL, "readlink needs a buffer"));
+        }
+        // As readlink(2): truncated to the buffer, no NUL added.
+        let n = target.len().min(len);
+        // SAFETY: the caller gives `len` writable bytes at `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf as *mut u8, n) };
+        Ok(n as i64)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `from` and `to` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_link(
+    fs: *mut Foliofs,
+    from: *const c_char,
+    to: *const c_char,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, from, to) = unsafe { (get(fs)?, cstr(from, "from")?, cstr(to, "to")?) };
+        let ino = f.fs.resolve(from)?;
+        let (dir, name) = f.parent(to)?;
+        f.fs.link(ino, dir, name.as_bytes())?;
+        Ok(0)
+    })
+}
+
+/// Apply `set` to the inode at `path`.
+///
+/// # Safety
+/// `fs` is NULL or live; `path` is NULL or a NUL-terminated string.
+unsafe fn setattr_path(fs: *mut Foliofs, path: *const c_char, set: SetAttr) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        f.fs.setattr(f.fs.resolve(path)?, &set)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_chmod(fs: *mut Foliofs, path: *const c_char, mode: u32) -> c_int {
+    let set = SetAttr {
+        mode: Some(mode & 0o7777),
+        ..Default::default()
+    };
+    // SAFETY: per the contract above.
+    unsafe { setattr_path(fs, path, set) }
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_chown(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    uid: u32,
+    gid: u32,
+) -> c_int {
+    let keep = |id: u32| (id != u32::MAX).then_some(id);
+    let set = SetAttr {
+        uid: keep(uid),
+        gid: keep(gid),
+        // As chown(2) on Linux, for every caller: set-user-ID and
+        // set-group-ID (when group-executable) go.
+        kill_priv: keep(uid).is_some() || keep(gid).is_some(),
+        ..Default::default()
+    };
+    // SAFETY: per the contract above.
+    unsafe { setattr_path(fs, path, set) }
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `times` is NULL or
+/// two `struct timespec`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_utimens(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    times: *const libc::timespec,
+) -> c_int {
+    let pick = |t: Option<&libc::timespec>| match t {
+        None => Ok(Some(TimeSet::Now)),
+        Some(t) if t.tv_nsec == libc::UTIME_NOW => Ok(Some(TimeSet::Now)),
+        Some(t) if t.tv_nsec == libc::UTIME_OMIT => Ok(None),
+        Some(t) if (0..1_000_000_000).contains(&t.tv_nsec) => Ok(Some(TimeSet::At(Timespec {
+            sec: t.tv_sec,
+            nsec: t.tv_nsec as u32,
+        }))),
+        Some(t) => Err(t.tv_nsec),
+    };
+    // SAFETY: the caller gives two timespecs or NULL.
+    let (a, m) = unsafe {
+        match times.is_null() {
+            true => (None, None),
+            false => (times.as_ref(), times.add(1).as_ref()),
+        }
+    };
+    let (atime, mtime) = match (pick(a), pick(m)) {
+        (Ok(a), Ok(m)) => (a, m),
+        (Err(ns), _) | (_, Err(ns)) => {
+            set_error(format!("{ns} is not a nanosecond count"));
+            return -libc::EINVAL;
+        }
+    };
+    let set = SetAttr {
+        atime,
+        mtime,
+        ..Default::default()
+    };
+    // SAFETY: per the contract above.
+    unsafe { setattr_path(fs, path, set) }
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `flags` points to a
+/// `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_get_flags(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    flags: *mut u32,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let a = f.fs.getattr(f.fs.resolve(path)?)?;
+        // SAFETY: the caller gives a writable u32 or NULL.
+        *unsafe { flags.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "flags is NULL"))? = a.flags;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_set_flags(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    flags: u32,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        // The program that mounted the image holds it: it may set
+        // immutable and append-only, as CAP_LINUX_IMMUTABLE would.
+        f.fs.set_flags(f.fs.resolve(path)?, flags, true)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` and `name` are NUL-terminated strings; `buf`
+/// holds `len` writable bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_getxattr(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    name: *const c_char,
+    buf: *mut c_void,
+    len: usize,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
+        let v = f.fs.getxattr(f.fs.resolve(path)?, name.as_bytes())?;
+        // SAFETY: per the contract above.
+        unsafe { copy_out(&v, buf, len) }
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` and `name` are NUL-terminated strings; `value`
+/// holds `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_setxattr(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    name: *const c_char,
+    value: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
+        let v = match (value.is_null(), len) {
+            (_, 0) => &[][..],
+            (true, _) => return Err(fail(libc::EFAULT, "value is NULL")),
+            // SAFETY: the caller gives `len` readable bytes at `value`.
+            (false, _) => unsafe { std::slice::from_raw_parts(value as *const u8, len) },
+        };
+        f.fs.setxattr(f.fs.resolve(path)?, name.as_bytes(), v, flags as u32)?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` is a NUL-terminated string; `buf` holds `len`
+/// writable bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_listxattr(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    buf: *mut c_char,
+    len: usize,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        let mut list = Vec::new();
+        for n in f.fs.listxattr(f.fs.resolve(path)?)? {
+            list.extend_from_slice(&n);
+            list.push(0);
+        }
+        // SAFETY: per the contract above.
+        unsafe { copy_out(&list, buf.cast(), len) }
+    })
+}
+
+/// # Safety
+/// `fs` is live; `path` and `name` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_removexattr(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    name: *const c_char,
+) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
+        f.fs.removexattr(f.fs.resolve(path)?, name.as_bytes())?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `fs` is live.
+#[no_mangle]
+pub unsafe extern "C" fn foliofs_shutdown(fs: *mut Foliofs, flush_log: c_int) -> c_int {
+    call_int(|| {
+        // SAFETY: per the contract above.
+        unsafe { get(fs) }?.fs.shutdown(flush_log != 0)?;
+        Ok(0)
+    })
+}
+
 /// # Safety
 /// `fs` is live; `buf` holds `len` writable bytes (or `len` is 0).
 #[no_mangle]
@@ -578,13 +1035,7 @@ mod tests {
             let n = foliofs_pread(fs, fh, back.as_mut_ptr().cast(), back.len(), 7);
             assert_eq!(n, data.len() as i64);
             assert_eq!(&back[..data.len()], &data[..]);
-            let mut st = FoliofsStat {
-                ino: 0,
-                size: 0,
-                allocated: 0,
-                mode: 0,
-                nlink: 0,
-            };
+            let mut st = FoliofsStat::default();
             assert_eq!(foliofs_fstat(fs, fh, &mut st), 0);
             assert_eq!(st.size, data.len() as u64 + 7);
             assert_eq!(st.mode, libc::S_IFREG | 0o644);
