@@ -35,9 +35,9 @@ int foliofs_unmount(foliofs *fs);
 
 /* Open PATH with open(2) flags (O_RDONLY/O_WRONLY/O_RDWR, O_CREAT, O_EXCL,
  * O_TRUNC, O_DIRECT, O_APPEND: every write goes to the end of the file,
- * whatever its offset, and appends from many threads never overlap;
- * O_APPEND with O_DIRECT is refused); returns a file handle >= 0. A
- * symbolic link is refused with -ELOOP. */
+ * whatever its offset, and appends from many threads never overlap; with
+ * O_DIRECT the size must then be a whole number of blocks, else -EINVAL);
+ * returns a file handle >= 0. A symbolic link is refused with -ELOOP. */
 int64_t foliofs_open(foliofs *fs, const char *path, int flags, uint32_t mode);
 int foliofs_close(foliofs *fs, int64_t fh);
 

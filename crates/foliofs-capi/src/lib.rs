@@ -285,12 +285,6 @@ pub unsafe extern "C" fn foliofs_open(
         let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
         let direct = flags & libc::O_DIRECT != 0;
         let append = flags & libc::O_APPEND != 0;
-        if direct && append {
-            return Err(fail(
-                libc::EINVAL,
-                "O_APPEND with O_DIRECT is not supported: give O_DIRECT writes their offsets",
-            ));
-        }
         let (dir, name) = f.parent(path)?;
         let ino = match f.fs.lookup(dir, name.as_bytes()) {
             Ok(_) if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 => {
@@ -434,12 +428,11 @@ pub unsafe extern "C" fn foliofs_pwrite(
         };
         // SAFETY: the caller gives `len` readable bytes at `buf`.
         let b = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
-        let n = if h.direct {
-            f.fs.write_direct(h.file.ino, offset, b)?
-        } else if h.append {
-            f.fs.append(h.file.ino, b)?.1
-        } else {
-            f.fs.write(h.file.ino, offset, b)?
+        let n = match (h.direct, h.append) {
+            (true, false) => f.fs.write_direct(h.file.ino, offset, b)?,
+            (true, true) => f.fs.append_direct(h.file.ino, b)?.1,
+            (false, false) => f.fs.write(h.file.ino, offset, b)?,
+            (false, true) => f.fs.append(h.file.ino, b)?.1,
         };
         Ok(n as i64)
     })

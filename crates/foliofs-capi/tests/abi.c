@@ -72,7 +72,6 @@ int main(int argc, char **argv) {
     /* O_APPEND from two threads: 400 whole records, none overwritten. */
     int64_t fh = foliofs_open(fs, "d/log", O_CREAT | O_RDWR | O_APPEND, 0644);
     CHECK(fh >= 0);
-    CHECK(foliofs_open(fs, "d/log", O_RDWR | O_APPEND | O_DIRECT, 0) == -EINVAL);
     pthread_t t[2];
     struct appender a[2] = {{fs, fh, 'a'}, {fs, fh, 'b'}};
     for (int i = 0; i < 2; i++)
@@ -87,9 +86,26 @@ int main(int argc, char **argv) {
         for (int i = 1; i < 100; i++)
             CHECK(back[r * 100 + i] == back[r * 100]);
     CHECK(foliofs_fsync(fs, fh, 0) == 0);
+    struct foliofs_stat st;
+
+    /* O_APPEND with O_DIRECT: whole blocks at a size of whole blocks. */
+    int64_t dh = foliofs_open(fs, "d/direct", O_CREAT | O_RDWR | O_APPEND | O_DIRECT, 0644);
+    CHECK(dh >= 0);
+    void *blk;
+    CHECK(posix_memalign(&blk, 4096, 8192) == 0);
+    memset(blk, 'd', 8192);
+    CHECK(foliofs_pwrite(fs, dh, blk, 8192, 12345) == 8192);
+    CHECK(foliofs_pwrite(fs, dh, blk, 4096, 0) == 4096);
+    CHECK(foliofs_fstat(fs, dh, &st) == 0 && st.size == 12288);
+    CHECK(foliofs_close(fs, dh) == 0);
+    CHECK(foliofs_pwrite(fs, fh, "x", 1, 0) == 1);
+    dh = foliofs_open(fs, "d/log", O_RDWR | O_APPEND | O_DIRECT, 0);
+    CHECK(foliofs_pwrite(fs, dh, blk, 4096, 0) == -EINVAL);
+    CHECK(foliofs_close(fs, dh) == 0);
+    CHECK(foliofs_ftruncate(fs, fh, 40000) == 0);
+    free(blk);
 
     /* fallocate: past EOF with KEEP_SIZE, then a hole punched in the data. */
-    struct foliofs_stat st;
     CHECK(foliofs_fallocate(fs, fh, FALLOC_FL_KEEP_SIZE, 0, 1 << 20) == 0);
     CHECK(foliofs_fstat(fs, fh, &st) == 0);
     CHECK(st.size == 40000 && st.allocated >= 1 << 20);
@@ -104,11 +120,11 @@ int main(int argc, char **argv) {
     CHECK(foliofs_fallocate(fs, fh, FALLOC_FL_PUNCH_HOLE, 0, 4096) == -EINVAL);
     CHECK(foliofs_fallocate(fs, fh, FALLOC_FL_COLLAPSE_RANGE, 0, 4096) == -EOPNOTSUPP);
 
-    /* Listing: ".", "..", "log", "sub". */
+    /* Listing: ".", "..", "log", "direct", "sub". */
     CHECK(foliofs_mkdir(fs, "d/sub", 0700) == 0);
     struct listing l = {0};
-    CHECK(foliofs_readdir(fs, "d", count, &l) == 4);
-    CHECK(l.entries == 4 && l.dirs == 3 && l.saw_file);
+    CHECK(foliofs_readdir(fs, "d", count, &l) == 5);
+    CHECK(l.entries == 5 && l.dirs == 3 && l.saw_file);
     int seen = 0;
     CHECK(foliofs_readdir(fs, "d", stop_at_two, &seen) == 2 && seen == 2);
     CHECK(foliofs_readdir(fs, "d/log", count, &l) == -ENOTDIR);

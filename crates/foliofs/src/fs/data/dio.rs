@@ -430,18 +430,39 @@ impl Fs {
     /// `DioLock::Exclusive` knob is set); anything that allocates, converts
     /// unwritten blocks or extends the file takes it exclusive.
     pub fn write_direct(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_direct_at(ino, Some(offset), data)
+            .map(|(_, n)| n)
+    }
+
+    /// A direct write at the end of the file, as O_DIRECT with O_APPEND:
+    /// the offset is the size under the inode's exclusive lock, which must
+    /// be a whole number of blocks (EINVAL otherwise, as Linux's own file
+    /// systems refuse it). Returns the offset written at and the count.
+    pub fn append_direct(&self, ino: u64, data: &[u8]) -> Result<(u64, usize)> {
+        self.write_direct_at(ino, None, data)
+    }
+
+    /// `write_direct` at `pos`, or at the end of the file when None.
+    fn write_direct_at(&self, ino: u64, pos: Option<u64>, data: &[u8]) -> Result<(u64, usize)> {
         let bs = self.s.block_size;
-        check_aligned(bs, offset, data.len(), data.as_ptr())?;
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|e| *e <= MAX_FILE_SIZE)
-            .ok_or(Error::FileTooBig)?;
-        if data.is_empty() {
-            return Ok(0);
+        let span = |offset: u64| -> Result<(u64, u64, u64)> {
+            check_aligned(bs, offset, data.len(), data.as_ptr())?;
+            let end = offset
+                .checked_add(data.len() as u64)
+                .filter(|e| *e <= MAX_FILE_SIZE)
+                .ok_or(Error::FileTooBig)?;
+            Ok((end, offset / bs, end / bs))
+        };
+        let (mut offset, mut end, mut from, mut to) = (0, 0, 0, 0);
+        if let Some(o) = pos {
+            (end, from, to) = span(o)?;
+            offset = o;
         }
-        let (from, to) = (offset / bs, end / bs);
+        if data.is_empty() {
+            return Ok((offset, 0));
+        }
         let crcs: Vec<u32> = data.chunks(bs as usize).map(data_crc).collect();
-        let mut mode = if self.s.knobs.dio_exclusive.load(Ordering::Relaxed) {
+        let mut mode = if pos.is_none() || self.s.knobs.dio_exclusive.load(Ordering::Relaxed) {
             Mode::Exclusive
         } else {
             Mode::Shared
@@ -455,6 +476,10 @@ impl Fs {
             ip.check_unfrozen(true)?;
             if ip.is_dir() {
                 return Err(Error::IsDir);
+            }
+            if pos.is_none() {
+                offset = ip.size;
+                (end, from, to) = span(offset)?;
             }
             // chattr +S or `-o sync`: as O_SYNC.
             let sync = mount_sync || ip.sync_updates();
@@ -495,7 +520,7 @@ impl Fs {
             if sync {
                 self.fsync(ino, false)?;
             }
-            return Ok(data.len());
+            return Ok((offset, data.len()));
         }
     }
 
