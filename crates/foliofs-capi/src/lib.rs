@@ -114,6 +114,23 @@ unsafe fn get<'a>(fs: *mut Foliofs) -> Result<&'a Foliofs, Fail> {
     unsafe { fs.as_ref() }.ok_or_else(|| fail(libc::EINVAL, "file system handle is NULL"))
 }
 
+/// Run `op` on the inode `path` names, with the file system and the path
+/// (for messages); its result as `call` gives it.
+///
+/// # Safety
+/// `fs` is NULL or live; `path` is NULL or a NUL-terminated string.
+unsafe fn at_path(
+    fs: *mut Foliofs,
+    path: *const c_char,
+    op: impl FnOnce(&Foliofs, u64, &str) -> Result<i64, Fail>,
+) -> i64 {
+    call(|| {
+        // SAFETY: per the contract above.
+        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+        op(f, f.fs.resolve(path)?, path)
+    })
+}
+
 fn stat_of(a: &Attr) -> FoliofsStat {
     let ts = |(sec, nsec): (i64, u32)| FoliofsTime { sec, nsec };
     FoliofsStat {
@@ -492,15 +509,15 @@ pub unsafe extern "C" fn foliofs_stat(
     path: *const c_char,
     st: *mut FoliofsStat,
 ) -> c_int {
-    call_int(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        let a = f.fs.getattr(f.fs.resolve(path)?)?;
+    let op = |f: &Foliofs, ino, _: &str| {
+        let a = f.fs.getattr(ino)?;
         // SAFETY: the caller gives a writable struct or NULL.
         let st = unsafe { st.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "stat is NULL"))?;
         *st = stat_of(&a);
         Ok(0)
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
@@ -589,11 +606,8 @@ pub unsafe extern "C" fn foliofs_readdir(
     cb: Option<DirentCb>,
     ctx: *mut c_void,
 ) -> i64 {
-    call(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+    let op = |f: &Foliofs, ino, _: &str| {
         let cb = cb.ok_or_else(|| fail(libc::EINVAL, "callback is NULL"))?;
-        let ino = f.fs.resolve(path)?;
         let (mut cookie, mut seen) = (0, 0i64);
         loop {
             let batch = f.fs.readdir(ino, cookie, 128)?;
@@ -611,7 +625,9 @@ pub unsafe extern "C" fn foliofs_readdir(
                 }
             }
         }
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) }
 }
 
 /// # Safety
@@ -690,10 +706,7 @@ pub unsafe extern "C" fn foliofs_readlink(
     buf: *mut c_char,
     len: usize,
 ) -> i64 {
-    call(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        let ino = f.fs.resolve(path)?;
+    let op = |f: &Foliofs, ino, path: &str| {
         if f.fs.getattr(ino)?.kind != FileType::Symlink {
             return Err(fail(libc::EINVAL, format!("{path} is not a symbolic link")));
         }
@@ -706,7 +719,9 @@ pub unsafe extern "C" fn foliofs_readlink(
         // SAFETY: the caller gives `len` writable bytes at `buf`.
         unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf as *mut u8, n) };
         Ok(n as i64)
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) }
 }
 
 /// # Safety
@@ -732,12 +747,9 @@ pub unsafe extern "C" fn foliofs_link(
 /// # Safety
 /// `fs` is NULL or live; `path` is NULL or a NUL-terminated string.
 unsafe fn setattr_path(fs: *mut Foliofs, path: *const c_char, set: SetAttr) -> c_int {
-    call_int(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        f.fs.setattr(f.fs.resolve(path)?, &set)?;
-        Ok(0)
-    })
+    let op = |f: &Foliofs, ino, _: &str| Ok(f.fs.setattr(ino, &set).map(|_| 0)?);
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
@@ -825,14 +837,14 @@ pub unsafe extern "C" fn foliofs_get_flags(
     path: *const c_char,
     flags: *mut u32,
 ) -> c_int {
-    call_int(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        let a = f.fs.getattr(f.fs.resolve(path)?)?;
+    let op = |f: &Foliofs, ino, _: &str| {
+        let a = f.fs.getattr(ino)?;
         // SAFETY: the caller gives a writable u32 or NULL.
         *unsafe { flags.as_mut() }.ok_or_else(|| fail(libc::EFAULT, "flags is NULL"))? = a.flags;
         Ok(0)
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
@@ -843,14 +855,11 @@ pub unsafe extern "C" fn foliofs_set_flags(
     path: *const c_char,
     flags: u32,
 ) -> c_int {
-    call_int(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
-        // The program that mounted the image holds it: it may set
-        // immutable and append-only, as CAP_LINUX_IMMUTABLE would.
-        f.fs.set_flags(f.fs.resolve(path)?, flags, true)?;
-        Ok(0)
-    })
+    // The program that mounted the image holds it: it may set immutable
+    // and append-only, as CAP_LINUX_IMMUTABLE would.
+    let op = |f: &Foliofs, ino, _: &str| Ok(f.fs.set_flags(ino, flags, true).map(|_| 0)?);
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
@@ -864,13 +873,15 @@ pub unsafe extern "C" fn foliofs_getxattr(
     buf: *mut c_void,
     len: usize,
 ) -> i64 {
-    call(|| {
+    let op = |f: &Foliofs, ino, _: &str| {
         // SAFETY: per the contract above.
-        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
-        let v = f.fs.getxattr(f.fs.resolve(path)?, name.as_bytes())?;
+        let v =
+            f.fs.getxattr(ino, unsafe { cstr(name, "name") }?.as_bytes())?;
         // SAFETY: per the contract above.
         unsafe { copy_out(&v, buf, len) }
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) }
 }
 
 /// # Safety
@@ -885,18 +896,20 @@ pub unsafe extern "C" fn foliofs_setxattr(
     len: usize,
     flags: c_int,
 ) -> c_int {
-    call_int(|| {
+    let op = |f: &Foliofs, ino, _: &str| {
         // SAFETY: per the contract above.
-        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
+        let name = unsafe { cstr(name, "name") }?;
         let v = match (value.is_null(), len) {
             (_, 0) => &[][..],
             (true, _) => return Err(fail(libc::EFAULT, "value is NULL")),
             // SAFETY: the caller gives `len` readable bytes at `value`.
             (false, _) => unsafe { std::slice::from_raw_parts(value as *const u8, len) },
         };
-        f.fs.setxattr(f.fs.resolve(path)?, name.as_bytes(), v, flags as u32)?;
+        f.fs.setxattr(ino, name.as_bytes(), v, flags as u32)?;
         Ok(0)
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
@@ -909,17 +922,17 @@ pub unsafe extern "C" fn foliofs_listxattr(
     buf: *mut c_char,
     len: usize,
 ) -> i64 {
-    call(|| {
-        // SAFETY: per the contract above.
-        let (f, path) = unsafe { (get(fs)?, cstr(path, "path")?) };
+    let op = |f: &Foliofs, ino, _: &str| {
         let mut list = Vec::new();
-        for n in f.fs.listxattr(f.fs.resolve(path)?)? {
+        for n in f.fs.listxattr(ino)? {
             list.extend_from_slice(&n);
             list.push(0);
         }
         // SAFETY: per the contract above.
         unsafe { copy_out(&list, buf.cast(), len) }
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) }
 }
 
 /// # Safety
@@ -930,12 +943,13 @@ pub unsafe extern "C" fn foliofs_removexattr(
     path: *const c_char,
     name: *const c_char,
 ) -> c_int {
-    call_int(|| {
+    let op = |f: &Foliofs, ino, _: &str| {
         // SAFETY: per the contract above.
-        let (f, path, name) = unsafe { (get(fs)?, cstr(path, "path")?, cstr(name, "name")?) };
-        f.fs.removexattr(f.fs.resolve(path)?, name.as_bytes())?;
+        f.fs.removexattr(ino, unsafe { cstr(name, "name") }?.as_bytes())?;
         Ok(0)
-    })
+    };
+    // SAFETY: per the contract above.
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety
