@@ -2488,10 +2488,36 @@ impl Drop for Loop {
     }
 }
 
+/// FIBMAP (filefrag's fallback; Linux asks the daemon on a block device
+/// only): each of `file`'s blocks is on `dev` where the mapping says,
+/// holding `data` (the file's contents, made durable).
+fn check_fibmap(file: &Path, dev: &str, data: &[u8]) {
+    let f = std::fs::File::open(file).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let mut bsz: libc::c_int = 0;
+    // SAFETY: FIGETBSZ writes one int.
+    assert_eq!(unsafe { libc::ioctl(fd, 2, &mut bsz) }, 0, "FIGETBSZ");
+    let bsz = bsz as usize;
+    let mut devf = std::fs::File::open(dev).unwrap();
+    let blocks = data.len().div_ceil(bsz);
+    for b in [0, 1, 7, blocks / 2, blocks - 1] {
+        let mut at = b as libc::c_int;
+        // SAFETY: FIBMAP reads and writes one int.
+        assert_eq!(unsafe { libc::ioctl(fd, 1, &mut at) }, 0, "FIBMAP");
+        assert!(at > 0, "block {b} of {} maps to nothing", file.display());
+        let mut got = vec![0u8; bsz];
+        std::io::Seek::seek(&mut devf, std::io::SeekFrom::Start(at as u64 * bsz as u64)).unwrap();
+        std::io::Read::read_exact(&mut devf, &mut got).unwrap();
+        let want = &data[b * bsz..((b + 1) * bsz).min(data.len())];
+        assert_eq!(&got[..want.len()], want, "block {b} at device block {at}");
+    }
+}
+
 /// A block device mounted by root is a fuseblk mount: the kernel claims
 /// the device (a second claim is refused) and passes syncfs(2) and
 /// sync(1) on to the daemon (FUSE_SYNCFS), so what they covered survives
-/// a killed daemon, as on a kernel file system. (On an image file, Linux
+/// a killed daemon, as on a kernel file system, and FIBMAP finds the
+/// file's blocks on the device. (On an image file, Linux
 /// keeps sync from a FUSE server; `foliofs sync` is the way there.)
 #[test]
 fn sync_reaches_the_daemon_of_a_block_device_mount() {
@@ -2544,6 +2570,7 @@ fn sync_reaches_the_daemon_of_a_block_device_mount() {
         0
     );
     drop(d);
+    check_fibmap(&m.path("synced"), &lo.0, &data);
     m.kill_daemon();
     let _ = Command::new("umount").arg("-l").arg(&m.dir).status();
     m.mount("");

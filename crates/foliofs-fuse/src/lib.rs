@@ -34,9 +34,9 @@ use foliofs::{Error, Fs};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -1402,6 +1402,26 @@ impl Filesystem for FuseFs {
             None => self.fs.release(self.ino(ino)),
         };
         done(r, reply)
+    }
+
+    /// FIBMAP (filefrag, xfstests' extent checks). Linux asks only a
+    /// fuseblk mount (a block device), in its `blocksize` units: the
+    /// device block that holds file block `idx`, 0 for a hole or an
+    /// unwritten block. Cached data is written back first, as Linux's own
+    /// file systems do (iomap_bmap).
+    fn bmap(&self, _req: &Request, ino: INodeNo, blocksize: u32, idx: u64, reply: ReplyBmap) {
+        let bs = self.fs.block_size();
+        let at = idx.saturating_mul(u64::from(blocksize));
+        match self.fs.extents(self.ino(ino)) {
+            Ok(ext) => {
+                let dev = ext
+                    .iter()
+                    .find(|e| !e.unwritten && e.offset <= at && at < e.offset + e.blocks * bs)
+                    .map_or(0, |e| e.device_block * bs + (at - e.offset));
+                reply.bmap(dev / u64::from(blocksize.max(1)))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn fsync(
