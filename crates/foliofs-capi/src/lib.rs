@@ -1006,6 +1006,56 @@ mod tests {
             .into_owned()
     }
 
+    unsafe extern "C" fn collect(
+        ctx: *mut c_void,
+        name: *const c_char,
+        _ino: u64,
+        _kind: u32,
+    ) -> c_int {
+        // SAFETY: the test passes its Vec as the context; the name is
+        // NUL-terminated.
+        unsafe {
+            (*(ctx as *mut Vec<String>)).push(CStr::from_ptr(name).to_string_lossy().into());
+        }
+        0
+    }
+
+    /// A listing longer than one batch of the engine's readdir names every
+    /// entry once.
+    #[test]
+    fn a_long_listing_names_every_entry_once() {
+        let dir = std::env::temp_dir().join(format!("foliofs-capi-ls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = c(dir.join("c.img").to_str().unwrap());
+        // SAFETY: every pointer below is a live CString, Vec or handle.
+        unsafe {
+            assert_eq!(foliofs_mkfs(img.as_ptr(), 64 << 20, 0), 0);
+            let fs = foliofs_mount(img.as_ptr(), std::ptr::null());
+            assert!(!fs.is_null(), "{}", last_error());
+            assert_eq!(foliofs_mkdir(fs, c("big").as_ptr(), 0o755), 0);
+            for i in 0..700 {
+                let p = c(&format!("big/entry-{i}"));
+                let fh = foliofs_open(fs, p.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+                assert!(fh >= 0, "{}", last_error());
+                assert_eq!(foliofs_close(fs, fh), 0);
+            }
+            let mut names: Vec<String> = Vec::new();
+            let n = foliofs_readdir(
+                fs,
+                c("big").as_ptr(),
+                Some(collect),
+                (&mut names as *mut Vec<String>).cast(),
+            );
+            assert_eq!(n, 702, "{}", last_error());
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), 702);
+            assert!(names.iter().any(|n| n == "entry-699"));
+            assert_eq!(foliofs_unmount(fs), 0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn files_through_the_c_abi() {
         let dir = std::env::temp_dir().join(format!("foliofs-capi-{}", std::process::id()));
