@@ -109,24 +109,19 @@ impl Falloc {
     /// PUNCH_HOLE (with KEEP_SIZE, as Linux requires) and ZERO_RANGE; any
     /// other bit is unsupported (EOPNOTSUPP).
     pub fn from_linux(mode: i32) -> crate::Result<Falloc> {
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let known =
-            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if mode & !known != 0 {
-            Err(crate::Error::Unsupported(
+        use libc::FALLOC_FL_ZERO_RANGE as ZERO;
+        use libc::{FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH};
+        let keep_size = mode & KEEP != 0;
+        match mode {
+            m if m & !(KEEP | PUNCH | ZERO) != 0 => Err(crate::Error::Unsupported(
                 "fallocate modes other than keep size, punch hole and zero range",
-            ))
-        } else if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-            if !keep_size || mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-                return Err(crate::Error::Invalid(
-                    "a hole is punched with FALLOC_FL_KEEP_SIZE and alone".into(),
-                ));
-            }
-            Ok(Falloc::PunchHole)
-        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            Ok(Falloc::ZeroRange { keep_size })
-        } else {
-            Ok(Falloc::Allocate { keep_size })
+            )),
+            m if m & PUNCH != 0 && (!keep_size || m & ZERO != 0) => Err(crate::Error::Invalid(
+                "a hole is punched with FALLOC_FL_KEEP_SIZE and alone".into(),
+            )),
+            m if m & PUNCH != 0 => Ok(Falloc::PunchHole),
+            m if m & ZERO != 0 => Ok(Falloc::ZeroRange { keep_size }),
+            _ => Ok(Falloc::Allocate { keep_size }),
         }
     }
 }
@@ -148,3 +143,38 @@ pub struct ExtentInfo {
 
 pub const SYMLINK_MAX: usize = 4095;
 pub const XATTR_NAME_MAX: usize = 255;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallocate_modes_read_as_linux_defines_them() {
+        assert_eq!(
+            Falloc::from_linux(0).unwrap(),
+            Falloc::Allocate { keep_size: false }
+        );
+        assert_eq!(
+            Falloc::from_linux(libc::FALLOC_FL_KEEP_SIZE).unwrap(),
+            Falloc::Allocate { keep_size: true }
+        );
+        assert_eq!(
+            Falloc::from_linux(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).unwrap(),
+            Falloc::PunchHole
+        );
+        assert_eq!(
+            Falloc::from_linux(libc::FALLOC_FL_ZERO_RANGE).unwrap(),
+            Falloc::ZeroRange { keep_size: false }
+        );
+        let errno = |m| Falloc::from_linux(m).unwrap_err().errno();
+        assert_eq!(errno(libc::FALLOC_FL_PUNCH_HOLE), libc::EINVAL);
+        assert_eq!(
+            errno(
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_ZERO_RANGE
+            ),
+            libc::EINVAL
+        );
+        assert_eq!(errno(libc::FALLOC_FL_COLLAPSE_RANGE), libc::EOPNOTSUPP);
+        assert_eq!(errno(libc::FALLOC_FL_INSERT_RANGE), libc::EOPNOTSUPP);
+    }
+}
