@@ -8,7 +8,7 @@
 //! No Rust panic crosses the boundary: one becomes -EIO.
 
 use foliofs::device::FileDevice;
-use foliofs::fs::{Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Timespec};
+use foliofs::fs::{listing, Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Timespec};
 use foliofs::{Error, Fs, MkfsOptions, MountOptions};
 use parking_lot::RwLock;
 use std::cell::RefCell;
@@ -94,6 +94,18 @@ impl Foliofs {
             .get(&fh)
             .cloned()
             .ok_or_else(|| fail(libc::EBADF, format!("no open file handle {fh}")))
+    }
+
+    /// `handle`, refused unless it was opened for writing.
+    fn writable(&self, fh: i64) -> Result<Arc<Handle>, Fail> {
+        let h = self.handle(fh)?;
+        if !h.writable {
+            return Err(fail(
+                libc::EBADF,
+                format!("handle {fh} is not open for writing"),
+            ));
+        }
+        Ok(h)
     }
 
     /// The parent directory's inode and the last name of `path`.
@@ -386,13 +398,11 @@ unsafe fn io_target<'a>(
 ) -> Result<Option<(&'a Foliofs, Arc<Handle>)>, Fail> {
     // SAFETY: per the contract above.
     let f = unsafe { get(fs) }?;
-    let h = f.handle(fh)?;
-    if write && !h.writable {
-        return Err(fail(
-            libc::EBADF,
-            format!("handle {fh} is not open for writing"),
-        ));
-    }
+    let h = if write {
+        f.writable(fh)?
+    } else {
+        f.handle(fh)?
+    };
     if len == 0 {
         return Ok(None);
     }
@@ -608,23 +618,26 @@ pub unsafe extern "C" fn foliofs_readdir(
 ) -> i64 {
     let op = |f: &Foliofs, ino, _: &str| {
         let cb = cb.ok_or_else(|| fail(libc::EINVAL, "callback is NULL"))?;
-        let (mut cookie, mut seen) = (0, 0i64);
-        loop {
-            let batch = f.fs.readdir(ino, cookie, 128)?;
-            let Some(last) = batch.last() else {
-                return Ok(seen);
-            };
-            cookie = last.cookie;
-            for e in batch {
-                let name = CString::new(e.name)
-                    .map_err(|_| fail(libc::EIO, "a directory entry's name holds a NUL"))?;
+        let mut seen = 0i64;
+        let mut bad_name = false;
+        listing(
+            0,
+            |c| f.fs.readdir(ino, c, 128),
+            |e| {
+                let Ok(name) = CString::new(e.name) else {
+                    bad_name = true;
+                    return (true, e.cookie);
+                };
                 seen += 1;
                 // SAFETY: the caller's callback, with its own context.
-                if unsafe { cb(ctx, name.as_ptr(), e.ino, e.kind.dtype() as u32) } != 0 {
-                    return Ok(seen);
-                }
-            }
+                let stop = unsafe { cb(ctx, name.as_ptr(), e.ino, e.kind.dtype() as u32) } != 0;
+                (stop, e.cookie)
+            },
+        )?;
+        if bad_name {
+            return Err(fail(libc::EIO, "a directory entry's name holds a NUL"));
         }
+        Ok(seen)
     };
     // SAFETY: per the contract above.
     unsafe { at_path(fs, path, op) }
@@ -643,13 +656,7 @@ pub unsafe extern "C" fn foliofs_fallocate(
     call_int(|| {
         // SAFETY: per the contract above.
         let f = unsafe { get(fs) }?;
-        let h = f.handle(fh)?;
-        if !h.writable {
-            return Err(fail(
-                libc::EBADF,
-                format!("handle {fh} is not open for writing"),
-            ));
-        }
+        let h = f.writable(fh)?;
         f.fs.fallocate(h.file.ino, Falloc::from_linux(mode)?, offset, len)?;
         Ok(0)
     })
@@ -774,12 +781,13 @@ pub unsafe extern "C" fn foliofs_chown(
     gid: u32,
 ) -> c_int {
     let keep = |id: u32| (id != u32::MAX).then_some(id);
+    let (uid, gid) = (keep(uid), keep(gid));
     let set = SetAttr {
-        uid: keep(uid),
-        gid: keep(gid),
+        uid,
+        gid,
         // As chown(2) on Linux, for every caller: set-user-ID and
         // set-group-ID (when group-executable) go.
-        kill_priv: keep(uid).is_some() || keep(gid).is_some(),
+        kill_priv: uid.is_some() || gid.is_some(),
         ..Default::default()
     };
     // SAFETY: per the contract above.
@@ -803,29 +811,26 @@ pub unsafe extern "C" fn foliofs_utimens(
             sec: t.tv_sec,
             nsec: t.tv_nsec as u32,
         }))),
-        Some(t) => Err(t.tv_nsec),
+        Some(t) => Err(fail(
+            libc::EINVAL,
+            format!("{} is not a nanosecond count", t.tv_nsec),
+        )),
     };
-    // SAFETY: the caller gives two timespecs or NULL.
-    let (a, m) = unsafe {
-        match times.is_null() {
+    let op = |f: &Foliofs, ino, _: &str| {
+        // SAFETY: the caller gives two timespecs or NULL.
+        let (a, m) = match times.is_null() {
             true => (None, None),
-            false => (times.as_ref(), times.add(1).as_ref()),
-        }
-    };
-    let (atime, mtime) = match (pick(a), pick(m)) {
-        (Ok(a), Ok(m)) => (a, m),
-        (Err(ns), _) | (_, Err(ns)) => {
-            set_error(format!("{ns} is not a nanosecond count"));
-            return -libc::EINVAL;
-        }
-    };
-    let set = SetAttr {
-        atime,
-        mtime,
-        ..Default::default()
+            false => unsafe { (times.as_ref(), times.add(1).as_ref()) },
+        };
+        let set = SetAttr {
+            atime: pick(a)?,
+            mtime: pick(m)?,
+            ..Default::default()
+        };
+        Ok(f.fs.setattr(ino, &set).map(|_| 0)?)
     };
     // SAFETY: per the contract above.
-    unsafe { setattr_path(fs, path, set) }
+    unsafe { at_path(fs, path, op) as c_int }
 }
 
 /// # Safety

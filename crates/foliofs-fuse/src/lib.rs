@@ -27,7 +27,7 @@
 
 use foliofs::device::AlignedBuf;
 use foliofs::fs::{
-    Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_DIRSYNC,
+    listing, Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_DIRSYNC,
     FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC,
 };
 use foliofs::{Error, Fs};
@@ -889,29 +889,6 @@ fn data_reply(r: foliofs::Result<Vec<u8>>, reply: ReplyData) {
     match r {
         Ok(d) => reply.data(&d),
         Err(e) => reply.error(errno(e)),
-    }
-}
-
-/// A directory listing from `cookie` on, fetched in batches, each entry
-/// handed to `add` until the reply is full (`add` returns whether it was,
-/// and the entry's cookie) or the directory ends.
-fn listing<T>(
-    mut cookie: u64,
-    fetch: impl Fn(u64) -> foliofs::Result<Vec<T>>,
-    mut add: impl FnMut(T) -> (bool, u64),
-) -> foliofs::Result<()> {
-    loop {
-        let batch = fetch(cookie)?;
-        if batch.is_empty() {
-            return Ok(());
-        }
-        for e in batch {
-            let (full, next) = add(e);
-            if full {
-                return Ok(());
-            }
-            cookie = next;
-        }
     }
 }
 

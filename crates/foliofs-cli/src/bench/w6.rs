@@ -9,7 +9,7 @@ use super::engine::fresh_fs;
 use super::report::{progress, ratio, Outcome, Series};
 use super::target::{vs_dir, w6_pass};
 use anyhow::{Context, Result};
-use foliofs::fs::FileType;
+use foliofs::fs::{listing, FileType};
 use foliofs::{Fs, MountOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -163,13 +163,14 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
         let t = Instant::now();
         let mut listed = 0usize;
         for e in entries.iter().filter(|e| e.size.is_none()) {
-            let mut cookie = 0;
-            loop {
-                let batch = f.readdir(inos[e.path.as_str()], cookie, 128)?;
-                let Some(last) = batch.last() else { break };
-                cookie = last.cookie;
-                listed += batch.len();
-            }
+            listing(
+                0,
+                |c| f.readdir(inos[e.path.as_str()], c, 128),
+                |d| {
+                    listed += 1;
+                    (false, d.cookie)
+                },
+            )?;
         }
         rates[3].push(listed as f64 / t.elapsed().as_secs_f64());
         // Rename every file within its directory.

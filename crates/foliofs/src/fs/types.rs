@@ -126,6 +126,30 @@ impl Falloc {
     }
 }
 
+/// A directory listing from `cookie` on, fetched in batches by `fetch`
+/// (`Fs::readdir` or `Fs::readdir_attrs` from a cookie), each entry handed
+/// to `add` until it says to stop (it returns that, and the entry's
+/// cookie) or the directory ends.
+pub fn listing<T>(
+    mut cookie: u64,
+    fetch: impl Fn(u64) -> crate::Result<Vec<T>>,
+    mut add: impl FnMut(T) -> (bool, u64),
+) -> crate::Result<()> {
+    loop {
+        let batch = fetch(cookie)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        for e in batch {
+            let (stop, next) = add(e);
+            if stop {
+                return Ok(());
+            }
+            cookie = next;
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Whence {
     Data,
