@@ -459,6 +459,10 @@ impl Fs {
             offset = o;
         }
         if data.is_empty() {
+            if pos.is_none() {
+                // An empty append writes nowhere: its offset is the size.
+                offset = self.s.inner.lock().with(ino)?.0.size;
+            }
             return Ok((offset, 0));
         }
         let crcs: Vec<u32> = data.chunks(bs as usize).map(data_crc).collect();
