@@ -51,6 +51,9 @@ pub struct Options {
     /// with `ring_depth` serving threads per CPU queue.
     pub io_uring: bool,
     pub ring_depth: usize,
+    /// Replies to quick requests sent from SCHED_IDLE, so that the caller
+    /// wakes on the ring thread's CPU (`-o idle_reply=on|off`).
+    pub idle_reply: bool,
     /// `-o log=FILE`: the daemon logs there instead of syslog/stderr.
     pub log_file: Option<PathBuf>,
     pub log_level: log::LevelFilter,
@@ -102,6 +105,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         cache: CacheOptions::default(),
         io_uring: true,
         ring_depth: 4,
+        idle_reply: true,
         log_file: None,
         log_level: log::LevelFilter::Info,
         dev: false,
@@ -141,6 +145,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("io_uring", Some("on")) => o.io_uring = true,
             ("io_uring", Some("off")) => o.io_uring = false,
             ("ring_depth", Some(v)) => o.ring_depth = number(k, v, 1..=64)?,
+            ("idle_reply", Some("on")) => o.idle_reply = true,
+            ("idle_reply", Some("off")) => o.idle_reply = false,
             ("readdirplus", None) => o.cache.readdirplus = true,
             ("no_readdirplus", None) => o.cache.readdirplus = false,
             ("attr_timeout", Some(v)) => o.cache.attr_timeout = seconds(k, v)?,
@@ -158,7 +164,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
-                 writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
+                 writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
                  negative_timeout=S, max_background=N, uncached_below=SIZE, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
@@ -384,11 +390,11 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     if let Some(mut p) = ready.take() {
         let _ = writeln!(p, "ok");
     }
-    let depth = o.ring_depth;
+    let (depth, idle_reply) = (o.ring_depth, o.idle_reply);
     let served = if uring {
         session.run_with_transport(|d| {
             let payload = foliofs_fuse::MAX_WRITE as usize + (64 << 10);
-            match foliofs_fuse::uring::start(d, depth, payload) {
+            match foliofs_fuse::uring::start(d, depth, payload, idle_reply) {
                 Ok(t) => t,
                 Err(e) => {
                     log::error!("FUSE over io_uring: {e}; serving /dev/fuse only");

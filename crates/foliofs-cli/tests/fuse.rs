@@ -547,6 +547,8 @@ fn counters(dir: &Path) -> serde_json::Value {
 /// FUSE over io_uring: with the kernel's `fuse.enable_uring` on, a mount
 /// serves its requests from the rings (`io_uring=on`, the default), and
 /// from /dev/fuse with `io_uring=off`; files read back the same either way.
+/// Quick replies go out from SCHED_IDLE unless `idle_reply=off`, and no
+/// ring thread stays there.
 #[test]
 fn requests_go_through_rings_when_the_kernel_offers_them() {
     if !fuse_ready(&[]) {
@@ -564,6 +566,36 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
     std::fs::rename(m.path("f"), m.path("d/g")).unwrap();
     let served = counters(&m.dir)["fuse_ring_requests"].as_u64().unwrap();
     assert!(served > 0, "no request came through the rings");
+    // Quick replies go out from SCHED_IDLE (root has CAP_SYS_NICE), and
+    // every ring thread is back in SCHED_OTHER after each.
+    for _ in 0..100 {
+        std::fs::metadata(m.path("d/g")).unwrap();
+        std::fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    }
+    let idle = counters(&m.dir)["fuse_idle_replies"].as_u64().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(idle > 0, "no reply was sent from SCHED_IDLE");
+    }
+    let pid = m.child.as_ref().unwrap().id();
+    let mut rings = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap();
+        let (comm, rest) = stat.rsplit_once(')').unwrap();
+        // Field 41, the scheduling policy (fields from 3 follow the name).
+        let policy: i32 = rest.split_whitespace().nth(38).unwrap().parse().unwrap();
+        assert_eq!(
+            policy,
+            libc::SCHED_OTHER,
+            "thread {comm}) left in policy {policy}"
+        );
+        rings += comm.contains("fuse-ring") as usize;
+    }
+    assert!(rings > 0, "no ring thread found in /proc/{pid}/task");
+    m.remount("io_uring=on,idle_reply=off");
+    std::fs::read_dir(m.path("d")).unwrap().for_each(drop);
+    std::fs::metadata(m.path("d/g")).unwrap();
+    assert_eq!(counters(&m.dir)["fuse_idle_replies"].as_u64(), Some(0));
     m.remount("io_uring=off");
     assert_eq!(std::fs::read(m.path("d/g")).unwrap(), data);
     assert_eq!(counters(&m.dir)["fuse_ring_requests"].as_u64(), Some(0));
