@@ -70,6 +70,11 @@ common=(--rounds "$ROUNDS" --seconds "$SECONDS_PER" --file-mib "$FILE_MIB")
   echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), images of $SIZE on"
   echo "$(df --output=fstype "$WORK" | tail -1) under $WORK. Medians over $ROUNDS rounds (min and max beside);"
   echo "ratios are per round, A and B measured side by side. See docs/BENCH.md."
+  poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+  if [ "$(cat "$poll" 2>/dev/null)" = 0 ]; then
+    echo "Guest halt polling is off here ($poll is 0): an idle vCPU halts, and waking"
+    echo "a thread on it goes through the host (docs/DESIGN.md, \"Where the caller runs\")."
+  fi
   echo
   echo "## 1. The engine: each technique against its knob, and the raw device"
   echo
