@@ -548,7 +548,7 @@ fn counters(dir: &Path) -> serde_json::Value {
 /// serves its requests from the rings (`io_uring=on`, the default), and
 /// from /dev/fuse with `io_uring=off`; files read back the same either way.
 /// Quick replies go out from SCHED_IDLE unless `idle_reply=off`, and no
-/// ring thread stays there.
+/// ring thread stays there, even while its CPU is kept busy.
 #[test]
 fn requests_go_through_rings_when_the_kernel_offers_them() {
     if !fuse_ready(&[]) {
@@ -576,6 +576,46 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         assert!(idle > 0, "no reply was sent from SCHED_IDLE");
+    }
+    // A thread left in SCHED_IDLE while its CPU stays busy is put back
+    // by the watchdog: here the caller, on the ring thread's CPU, turns
+    // SCHED_FIFO right after each reply and spins for 20 ms, so the ring
+    // thread cannot run there to leave SCHED_IDLE itself.
+    // SAFETY: sysconf, sched_setaffinity and sched_setscheduler on this
+    // thread with valid arguments.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if unsafe { libc::geteuid() } == 0 && cpus >= 2 {
+        let before = counters(&m.dir)["fuse_idle_rescues"].as_u64().unwrap();
+        let g = m.path("d/g");
+        std::thread::spawn(move || {
+            let c = std::ffi::CString::new(g.as_os_str().as_encoded_bytes()).unwrap();
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                    0
+                );
+                for _ in 0..10 {
+                    let mut sx: libc::statx = std::mem::zeroed();
+                    let flags = libc::AT_STATX_FORCE_SYNC;
+                    assert_eq!(
+                        libc::statx(libc::AT_FDCWD, c.as_ptr(), flags, 0x7ff, &mut sx),
+                        0
+                    );
+                    let fifo = libc::sched_param { sched_priority: 1 };
+                    assert_eq!(libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo), 0);
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_millis(20) {}
+                    let other = libc::sched_param { sched_priority: 0 };
+                    assert_eq!(libc::sched_setscheduler(0, libc::SCHED_OTHER, &other), 0);
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        let rescued = counters(&m.dir)["fuse_idle_rescues"].as_u64().unwrap() - before;
+        assert!(rescued > 0, "no ring thread was taken out of SCHED_IDLE");
     }
     let pid = m.child.as_ref().unwrap().id();
     let mut rings = 0;

@@ -852,6 +852,7 @@ impl FuseFs {
         if let Some(m) = c.as_object_mut() {
             m.insert("fuse_ring_requests".into(), uring::served().into());
             m.insert("fuse_idle_replies".into(), uring::idle_replies().into());
+            m.insert("fuse_idle_rescues".into(), uring::idle_rescues().into());
             m.insert(
                 "fuse_uncached_opens".into(),
                 self.uncached_opens.load(Ordering::Relaxed).into(),

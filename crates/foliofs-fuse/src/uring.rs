@@ -25,9 +25,11 @@ use fuser::{Filesystem, RawDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use std::time::Instant;
 
 /// Requests served through rings since the process started.
 static SERVED: AtomicU64 = AtomicU64::new(0);
@@ -43,6 +45,15 @@ static IDLE_REPLIES: AtomicU64 = AtomicU64::new(0);
 /// Replies sent from SCHED_IDLE so far (the counters' `fuse_idle_replies`).
 pub fn idle_replies() -> u64 {
     IDLE_REPLIES.load(Ordering::Relaxed)
+}
+
+/// Ring threads the watchdog took out of SCHED_IDLE (`Limbo`).
+static IDLE_RESCUES: AtomicU64 = AtomicU64::new(0);
+
+/// Ring threads taken out of SCHED_IDLE by the watchdog so far (the
+/// counters' `fuse_idle_rescues`).
+pub fn idle_rescues() -> u64 {
+    IDLE_RESCUES.load(Ordering::Relaxed)
 }
 
 const CMD_REGISTER: u32 = 1;
@@ -127,23 +138,163 @@ pub fn start<FS: Filesystem>(
     idle_reply: bool,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let queues = possible_cpus()?;
+    let limbo = Arc::new(Limbo::new(queues * depth));
     let mut threads = Vec::new();
     for qid in 0..queues {
         for i in 0..depth {
             let d = d.clone();
+            let limbo = limbo.clone();
+            let slot = qid * depth + i;
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("fuse-ring-{qid}.{i}"))
                     .spawn(move || {
                         pin_to_cpu(qid);
-                        if let Err(e) = serve(&d, qid as u16, payload, idle_reply) {
+                        let idle = idle_reply.then_some((&*limbo, slot));
+                        if let Err(e) = serve(&d, qid as u16, payload, idle) {
                             log::error!("FUSE ring {qid}.{i}: {e}");
                         }
                     })?,
             );
         }
     }
+    if idle_reply {
+        let closed = move || d.closed();
+        threads.push(
+            std::thread::Builder::new()
+                .name("fuse-ring-watch".into())
+                .spawn(move || limbo.watch(closed))?,
+        );
+    }
     Ok(threads)
+}
+
+/// Where each ring thread is in SCHED_IDLE after a reply, and since when.
+///
+/// A thread leaves SCHED_IDLE as soon as it runs again, but while its CPU
+/// is busy with other work it may not run for a long time, and the
+/// kernel hands the next request of that CPU's queue to the entry
+/// committed last: its own. So a watchdog thread puts any ring thread
+/// that has been in SCHED_IDLE for over `LIMBO_MAX` back into
+/// SCHED_OTHER (setting the policy of another thread needs the same
+/// CAP_SYS_NICE). It looks every `LIMBO_TICK` while replies go out this
+/// way and sleeps when none has for a while. Ending a thread's stay early
+/// is always harmless: what matters happens inside the reply's submit.
+struct Limbo {
+    slots: Vec<LimboSlot>,
+    parked: AtomicBool,
+    wake: Mutex<()>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct LimboSlot {
+    tid: AtomicI32,
+    /// Nanoseconds since `Limbo::epoch` at entry, 0 while not in SCHED_IDLE.
+    since: AtomicU64,
+}
+
+const LIMBO_MAX: Duration = Duration::from_millis(1);
+const LIMBO_TICK: Duration = Duration::from_millis(2);
+/// Ticks without a thread in SCHED_IDLE before the watchdog sleeps.
+const LIMBO_IDLE_TICKS: u32 = 50;
+
+impl Limbo {
+    fn new(n: usize) -> Limbo {
+        Limbo {
+            slots: (0..n).map(|_| LimboSlot::default()).collect(),
+            parked: AtomicBool::new(false),
+            wake: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn now() -> u64 {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+    }
+
+    /// Thread `slot` (tid `tid`) is about to reply from SCHED_IDLE.
+    fn enter(&self, slot: usize, tid: i32) {
+        let s = &self.slots[slot];
+        s.tid.store(tid, Ordering::Relaxed);
+        s.since.store(Limbo::now(), Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            let _g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            self.parked.store(false, Ordering::SeqCst);
+            self.cv.notify_one();
+        }
+    }
+
+    /// Thread `slot` is back in SCHED_OTHER.
+    fn leave(&self, slot: usize) {
+        self.slots[slot].since.store(0, Ordering::SeqCst);
+    }
+
+    /// Any thread in SCHED_IDLE now; those there for over LIMBO_MAX are
+    /// put back into SCHED_OTHER.
+    fn sweep(&self) -> bool {
+        let now = Limbo::now();
+        let mut any = false;
+        for s in &self.slots {
+            let since = s.since.load(Ordering::SeqCst);
+            if since == 0 {
+                continue;
+            }
+            any = true;
+            if now.saturating_sub(since) > LIMBO_MAX.as_nanos() as u64 {
+                let p = libc::sched_param { sched_priority: 0 };
+                // SAFETY: sched_setscheduler on a thread of this process
+                // with a valid sched_param; a tid that has exited fails.
+                if unsafe {
+                    libc::sched_setscheduler(s.tid.load(Ordering::Relaxed), libc::SCHED_OTHER, &p)
+                } == 0
+                {
+                    IDLE_RESCUES.fetch_add(1, Ordering::Relaxed);
+                }
+                // Its own `leave` clears the mark when it runs.
+            }
+        }
+        any
+    }
+
+    /// The watchdog's loop, until `closed()`.
+    fn watch(&self, closed: impl Fn() -> bool) {
+        let mut quiet = 0u32;
+        while !closed() {
+            std::thread::sleep(LIMBO_TICK);
+            if self.sweep() {
+                quiet = 0;
+                continue;
+            }
+            quiet += 1;
+            if quiet < LIMBO_IDLE_TICKS {
+                continue;
+            }
+            // Sleep until a thread enters SCHED_IDLE (or 100 ms pass, to
+            // see whether the session ended, as the ring threads do). Parked first, then one
+            // more look: an `enter` either sees `parked` or is seen here.
+            let mut g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            self.parked.store(true, Ordering::SeqCst);
+            if self
+                .slots
+                .iter()
+                .any(|s| s.since.load(Ordering::SeqCst) != 0)
+            {
+                self.parked.store(false, Ordering::SeqCst);
+                continue;
+            }
+            while self.parked.load(Ordering::SeqCst) && !closed() {
+                g = self
+                    .cv
+                    .wait_timeout(g, Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            self.parked.store(false, Ordering::SeqCst);
+            quiet = 0;
+        }
+    }
 }
 
 /// Run on the queue's own CPU: the kernel queues a request on the CPU
@@ -282,7 +433,7 @@ fn serve<FS: Filesystem>(
     d: &RawDispatcher<FS>,
     qid: u16,
     payload: usize,
-    idle_reply: bool,
+    idle: Option<(&Limbo, usize)>,
 ) -> io::Result<()> {
     let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
     let fd = d.fuse_fd().as_raw_fd();
@@ -291,20 +442,25 @@ fn serve<FS: Filesystem>(
     let mut request = Vec::new();
     let mut reply = Vec::new();
     let tick = types::Timespec::from(Duration::from_millis(100));
-    let mut idle_reply = idle_reply && IdleReply::works();
+    let mut idle = idle.filter(|_| IdleReply::works());
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
     let mut quick = false;
     loop {
         // SAFETY: the entry's buffers outlive the command (they live as
         // long as the ring, which this function owns).
         unsafe { ring.submission().push(&next) }.map_err(|_| io::Error::other("ring full"))?;
-        if quick && idle_reply {
+        if let Some((limbo, slot)) = idle.filter(|_| quick) {
             // The caller waits for this reply; it wakes on this CPU if
             // the CPU runs nothing but idle-class work when it does.
+            limbo.enter(slot, tid);
             IdleReply::set(true);
             let r = ring.submit();
-            if !IdleReply::set(false) {
+            let back = IdleReply::set(false);
+            limbo.leave(slot);
+            if !back {
                 log::error!("FUSE ring {qid}: cannot leave SCHED_IDLE; replies stop using it");
-                idle_reply = false;
+                idle = None;
             }
             r?;
             IDLE_REPLIES.fetch_add(1, Ordering::Relaxed);
