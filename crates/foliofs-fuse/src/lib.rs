@@ -574,7 +574,10 @@ impl FuseFs {
         {
             tries += 1;
             if tries > 2000 {
-                log::debug!("inode {ino}: no worker free to wait for the kernel's writeback");
+                log::warn!(
+                    "inode {ino}: no worker free to wait for the kernel's writeback; \
+                     a direct request goes on without it"
+                );
                 return;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -594,7 +597,7 @@ impl FuseFs {
             .send(job)
             .is_ok();
         if sent && wait.recv_timeout(INVAL_WAIT).is_err() {
-            log::debug!(
+            log::warn!(
                 "inode {ino}: the kernel's invalidation waits on a page this request fills; \
                  going on"
             );
