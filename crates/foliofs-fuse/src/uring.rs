@@ -190,7 +190,7 @@ struct Limbo {
 #[derive(Default)]
 struct LimboSlot {
     tid: AtomicI32,
-    /// Nanoseconds since `Limbo::epoch` at entry, 0 while not in SCHED_IDLE.
+    /// `Limbo::now` at entry, 0 while not in SCHED_IDLE.
     since: AtomicU64,
 }
 
@@ -242,17 +242,20 @@ impl Limbo {
                 continue;
             }
             any = true;
-            if now.saturating_sub(since) > LIMBO_MAX.as_nanos() as u64 {
+            // Claimed only while it is still the same stay (entry times
+            // differ), so each stay is ended at most once.
+            if now.saturating_sub(since) > LIMBO_MAX.as_nanos() as u64
+                && s.since
+                    .compare_exchange(since, 0, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
                 let p = libc::sched_param { sched_priority: 0 };
+                let tid = s.tid.load(Ordering::Relaxed);
                 // SAFETY: sched_setscheduler on a thread of this process
-                // with a valid sched_param; a tid that has exited fails.
-                if unsafe {
-                    libc::sched_setscheduler(s.tid.load(Ordering::Relaxed), libc::SCHED_OTHER, &p)
-                } == 0
-                {
+                // with a valid sched_param.
+                if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &p) } == 0 {
                     IDLE_RESCUES.fetch_add(1, Ordering::Relaxed);
                 }
-                // Its own `leave` clears the mark when it runs.
             }
         }
         any
