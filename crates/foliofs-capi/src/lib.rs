@@ -1004,6 +1004,14 @@ mod tests {
         CString::new(s).unwrap()
     }
 
+    /// A fresh directory under the temp dir and the image path in it.
+    fn scratch(name: &str) -> (std::path::PathBuf, CString) {
+        let dir = std::env::temp_dir().join(format!("foliofs-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = c(dir.join("c.img").to_str().unwrap());
+        (dir, img)
+    }
+
     fn last_error() -> String {
         // SAFETY: the pointer is this thread's NUL-terminated message.
         unsafe { CStr::from_ptr(foliofs_last_error()) }
@@ -1029,9 +1037,7 @@ mod tests {
     /// entry once.
     #[test]
     fn a_long_listing_names_every_entry_once() {
-        let dir = std::env::temp_dir().join(format!("foliofs-capi-ls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let img = c(dir.join("c.img").to_str().unwrap());
+        let (dir, img) = scratch("capi-ls");
         // SAFETY: every pointer below is a live CString, Vec or handle.
         unsafe {
             assert_eq!(foliofs_mkfs(img.as_ptr(), 64 << 20, 0), 0);
@@ -1063,9 +1069,7 @@ mod tests {
 
     #[test]
     fn files_through_the_c_abi() {
-        let dir = std::env::temp_dir().join(format!("foliofs-capi-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let img = c(dir.join("c.img").to_str().unwrap());
+        let (dir, img) = scratch("capi");
         // SAFETY: every pointer below is a live CString, buffer or handle.
         unsafe {
             assert_eq!(

@@ -26,7 +26,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use std::time::Instant;
@@ -181,6 +181,7 @@ pub fn start<FS: Filesystem>(
 /// way and sleeps when none has for a while. Ending a thread's stay early
 /// is always harmless: what matters happens inside the reply's submit.
 struct Limbo {
+    epoch: Instant,
     slots: Vec<LimboSlot>,
     parked: AtomicBool,
     wake: Mutex<()>,
@@ -202,6 +203,7 @@ const LIMBO_IDLE_TICKS: u32 = 50;
 impl Limbo {
     fn new(n: usize) -> Limbo {
         Limbo {
+            epoch: Instant::now(),
             slots: (0..n).map(|_| LimboSlot::default()).collect(),
             parked: AtomicBool::new(false),
             wake: Mutex::new(()),
@@ -209,16 +211,21 @@ impl Limbo {
         }
     }
 
-    fn now() -> u64 {
-        static EPOCH: OnceLock<Instant> = OnceLock::new();
-        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+    /// Nanoseconds since `epoch`, never 0 (0 marks "not in SCHED_IDLE").
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
     }
 
-    /// Thread `slot` (tid `tid`) is about to reply from SCHED_IDLE.
-    fn enter(&self, slot: usize, tid: i32) {
-        let s = &self.slots[slot];
-        s.tid.store(tid, Ordering::Relaxed);
-        s.since.store(Limbo::now(), Ordering::SeqCst);
+    /// The thread serving `slot` is the calling thread.
+    fn register(&self, slot: usize) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.slots[slot].tid.store(tid, Ordering::SeqCst);
+    }
+
+    /// Thread `slot` is about to reply from SCHED_IDLE.
+    fn enter(&self, slot: usize) {
+        self.slots[slot].since.store(self.now(), Ordering::SeqCst);
         if self.parked.load(Ordering::SeqCst) {
             let _g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
             self.parked.store(false, Ordering::SeqCst);
@@ -234,7 +241,7 @@ impl Limbo {
     /// Any thread in SCHED_IDLE now; those there for over LIMBO_MAX are
     /// put back into SCHED_OTHER.
     fn sweep(&self) -> bool {
-        let now = Limbo::now();
+        let now = self.now();
         let mut any = false;
         for s in &self.slots {
             let since = s.since.load(Ordering::SeqCst);
@@ -446,8 +453,9 @@ fn serve<FS: Filesystem>(
     let mut reply = Vec::new();
     let tick = types::Timespec::from(Duration::from_millis(100));
     let mut idle = idle.filter(|_| IdleReply::works());
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
+    if let Some((limbo, slot)) = idle {
+        limbo.register(slot);
+    }
     let mut quick = false;
     loop {
         // SAFETY: the entry's buffers outlive the command (they live as
@@ -456,7 +464,7 @@ fn serve<FS: Filesystem>(
         if let Some((limbo, slot)) = idle.filter(|_| quick) {
             // The caller waits for this reply; it wakes on this CPU if
             // the CPU runs nothing but idle-class work when it does.
-            limbo.enter(slot, tid);
+            limbo.enter(slot);
             IdleReply::set(true);
             let r = ring.submit();
             let back = IdleReply::set(false);
