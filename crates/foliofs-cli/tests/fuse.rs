@@ -538,6 +538,21 @@ fn fsx_through_the_mount_against_a_model() {
     m.unmount_and_check();
 }
 
+/// Each thread of process `pid`: its name and scheduling policy (field
+/// 41 of /proc/PID/task/TID/stat; the fields from 3 follow the name).
+fn thread_policies(pid: u32) -> Vec<(String, i32)> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(t.unwrap().path().join("stat")) else {
+            continue;
+        };
+        let (comm, rest) = stat.rsplit_once(')').unwrap();
+        let policy: i32 = rest.split_whitespace().nth(38).unwrap().parse().unwrap();
+        v.push((comm.to_string() + ")", policy));
+    }
+    v
+}
+
 /// The mount's counters (`foliofs stat --mount`).
 fn counters(dir: &Path) -> serde_json::Value {
     let out = run(Command::new(BIN).args(["stat", "--mount"]).arg(dir));
@@ -578,9 +593,18 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
         assert!(idle > 0, "no reply was sent from SCHED_IDLE");
     }
     // A thread left in SCHED_IDLE while its CPU stays busy is put back
-    // by the watchdog: here the caller, on the ring thread's CPU, turns
-    // SCHED_FIFO right after each reply and spins for 20 ms, so the ring
-    // thread cannot run there to leave SCHED_IDLE itself.
+    // by the watchdog: here the caller, on the ring thread's CPU and in
+    // SCHED_FIFO, spins after each reply until no ring thread is in
+    // SCHED_IDLE (at most 3 s), so the ring thread cannot run there to
+    // leave it itself. (A watchdog that shares that CPU runs in the
+    // kernel's real-time throttling window, 50 ms of each second.)
+    let pid = m.child.as_ref().unwrap().id();
+    let idle_rings = move || {
+        thread_policies(pid)
+            .iter()
+            .filter(|(c, p)| c.contains("fuse-ring") && *p == libc::SCHED_IDLE)
+            .count()
+    };
     // SAFETY: sysconf, sched_setaffinity and sched_setscheduler on this
     // thread with valid arguments.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
@@ -596,6 +620,10 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
                     libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
                     0
                 );
+                // SCHED_FIFO before the request: woken by the reply, this
+                // thread preempts the ring thread at once.
+                let fifo = libc::sched_param { sched_priority: 1 };
+                assert_eq!(libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo), 0);
                 for _ in 0..10 {
                     let mut sx: libc::statx = std::mem::zeroed();
                     let flags = libc::AT_STATX_FORCE_SYNC;
@@ -603,13 +631,11 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
                         libc::statx(libc::AT_FDCWD, c.as_ptr(), flags, 0x7ff, &mut sx),
                         0
                     );
-                    let fifo = libc::sched_param { sched_priority: 1 };
-                    assert_eq!(libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo), 0);
                     let t = Instant::now();
-                    while t.elapsed() < Duration::from_millis(20) {}
-                    let other = libc::sched_param { sched_priority: 0 };
-                    assert_eq!(libc::sched_setscheduler(0, libc::SCHED_OTHER, &other), 0);
+                    while idle_rings() > 0 && t.elapsed() < Duration::from_secs(3) {}
                 }
+                let other = libc::sched_param { sched_priority: 0 };
+                assert_eq!(libc::sched_setscheduler(0, libc::SCHED_OTHER, &other), 0);
             }
         })
         .join()
@@ -620,27 +646,15 @@ fn requests_go_through_rings_when_the_kernel_offers_them() {
     // A thread may be between a reply and its next run for a moment
     // (its CPU busy elsewhere), never for long: each is back within the
     // wait's 20 s.
-    let pid = m.child.as_ref().unwrap().id();
-    let policies = || -> Vec<(String, i32)> {
-        let mut v = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-            let Ok(stat) = std::fs::read_to_string(t.unwrap().path().join("stat")) else {
-                continue;
-            };
-            let (comm, rest) = stat.rsplit_once(')').unwrap();
-            // Field 41, the scheduling policy (fields from 3 follow the name).
-            let policy: i32 = rest.split_whitespace().nth(38).unwrap().parse().unwrap();
-            v.push((comm.to_string() + ")", policy));
-        }
-        v
-    };
-    let rings = policies()
+    let rings = thread_policies(pid)
         .iter()
         .filter(|(c, _)| c.contains("fuse-ring"))
         .count();
     assert!(rings > 0, "no ring thread found in /proc/{pid}/task");
     wait_for("every daemon thread in SCHED_OTHER", || {
-        policies().iter().all(|(_, p)| *p == libc::SCHED_OTHER)
+        thread_policies(pid)
+            .iter()
+            .all(|(_, p)| *p == libc::SCHED_OTHER)
     });
     m.remount("io_uring=on,idle_reply=off");
     std::fs::read_dir(m.path("d")).unwrap().for_each(drop);
