@@ -124,6 +124,8 @@ pub(crate) struct Batch {
     /// durable transaction was sealed (the group to expect).
     pub active: usize,
     pub last_group: usize,
+    /// Committers asleep in the wait for the group (`Shared::batch_joined`).
+    pub waiting: usize,
     /// Average time of a commit's write and flush.
     pub avg_ns: u64,
 }
@@ -147,7 +149,8 @@ pub(crate) struct Shared {
     pub wb_done: Condvar,
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
-    /// Signalled (with `inner`) when a committer joins a batch.
+    /// Signalled (with `inner`) when a durable commit's write completes
+    /// while committers wait for their group to gather.
     pub batch_joined: Condvar,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
     pub wb_stats: Vec<ContextStats>,

@@ -775,8 +775,10 @@ impl Shared {
                         b.seq = target;
                         b.joined = 0;
                     }
+                    // No wake-up for those waiting: the committer that
+                    // completes the group seals it itself, and they sleep
+                    // on until its write completes (below).
                     b.joined += 1;
-                    self.batch_joined.notify_all();
                 }
                 if durable && !waited && g.batch.joined < g.batch.last_group {
                     // Others committed with us last time: give them a
@@ -784,12 +786,14 @@ impl Shared {
                     waited = true;
                     let wait = Duration::from_nanos(g.batch.avg_ns.clamp(20_000, 2_000_000));
                     let deadline = Instant::now() + wait;
+                    g.batch.waiting += 1;
                     while g.batch.seq == target
                         && g.batch.joined < g.batch.last_group
                         && g.meta.running_seq() <= target
                         && !self.batch_joined.wait_until(&mut g, deadline).timed_out()
                     {
                     }
+                    g.batch.waiting -= 1;
                     bump(&self.counters.commit_batch_waits, 1);
                     continue;
                 }
@@ -807,6 +811,11 @@ impl Shared {
                             g = self.inner.lock();
                             if durable {
                                 g.batch.avg_ns = (g.batch.avg_ns * 7 + ns) / 8;
+                            }
+                            if g.batch.waiting > 0 {
+                                // Those who waited for the group are done
+                                // if it is theirs, and look again if not.
+                                self.batch_joined.notify_all();
                             }
                         }
                         // Emptied since (its blocks freed): what is left
