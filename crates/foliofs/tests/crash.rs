@@ -141,26 +141,11 @@ fn fdatasyncs_committed_in_groups_each_survive_a_crash() {
     const SLOTS: u64 = 8;
     const VERSIONS: u64 = 64;
     let (dev, fs) = crash_fs(16 << 20);
-    fs.unmount().unwrap();
     // Flushes that take a millisecond, as a disk's do: the others come to
     // commit while one is flushing, so groups form.
-    struct SlowFlush(Arc<foliofs::device::CrashDevice>);
-    impl foliofs::device::Device for SlowFlush {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            self.0.write_at(buf, offset)
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            self.0.flush()
-        }
-        fn len(&self) -> u64 {
-            self.0.len()
-        }
-    }
-    let fs = Fs::mount(Arc::new(SlowFlush(dev.clone())), MountOptions::default()).unwrap();
+    dev.faults
+        .flush_delay_us
+        .store(1000, std::sync::atomic::Ordering::SeqCst);
     // Version v of thread t's block: v in its first 8 bytes, a pattern
     // of both after them; it goes to slot v % SLOTS.
     let block = |t: u64, v: u64| {

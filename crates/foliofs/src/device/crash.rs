@@ -25,6 +25,9 @@ pub struct FaultPlan {
     /// Writes touching device bytes [start, end) fail (data-only faults).
     pub fail_write_start: AtomicU64,
     pub fail_write_end: AtomicU64,
+    /// Each flush first sleeps this many microseconds (a disk's flush
+    /// takes time; 0, the default, does not).
+    pub flush_delay_us: AtomicU64,
 }
 
 impl Default for FaultPlan {
@@ -35,6 +38,7 @@ impl Default for FaultPlan {
             fail_flush_from: AtomicU64::new(u64::MAX),
             fail_write_start: AtomicU64::new(0),
             fail_write_end: AtomicU64::new(0),
+            flush_delay_us: AtomicU64::new(0),
         }
     }
 }
@@ -156,6 +160,10 @@ impl Device for CrashDevice {
         let n = self.flushes.load(Ordering::SeqCst);
         if n >= self.faults.fail_flush_from.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected flush error"));
+        }
+        let delay = self.faults.flush_delay_us.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
         }
         let mut s = self.state.lock();
         if s.record {

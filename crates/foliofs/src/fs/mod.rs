@@ -137,7 +137,7 @@ impl Fs {
                 dio_overwrites_now: AtomicU64::new(0),
                 wb_done: Condvar::new(),
                 wb_kick: Condvar::new(),
-                batch_joined: Condvar::new(),
+                batch_written: Condvar::new(),
                 wb_stats: (0..MAX_WB_CONTEXTS)
                     .map(|_| contexts::ContextStats::default())
                     .collect(),

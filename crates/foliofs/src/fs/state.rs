@@ -124,7 +124,7 @@ pub(crate) struct Batch {
     /// durable transaction was sealed (the group to expect).
     pub active: usize,
     pub last_group: usize,
-    /// Committers asleep in the wait for the group (`Shared::batch_joined`).
+    /// Committers asleep in the wait for the group (`Shared::batch_written`).
     pub waiting: usize,
     /// Average time of a commit's write and flush.
     pub avg_ns: u64,
@@ -151,7 +151,7 @@ pub(crate) struct Shared {
     pub wb_kick: Condvar,
     /// Signalled (with `inner`) when a durable commit's write completes
     /// while committers wait for their group to gather.
-    pub batch_joined: Condvar,
+    pub batch_written: Condvar,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
     pub wb_stats: Vec<ContextStats>,
     /// Set at unmount: the writeback threads exit.

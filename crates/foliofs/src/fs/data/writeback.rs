@@ -790,7 +790,7 @@ impl Shared {
                     while g.batch.seq == target
                         && g.batch.joined < g.batch.last_group
                         && g.meta.running_seq() <= target
-                        && !self.batch_joined.wait_until(&mut g, deadline).timed_out()
+                        && !self.batch_written.wait_until(&mut g, deadline).timed_out()
                     {
                     }
                     g.batch.waiting -= 1;
@@ -815,7 +815,7 @@ impl Shared {
                             if g.batch.waiting > 0 {
                                 // Those who waited for the group are done
                                 // if it is theirs, and look again if not.
-                                self.batch_joined.notify_all();
+                                self.batch_written.notify_all();
                             }
                         }
                         // Emptied since (its blocks freed): what is left
