@@ -346,8 +346,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         cfg.clone_fd = true;
         let fuse = FuseFs::new(fs.clone(), o.cache.clone())
             .with_posix_acl(o.default_permissions)
-            // Over rings, a queue's threads serve the kernel's writeback.
-            .with_workers(o.threads.min(o.ring_depth))
+            .with_workers(o.threads, o.ring_depth)
             .with_io_uring(o.io_uring);
         let notifier = fuse.notifier_slot();
         let uring = fuse.uring_slot();

@@ -1468,6 +1468,77 @@ print("ok")
     assert!(status.success(), "{status}");
 }
 
+/// Direct reads past the engine's end of file, short of the kernel's
+/// (cached writes beyond a hole, not yet written back), from more threads
+/// than a ring queue has, all on CPU 0 so that their requests share one
+/// queue: each read has the kernel write back first (`kernel_drop`), and
+/// that writeback must find a thread to serve it. With the waits counted
+/// across the queues and the invalidations made from CPU 0, the last free
+/// thread of queue 0 waited for a wait while the writeback sat behind it:
+/// after 2 s it went on without, and a read came back empty.
+#[test]
+fn direct_reads_past_the_end_from_one_cpu_all_see_the_cached_size() {
+    if !fuse_ready(&["python3"]) {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("SKIP: needs two CPUs (a queue other than CPU 0's)");
+        return;
+    }
+    let mut m = Mounted::new("dropqueue", "");
+    let script = r#"import mmap, os, sys, threading
+d = sys.argv[1]; chunk = 65536
+os.sched_setaffinity(0, {0})  # threads made after this inherit it
+errors = []
+def job(i):
+    p = os.path.join(d, "f%d" % i)
+    cached = os.open(p, os.O_CREAT | os.O_RDWR, 0o666)
+    direct = os.open(p, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, chunk)
+    for r in range(30):
+        hole = 2 * r * chunk
+        # The kernel's size moves past the hole; the engine's stays before it.
+        os.pwrite(cached, bytes([65 + i]) * 4096, hole + chunk)
+        buf.seek(0); buf.write(b"x" * chunk)
+        n = os.preadv(direct, [buf], hole)
+        if n != chunk or buf[:] != bytes(chunk):
+            errors.append("file %d round %d: %d bytes" % (i, r, n))
+            return
+    os.close(direct); os.close(cached)
+threads = [threading.Thread(target=job, args=(i,)) for i in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert not errors, errors
+print("ok")
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .arg(&m.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "hung");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let c = counters(&m.dir);
+    assert!(
+        c["fuse_kernel_drops"].as_u64().unwrap() >= 6,
+        "the reads waited for the kernel's writeback: {c}"
+    );
+    assert_eq!(c["fuse_kernel_drops_skipped"], 0, "{c}");
+    for i in 0..6 {
+        let len = std::fs::metadata(m.path(&format!("f{i}"))).unwrap().len();
+        assert_eq!(len, 59 * 65536 + 4096, "f{i}");
+    }
+    m.unmount_and_check();
+}
+
 /// Device files work on a mount made with `-o dev` and not on one made
 /// without (nodev, the default, as libfuse's); `suid` and `noexec` reach
 /// the mount's flags too (xfstests generic/184 and 434 need `dev`).

@@ -203,12 +203,27 @@ struct InvalJob {
     done: std::sync::mpsc::SyncSender<()>,
 }
 
-fn spawn_invalidator() -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
+/// The invalidation thread. The kernel writes back the dirty pages it
+/// drops through requests of this thread's own, which over rings go to
+/// the queue of the CPU it runs on: so before each job it moves to the CPU
+/// whose queue has the fewest threads inside `kernel_drop`, one that has a
+/// thread free to serve them (`Drops`).
+fn spawn_invalidator(
+    drops: Arc<Drops>,
+    rings: Arc<AtomicBool>,
+) -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
     let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
     let r = std::thread::Builder::new()
         .name("foliofs-inval".into())
         .spawn(move || {
+            let mut pinned = None;
             for j in rx {
+                if rings.load(Ordering::Acquire) {
+                    let q = drops.quietest_queue();
+                    if q.is_some() && q != pinned && q.is_some_and(uring::pin_to_cpu) {
+                        pinned = q;
+                    }
+                }
                 if let Err(e) = j.notifier.inval_inode(INodeNo(j.ino), j.off, j.len) {
                     log::debug!("inode {}: dropping the kernel's pages: {e}", j.ino);
                 }
@@ -219,6 +234,107 @@ fn spawn_invalidator() -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
         log::warn!("cannot start the invalidation thread: {e}");
     }
     Mutex::new(tx)
+}
+
+/// Request threads inside `FuseFs::kernel_drop`. The kernel writes back
+/// the pages it drops through requests that other threads serve, so some
+/// must stay free to serve them.
+///
+/// Over /dev/fuse any worker serves any request: at most `workers - 1`
+/// wait. Over rings a request goes to the queue of the CPU that made it,
+/// and only that queue's `depth` threads serve it: at most `depth - 1` of
+/// a queue wait, and the invalidation thread makes its requests from the
+/// CPU of the queue with the fewest threads inside (`spawn_invalidator`).
+/// A thread that finds its queue's waits all taken is inside too, and
+/// waits for one to end; they end through a quieter queue. Only if every
+/// queue is full at once does the writeback find no thread free: after
+/// 2 s the thread goes on without a wait (a deadlock otherwise), logged
+/// and counted.
+struct Drops {
+    workers: usize,
+    waiting: AtomicUsize,
+    depth: usize,
+    queues: Box<[QueueDrops]>,
+    /// Waits had, and requests that went on without one (the counters'
+    /// `fuse_kernel_drops`, `fuse_kernel_drops_skipped`).
+    had: AtomicU64,
+    skipped: AtomicU64,
+}
+
+#[derive(Default)]
+struct QueueDrops {
+    inside: AtomicUsize,
+    waiting: AtomicUsize,
+}
+
+/// A wait in `kernel_drop`, given back when dropped.
+struct DropSlot<'a> {
+    waiting: &'a AtomicUsize,
+    inside: Option<&'a AtomicUsize>,
+}
+
+impl Drop for DropSlot<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        if let Some(i) = self.inside {
+            i.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drops {
+    fn new(workers: usize, depth: usize, queues: usize) -> Self {
+        Drops {
+            workers,
+            waiting: AtomicUsize::new(0),
+            depth,
+            queues: (0..queues).map(|_| QueueDrops::default()).collect(),
+            had: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    /// A wait for the calling thread: over rings on its queue's account,
+    /// otherwise on the workers'. None if none came free in 2 s.
+    fn enter(&self, ino: u64) -> Option<DropSlot<'_>> {
+        let queue = uring::current_queue().and_then(|q| self.queues.get(q));
+        let (waiting, limit) = match queue {
+            Some(q) => (&q.waiting, self.depth.saturating_sub(1)),
+            None => (&self.waiting, self.workers.saturating_sub(1)),
+        };
+        let inside = queue.map(|q| &q.inside);
+        if let Some(i) = inside {
+            i.fetch_add(1, Ordering::AcqRel);
+        }
+        let mut tries = 0;
+        while waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b < limit).then_some(b + 1)
+            })
+            .is_err()
+        {
+            tries += 1;
+            if tries > 2000 {
+                if let Some(i) = inside {
+                    i.fetch_sub(1, Ordering::AcqRel);
+                }
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "inode {ino}: no thread free to wait for the kernel's writeback; \
+                     a request goes on without it"
+                );
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.had.fetch_add(1, Ordering::Relaxed);
+        Some(DropSlot { waiting, inside })
+    }
+
+    /// The ring queue with the fewest threads inside `kernel_drop`.
+    fn quietest_queue(&self) -> Option<usize> {
+        (0..self.queues.len()).min_by_key(|&q| self.queues[q].inside.load(Ordering::Acquire))
+    }
 }
 
 /// How the kernel may cache what this mount serves.
@@ -345,11 +461,8 @@ pub struct FuseFs {
     /// Set once the session exists (`notifier_slot`): lets a request make
     /// the kernel write back the pages it caches.
     notifier: Arc<OnceLock<Notifier>>,
-    /// Request workers, and how many of them are waiting for the kernel
-    /// to write back (`kernel_writeback`): at least one must stay free to
-    /// serve those writes.
-    workers: usize,
-    in_writeback: AtomicUsize,
+    /// Request threads inside `kernel_drop`.
+    drops: Arc<Drops>,
     /// The thread that runs `kernel_drop`'s invalidations.
     inval: OnceLock<Mutex<std::sync::mpsc::Sender<InvalJob>>>,
     /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
@@ -460,8 +573,7 @@ impl FuseFs {
             cache,
             posix_acl: false,
             notifier: Arc::new(OnceLock::new()),
-            workers: 1,
-            in_writeback: AtomicUsize::new(0),
+            drops: Arc::new(Drops::new(1, 1, 0)),
             inval: OnceLock::new(),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
@@ -485,9 +597,11 @@ impl FuseFs {
         self.uring_on.clone()
     }
 
-    /// The number of threads serving requests.
-    pub fn with_workers(mut self, n: usize) -> Self {
-        self.workers = n;
+    /// The number of threads serving requests over /dev/fuse, and of
+    /// threads per queue over rings (`ring_depth`).
+    pub fn with_workers(mut self, n: usize, ring_depth: usize) -> Self {
+        let queues = uring::possible_cpus().unwrap_or(1);
+        self.drops = Arc::new(Drops::new(n, ring_depth, queues));
         self
     }
 
@@ -531,26 +645,28 @@ impl FuseFs {
         self.cache.uncached_below > 0 && self.fs.reservable_bytes() < self.cache.uncached_below
     }
 
-    /// Before a request that works on the engine's copy of a file rather
-    /// than the kernel's (a direct read or write, SEEK_DATA/SEEK_HOLE,
-    /// which the kernel passes on without writing back): with the
-    /// writeback cache and a cached description open for writing
-    /// (`cached_writable`), make the kernel write back and drop what it
-    /// caches of the file.
-    fn kernel_writeback(&self, ino: u64, cached_writable: bool) {
+    /// Before a request that works on the engine's copy of a file from
+    /// `from` to its end rather than the kernel's, where the kernel does
+    /// not write back first: with the writeback cache and a cached
+    /// description open for writing (`cached_writable`), make the kernel
+    /// write back and drop what it caches of the file there.
+    ///
+    /// Direct reads and writes (FOPEN_DIRECT_IO) need it only past the
+    /// engine's end of file: the kernel writes back the range of each
+    /// itself, in the caller's context (fuse_direct_io, with
+    /// FUSE_DIRECT_IO_ALLOW_MMAP), but the size its cached writes made
+    /// stays its own until written back (`read`). SEEK_DATA and SEEK_HOLE
+    /// it passes on as they are.
+    fn kernel_writeback(&self, ino: u64, cached_writable: bool, from: u64) {
         if self.cache.writeback_cache && cached_writable {
-            self.kernel_drop(ino, 0, 0);
+            self.kernel_drop(ino, from as i64, 0);
         }
     }
 
     /// FUSE_NOTIFY_INVAL_INODE for a range of `ino` (len 0: to the end):
     /// the kernel drops its pages there, writing dirty ones back first,
-    /// through requests that other workers serve. So one worker always
-    /// stays out of this wait: a request that finds every other worker in
-    /// it waits up to 2 s for one to come back, then goes on without (a
-    /// deadlock otherwise; as rare as every worker but one serving a
-    /// direct request or a seek on a file also open for cached writes,
-    /// each waiting for the kernel to write back through the last).
+    /// through requests that other threads serve (`Drops` keeps some
+    /// free).
     ///
     /// The kernel's side runs on the `foliofs-inval` thread, and the
     /// request waits for it at most `INVAL_WAIT`, a backstop: should the
@@ -563,25 +679,9 @@ impl FuseFs {
         let Some(n) = self.notifier.get() else {
             return;
         };
-        let limit = self.workers.saturating_sub(1);
-        let mut tries = 0;
-        while self
-            .in_writeback
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                (b < limit).then_some(b + 1)
-            })
-            .is_err()
-        {
-            tries += 1;
-            if tries > 2000 {
-                log::warn!(
-                    "inode {ino}: no worker free to wait for the kernel's writeback; \
-                     a direct request goes on without it"
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let Some(_slot) = self.drops.enter(ino) else {
+            return;
+        };
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         let job = InvalJob {
             notifier: n.clone(),
@@ -592,7 +692,7 @@ impl FuseFs {
         };
         let sent = self
             .inval
-            .get_or_init(spawn_invalidator)
+            .get_or_init(|| spawn_invalidator(self.drops.clone(), self.uring_on.clone()))
             .lock()
             .send(job)
             .is_ok();
@@ -602,7 +702,6 @@ impl FuseFs {
                  going on"
             );
         }
-        self.in_writeback.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Let the kernel enforce POSIX ACLs (FUSE_POSIX_ACL) and leave the
@@ -859,6 +958,14 @@ impl FuseFs {
             m.insert(
                 "fuse_uncached_opens".into(),
                 self.uncached_opens.load(Ordering::Relaxed).into(),
+            );
+            m.insert(
+                "fuse_kernel_drops".into(),
+                self.drops.had.load(Ordering::Relaxed).into(),
+            );
+            m.insert(
+                "fuse_kernel_drops_skipped".into(),
+                self.drops.skipped.load(Ordering::Relaxed).into(),
             );
         }
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
@@ -1280,14 +1387,30 @@ impl Filesystem for FuseFs {
             Some(_) => self.uncached(fh, ino, false),
             None => None,
         };
-        if let Some(u) = uncached {
-            self.kernel_writeback(ino, u.cached_writable);
-        }
         let odirect = uncached.is_some_and(|u| u.odirect);
-        self.read_into(ino, odirect, offset, size as usize, |r| match r {
-            Ok(d) => reply.data(d),
-            Err(e) => reply.error(errno(e)),
-        })
+        let size = size as usize;
+        // A direct read that meets the engine's end of file may be short
+        // of the kernel's, which cached writes past it moved: once those
+        // are written back, it reads again.
+        let past_eof = |n: usize| n < size && uncached.is_some_and(|u| u.cached_writable);
+        let retry = self.read_into(ino, odirect, offset, size, |r| match r {
+            Ok(d) if past_eof(d.len()) && self.cache.writeback_cache => Some(reply),
+            Ok(d) => {
+                reply.data(d);
+                None
+            }
+            Err(e) => {
+                reply.error(errno(e));
+                None
+            }
+        });
+        if let Some(reply) = retry {
+            self.kernel_writeback(ino, true, offset);
+            self.read_into(ino, odirect, offset, size, |r| match r {
+                Ok(d) => reply.data(d),
+                Err(e) => reply.error(errno(e)),
+            })
+        }
     }
 
     fn write(
@@ -1316,9 +1439,6 @@ impl Filesystem for FuseFs {
             if let Err(e) = self.kill_priv(req, ino) {
                 return reply.error(errno(e));
             }
-        }
-        if let Some(u) = uncached {
-            self.kernel_writeback(ino, u.cached_writable);
         }
         let r = self
             .write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
@@ -1717,7 +1837,7 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::ENXIO);
         }
         let ino = self.ino(ino);
-        self.kernel_writeback(ino, self.cached_opens(ino).1);
+        self.kernel_writeback(ino, self.cached_opens(ino).1, 0);
         match self.fs.seek(ino, offset as u64, w) {
             Ok(Some(o)) => reply.offset(o as i64),
             Ok(None) => reply.error(Errno::ENXIO),

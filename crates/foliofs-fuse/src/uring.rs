@@ -149,7 +149,10 @@ pub fn start<FS: Filesystem>(
                 std::thread::Builder::new()
                     .name(format!("fuse-ring-{qid}.{i}"))
                     .spawn(move || {
-                        pin_to_cpu(qid);
+                        if !pin_to_cpu(qid) {
+                            log::debug!("FUSE ring thread: cannot pin to CPU {qid}");
+                        }
+                        QUEUE.set(Some(qid));
                         let idle = idle_reply.then_some((&*limbo, slot));
                         if let Err(e) = serve(&d, qid as u16, payload, idle) {
                             log::error!("FUSE ring {qid}.{i}: {e}");
@@ -307,19 +310,33 @@ impl Limbo {
     }
 }
 
+thread_local! {
+    /// The queue a ring thread serves; None on other threads.
+    static QUEUE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The queue the calling thread serves, if it is a ring thread: a request
+/// it serves came from that queue's CPU, and while it waits no other
+/// request of that CPU reaches it.
+pub fn current_queue() -> Option<usize> {
+    QUEUE.get()
+}
+
 /// Run on the queue's own CPU: the kernel queues a request on the CPU
 /// that made it, so its server wakes there (as libfuse's ring threads).
-fn pin_to_cpu(cpu: usize) {
+/// Also moves a thread whose own requests to the kernel must land on
+/// queue `cpu` (`FuseFs::kernel_drop`'s invalidations). False if the
+/// CPU cannot run it (offline).
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for
     // cpu < CPU_SETSIZE, and sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu < libc::CPU_SETSIZE as usize {
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                log::debug!("FUSE ring thread: cannot pin to CPU {cpu}");
-            }
-        }
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
 }
 
