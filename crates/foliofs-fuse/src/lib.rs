@@ -1514,12 +1514,9 @@ impl Filesystem for FuseFs {
     fn bmap(&self, _req: &Request, ino: INodeNo, blocksize: u32, idx: u64, reply: ReplyBmap) {
         let bs = self.fs.block_size();
         let at = idx.saturating_mul(u64::from(blocksize));
-        match self.fs.extents(self.ino(ino)) {
-            Ok(ext) => {
-                let dev = ext
-                    .iter()
-                    .find(|e| !e.unwritten && e.offset <= at && at < e.offset + e.blocks * bs)
-                    .map_or(0, |e| e.device_block * bs + (at - e.offset));
+        match self.fs.block_at(self.ino(ino), at) {
+            Ok(b) => {
+                let dev = b.map_or(0, |b| b * bs + at % bs);
                 reply.bmap(dev / u64::from(blocksize.max(1)))
             }
             Err(e) => reply.error(errno(e)),

@@ -470,3 +470,63 @@ fn periodic_writeback_writes_small_files_due_together_in_few_device_writes() {
     check_small_files(&fs, root, 0..files);
     unmount_and_check(fs, dev);
 }
+
+/// `block_at` (FIBMAP) answers as the whole extent map does, for every
+/// block of a fragmented file with a hole and unwritten extents, and
+/// writes back first: a block written but still cached is mapped.
+#[test]
+fn block_at_agrees_with_the_extent_map() {
+    let (dev, fs) = fresh(256 << 20, MountOptions::default());
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap();
+    let b = fs.create(root, b"b", 0o644, 0, 0).unwrap();
+    let bs = fs.block_size();
+    // Interleaved durable writes, then holes punched: many extents.
+    for i in 0..64u64 {
+        for f in [a.ino, b.ino] {
+            fs.write(f, i * bs, &vec![i as u8 + 1; bs as usize])
+                .unwrap();
+            fs.fsync(f, true).unwrap();
+        }
+    }
+    fs.fallocate(a.ino, Falloc::PunchHole, 10 * bs, 5 * bs)
+        .unwrap();
+    for blk in (41..64).step_by(2) {
+        fs.fallocate(a.ino, Falloc::PunchHole, blk * bs, bs)
+            .unwrap();
+    }
+    fs.fallocate(
+        a.ino,
+        Falloc::ZeroRange { keep_size: false },
+        30 * bs,
+        4 * bs,
+    )
+    .unwrap();
+    fs.fallocate(
+        a.ino,
+        Falloc::Allocate { keep_size: true },
+        64 * bs,
+        16 * bs,
+    )
+    .unwrap();
+    // Cached, not yet written back: block_at writes it back first.
+    fs.write(a.ino, 100 * bs, &vec![9; bs as usize]).unwrap();
+    assert!(fs.block_at(a.ino, 100 * bs + 17).unwrap().is_some());
+    let ext = fs.extents(a.ino).unwrap();
+    assert!(ext.len() > 15, "fragmented: {} extents", ext.len());
+    let mut mapped = 0;
+    for blk in 0..128u64 {
+        let at = blk * bs + blk % bs;
+        let want = ext
+            .iter()
+            .find(|e| !e.unwritten && e.offset <= at && at < e.offset + e.blocks * bs)
+            .map(|e| e.device_block + (at - e.offset) / bs);
+        assert_eq!(fs.block_at(a.ino, at).unwrap(), want, "block {blk}");
+        mapped += u64::from(want.is_some());
+    }
+    // 64 written, less 5 + 12 punched and 4 zeroed; the unwritten 16 are
+    // not; the block at 100.
+    assert_eq!(mapped, 64 - 5 - 12 - 4 + 1);
+    assert_eq!(fs.block_at(root, 0).unwrap(), None);
+    unmount_and_check(fs, dev);
+}

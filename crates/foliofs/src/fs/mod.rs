@@ -863,13 +863,22 @@ impl Fs {
 
     /// The file's extent map (after writing back its dirty data).
     pub fn extents(&self, ino: u64) -> Result<Vec<ExtentInfo>> {
+        self.written_back(ino)?.extent_info(ino)
+    }
+
+    /// The device block holding byte `at` of the file (after writing back
+    /// its dirty data): None in a hole or an unwritten extent (FIBMAP).
+    pub fn block_at(&self, ino: u64, at: u64) -> Result<Option<u64>> {
+        self.written_back(ino)?.block_at(ino, at)
+    }
+
+    /// The lock, once `ino`'s dirty data is written back (unless read-only).
+    fn written_back(&self, ino: u64) -> Result<MutexGuard<'_, Inner>> {
         let g = self.s.inner.lock();
-        let (mut g, _) = if g.opts.read_only {
-            (g, 0)
-        } else {
-            self.s.writeback_inode(g, ino, u64::MAX)?
-        };
-        g.extent_info(ino)
+        if g.opts.read_only {
+            return Ok(g);
+        }
+        Ok(self.s.writeback_inode(g, ino, u64::MAX)?.0)
     }
 
     // ---- xattrs ----

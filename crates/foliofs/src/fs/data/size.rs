@@ -303,6 +303,20 @@ impl Inner {
         }
     }
 
+    /// The device block holding byte `at` of `ino`: None in a hole or an
+    /// unwritten extent. One lookup in the file's map.
+    pub fn block_at(&mut self, ino: u64, at: u64) -> Result<Option<u64>> {
+        let lblk = at / self.meta.geo.block_size;
+        let (ip, mut cx) = self.with(ino)?;
+        if ip.is_dir() {
+            return Ok(None);
+        }
+        Ok(ip
+            .ext_find(&mut cx, lblk)?
+            .filter(|e| !e.unwritten)
+            .map(|e| e.pblk + (lblk - e.lblk)))
+    }
+
     pub fn extent_info(&mut self, ino: u64) -> Result<Vec<ExtentInfo>> {
         let bs = self.meta.geo.block_size;
         let (ip, mut cx) = self.with(ino)?;
