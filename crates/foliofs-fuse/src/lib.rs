@@ -468,6 +468,9 @@ pub struct FuseFs {
     /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
     io_uring: bool,
     uring_on: Arc<AtomicBool>,
+    /// The kernel writes back a direct request's range itself
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP; `kernel_writeback`).
+    dio_writeback: bool,
     /// The kernel agreed to send no opendir/releasedir (see `opendir`).
     no_opendir: bool,
     /// The kernel leaves taking suid/sgid and capabilities to us
@@ -577,6 +580,7 @@ impl FuseFs {
             inval: OnceLock::new(),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
+            dio_writeback: false,
             no_opendir: false,
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
@@ -654,12 +658,22 @@ impl FuseFs {
     /// Direct reads and writes (FOPEN_DIRECT_IO) need it only past the
     /// engine's end of file: the kernel writes back the range of each
     /// itself, in the caller's context (fuse_direct_io, with
-    /// FUSE_DIRECT_IO_ALLOW_MMAP), but the size its cached writes made
-    /// stays its own until written back (`read`). SEEK_DATA and SEEK_HOLE
-    /// it passes on as they are.
+    /// FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+), but the size its cached
+    /// writes made stays its own until written back (`read`). A kernel
+    /// without it (`dio_writeback` false) needs it before each
+    /// (`direct_writeback`). SEEK_DATA and SEEK_HOLE it passes on as they
+    /// are.
     fn kernel_writeback(&self, ino: u64, cached_writable: bool, from: u64) {
         if self.cache.writeback_cache && cached_writable {
             self.kernel_drop(ino, from as i64, 0);
+        }
+    }
+
+    /// Before a direct read or write, on a kernel that does not write
+    /// back its range itself.
+    fn direct_writeback(&self, ino: u64, u: Option<Uncached>) {
+        if let Some(u) = u.filter(|_| !self.dio_writeback) {
+            self.kernel_writeback(ino, u.cached_writable, 0);
         }
     }
 
@@ -1022,10 +1036,14 @@ impl Filesystem for FuseFs {
         let _ = config.set_max_background(self.cache.max_background);
         let _ = config.set_congestion_threshold(self.cache.max_background / 4 * 3);
         // Each one alone: a kernel that lacks one still gets the others.
+        // With it the kernel also writes back the range of a direct read
+        // or write before sending it (Linux 6.6+; `kernel_writeback`).
+        self.dio_writeback = config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
         for cap in [
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
             InitFlags::FUSE_ASYNC_DIO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_EXPORT_SUPPORT,
@@ -1387,6 +1405,7 @@ impl Filesystem for FuseFs {
             Some(_) => self.uncached(fh, ino, false),
             None => None,
         };
+        self.direct_writeback(ino, uncached);
         let odirect = uncached.is_some_and(|u| u.odirect);
         let size = size as usize;
         // A direct read that meets the engine's end of file may be short
@@ -1440,6 +1459,7 @@ impl Filesystem for FuseFs {
                 return reply.error(errno(e));
             }
         }
+        self.direct_writeback(ino, uncached);
         let r = self
             .write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
             .and_then(|n| {
