@@ -1854,7 +1854,8 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::ENXIO);
         }
         let ino = self.ino(ino);
-        self.kernel_writeback(ino, self.cached_opens(ino).1, 0);
+        // What lies before `offset` moves neither answer.
+        self.kernel_writeback(ino, self.cached_opens(ino).1, offset as u64);
         match self.fs.seek(ino, offset as u64, w) {
             Ok(Some(o)) => reply.offset(o as i64),
             Ok(None) => reply.error(Errno::ENXIO),
