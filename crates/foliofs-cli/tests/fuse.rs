@@ -1449,11 +1449,16 @@ with open(p, 'rb') as f:
     assert f.read() == b'b' * (2 * ps), "written"
 print("ok")
 "#;
-    // A hang is stuck in the kernel until the daemon goes: wait with a
-    // deadline, and on failure `m`'s drop kills the daemon.
+    python_within(script, &m.path("f"), Duration::from_secs(30));
+}
+
+/// Run a Python `script` on `arg`; it must succeed within `limit`. A hang
+/// is stuck in the kernel until the daemon goes: on failure the caller's
+/// `Mounted` drop kills the daemon.
+fn python_within(script: &str, arg: &Path, limit: Duration) {
     let mut child = Command::new("python3")
         .args(["-c", script])
-        .arg(m.path("f"))
+        .arg(arg)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1462,7 +1467,7 @@ print("ok")
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "hung");
+        assert!(t.elapsed() < limit, "hung");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status}");
@@ -1511,21 +1516,7 @@ for t in threads: t.join()
 assert not errors, errors
 print("ok")
 "#;
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .arg(&m.dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "hung");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status}");
+    python_within(script, &m.dir, Duration::from_secs(120));
     let c = counters(&m.dir);
     assert!(
         c["fuse_kernel_drops"].as_u64().unwrap() >= 6,
