@@ -350,6 +350,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             .with_io_uring(o.io_uring);
         let notifier = fuse.notifier_slot();
         let uring = fuse.uring_slot();
+        let spawn = fuse.spawn_slot();
         let session = fuser::Session::new(fuse, dir, &cfg)
             .with_context(|| format!("cannot mount on {}", dir.display()))?;
         let _ = notifier.set(session.notifier());
@@ -362,9 +363,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             if o.engine.read_only { "ro" } else { "rw" },
             if o.allow_other() { ", allow_other" } else { "" }
         );
-        Ok((fs, session, uring))
+        Ok((fs, session, uring, spawn))
     })();
-    let (fs, mut session, uring) = match r {
+    let (fs, mut session, uring, spawn) = match r {
         Ok(v) => v,
         Err(e) => {
             log::error!("{e:#}");
@@ -390,20 +391,51 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         let _ = writeln!(p, "ok");
     }
     let (depth, idle_reply) = (o.ring_depth, o.idle_reply);
-    let served = if uring {
-        session.run_with_transport(|d| {
+    let served = session.run_with_transport(|d| {
+        let loops = d.clone();
+        let mut threads = Vec::new();
+        let mut rings = None;
+        if uring {
             let payload = foliofs_fuse::MAX_WRITE as usize + (64 << 10);
-            match foliofs_fuse::uring::start(d, depth, payload, idle_reply) {
-                Ok(t) => t,
-                Err(e) => {
-                    log::error!("FUSE over io_uring: {e}; serving /dev/fuse only");
-                    Vec::new()
+            match foliofs_fuse::uring::start(d.clone(), depth, payload, idle_reply) {
+                Ok(t) => threads = t,
+                Err(e) => log::error!("FUSE over io_uring: {e}; serving /dev/fuse only"),
+            }
+            if !threads.is_empty() {
+                match foliofs_fuse::uring::late_threads(d.clone(), payload) {
+                    Ok((spawn_ring, reaper)) => {
+                        threads.push(reaper);
+                        rings = Some(spawn_ring);
+                    }
+                    Err(e) => log::warn!("FUSE over io_uring: no threads added on demand: {e}"),
                 }
             }
-        })
-    } else {
-        session.run()
-    };
+        }
+        // More threads when the last free one would wait for the
+        // kernel's writeback (`foliofs_fuse::Spawn`), until the session
+        // ends: the closure holds the dispatcher, which holds the file
+        // system.
+        spawn.set(Box::new(move |queue| match (queue, &rings) {
+            (Some(q), Some(spawn_ring)) => spawn_ring(q),
+            _ => loops.spawn_loop().is_ok(),
+        }));
+        let clear = spawn.clone();
+        match std::thread::Builder::new()
+            .name("foliofs-spawn-end".into())
+            .spawn(move || {
+                while !d.closed() {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                clear.clear();
+            }) {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                log::warn!("no threads added on demand: {e}");
+                spawn.clear();
+            }
+        }
+        threads
+    });
     handle.close();
     let fs = match Arc::try_unwrap(fs) {
         Ok(fs) => fs,

@@ -1480,7 +1480,9 @@ fn python_within(script: &str, arg: &Path, limit: Duration) {
 /// that writeback must find a thread to serve it. With the waits counted
 /// across the queues and the invalidations made from CPU 0, the last free
 /// thread of queue 0 waited for a wait while the writeback sat behind it:
-/// after 2 s it went on without, and a read came back empty.
+/// after 2 s it went on without, and a read came back empty. Then again
+/// with two threads per queue (two /dev/fuse workers): fewer than the
+/// reads, so threads are added as the last free one would wait.
 #[test]
 fn direct_reads_past_the_end_from_one_cpu_all_see_the_cached_size() {
     if !fuse_ready(&["python3"]) {
@@ -1516,16 +1518,25 @@ for t in threads: t.join()
 assert not errors, errors
 print("ok")
 "#;
-    python_within(script, &m.dir, Duration::from_secs(120));
-    let c = counters(&m.dir);
-    assert!(
-        c["fuse_kernel_drops"].as_u64().unwrap() >= 6,
-        "the reads waited for the kernel's writeback: {c}"
-    );
-    assert_eq!(c["fuse_kernel_drops_skipped"], 0, "{c}");
-    for i in 0..6 {
-        let len = std::fs::metadata(m.path(&format!("f{i}"))).unwrap().len();
-        assert_eq!(len, 59 * 65536 + 4096, "f{i}");
+    for (opts, added) in [("", false), ("threads=2,ring_depth=2", true)] {
+        m.remount(opts);
+        for i in 0..6 {
+            let _ = std::fs::remove_file(m.path(&format!("f{i}")));
+        }
+        python_within(script, &m.dir, Duration::from_secs(120));
+        let c = counters(&m.dir);
+        assert!(
+            c["fuse_kernel_drops"].as_u64().unwrap() >= 6,
+            "{opts}: the reads waited for the kernel's writeback: {c}"
+        );
+        assert_eq!(c["fuse_kernel_drops_skipped"], 0, "{opts}: {c}");
+        if added {
+            assert!(c["fuse_threads_added"].as_u64().unwrap() > 0, "{opts}: {c}");
+        }
+        for i in 0..6 {
+            let len = std::fs::metadata(m.path(&format!("f{i}"))).unwrap().len();
+            assert_eq!(len, 59 * 65536 + 4096, "{opts}: f{i}");
+        }
     }
     m.unmount_and_check();
 }

@@ -236,88 +236,119 @@ fn spawn_invalidator(
     Mutex::new(tx)
 }
 
-/// Request threads inside `FuseFs::kernel_drop`. The kernel writes back
-/// the pages it drops through requests that other threads serve, so some
-/// must stay free to serve them.
-///
-/// Over /dev/fuse any worker serves any request: at most `workers - 1`
-/// wait. Over rings a request goes to the queue of the CPU that made it,
-/// and only that queue's `depth` threads serve it: at most `depth - 1` of
-/// a queue wait, and the invalidation thread makes its requests from the
-/// CPU of the queue with the fewest threads inside (`spawn_invalidator`).
-/// A thread that finds its queue's waits all taken is inside too, and
-/// waits for one to end; they end through a quieter queue. Only if every
-/// queue is full at once does the writeback find no thread free: after
-/// 2 s the thread goes on without a wait (a deadlock otherwise), logged
-/// and counted.
-struct Drops {
-    workers: usize,
-    waiting: AtomicUsize,
-    depth: usize,
-    queues: Box<[QueueDrops]>,
-    /// Waits had, and requests that went on without one (the counters'
-    /// `fuse_kernel_drops`, `fuse_kernel_drops_skipped`).
-    had: AtomicU64,
-    skipped: AtomicU64,
+/// Makes one more request thread while the session runs: for ring queue
+/// `Some(q)`, or one more /dev/fuse loop for None; true once it serves.
+pub type Spawn = Box<dyn Fn(Option<usize>) -> bool + Send + Sync>;
+
+/// Where the mount puts its `Spawn` while the session runs. It holds the
+/// session's dispatcher, and so the file system: `clear` it when the
+/// session ends, before the file system is destroyed.
+#[derive(Clone, Default)]
+pub struct SpawnSlot(Arc<Mutex<Option<Spawn>>>);
+
+impl SpawnSlot {
+    pub fn set(&self, s: Spawn) {
+        *self.0.lock() = Some(s);
+    }
+
+    pub fn clear(&self) {
+        self.0.lock().take();
+    }
+
+    fn spawn(&self, queue: Option<usize>) -> bool {
+        self.0.lock().as_ref().is_some_and(|s| s(queue))
+    }
 }
 
-#[derive(Default)]
-struct QueueDrops {
+/// Request threads inside `FuseFs::kernel_drop`. The kernel writes back
+/// the pages it drops through requests that other threads serve, so one
+/// must stay free to serve them.
+///
+/// Over /dev/fuse any worker serves any request. Over rings a request goes
+/// to the queue of the CPU that made it, and only that queue's threads
+/// serve it: each queue keeps its own account, and the invalidation thread
+/// makes its requests from the CPU of the queue with the most threads free
+/// (`spawn_invalidator`). A thread that would leave its account none free
+/// first makes one more (`Spawn`, up to four times the threads it started
+/// with), as libfuse's loop makes workers when all are busy. Past that, at
+/// most all but one wait, and a thread finding those waits taken waits
+/// for one; after 2 s it goes on without (a deadlock otherwise), logged
+/// and counted.
+struct Drops {
+    any: Account,
+    queues: Box<[Account]>,
+    spawn: SpawnSlot,
+    /// Waits had, requests that went on without one, threads made (the
+    /// counters' `fuse_kernel_drops`, `fuse_kernel_drops_skipped`,
+    /// `fuse_threads_added`).
+    had: AtomicU64,
+    skipped: AtomicU64,
+    added: AtomicU64,
+}
+
+/// One set of threads that serve the same requests.
+struct Account {
+    threads: AtomicUsize,
+    cap: usize,
     inside: AtomicUsize,
     waiting: AtomicUsize,
 }
 
-/// A wait in `kernel_drop`, given back when dropped.
-struct DropSlot<'a> {
-    waiting: &'a AtomicUsize,
-    inside: Option<&'a AtomicUsize>,
-}
-
-impl Drop for DropSlot<'_> {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        if let Some(i) = self.inside {
-            i.fetch_sub(1, Ordering::AcqRel);
+impl Account {
+    fn new(threads: usize) -> Self {
+        Account {
+            threads: AtomicUsize::new(threads),
+            cap: threads * 4,
+            inside: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         }
     }
 }
 
+/// A wait in `kernel_drop`, given back when dropped.
+struct DropSlot<'a>(&'a Account);
+
+impl Drop for DropSlot<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.0.inside.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drops {
-    fn new(workers: usize, depth: usize, queues: usize) -> Self {
+    fn new(workers: usize, depth: usize, queues: usize, spawn: SpawnSlot) -> Self {
         Drops {
-            workers,
-            waiting: AtomicUsize::new(0),
-            depth,
-            queues: (0..queues).map(|_| QueueDrops::default()).collect(),
+            any: Account::new(workers),
+            queues: (0..queues).map(|_| Account::new(depth)).collect(),
+            spawn,
             had: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            added: AtomicU64::new(0),
         }
     }
 
     /// A wait for the calling thread: over rings on its queue's account,
     /// otherwise on the workers'. None if none came free in 2 s.
     fn enter(&self, ino: u64) -> Option<DropSlot<'_>> {
-        let queue = uring::current_queue().and_then(|q| self.queues.get(q));
-        let (waiting, limit) = match queue {
-            Some(q) => (&q.waiting, self.depth.saturating_sub(1)),
-            None => (&self.waiting, self.workers.saturating_sub(1)),
-        };
-        let inside = queue.map(|q| &q.inside);
-        if let Some(i) = inside {
-            i.fetch_add(1, Ordering::AcqRel);
+        let queue = uring::current_queue().filter(|&q| q < self.queues.len());
+        let a = queue.map_or(&self.any, |q| &self.queues[q]);
+        let inside = a.inside.fetch_add(1, Ordering::AcqRel) + 1;
+        let threads = a.threads.load(Ordering::Acquire);
+        if inside >= threads && threads < a.cap && self.spawn.spawn(queue) {
+            a.threads.fetch_add(1, Ordering::AcqRel);
+            self.added.fetch_add(1, Ordering::Relaxed);
         }
         let mut tries = 0;
-        while waiting
+        while a
+            .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                (b < limit).then_some(b + 1)
+                (b + 1 < a.threads.load(Ordering::Acquire)).then_some(b + 1)
             })
             .is_err()
         {
             tries += 1;
             if tries > 2000 {
-                if let Some(i) = inside {
-                    i.fetch_sub(1, Ordering::AcqRel);
-                }
+                a.inside.fetch_sub(1, Ordering::AcqRel);
                 self.skipped.fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "inode {ino}: no thread free to wait for the kernel's writeback; \
@@ -328,10 +359,13 @@ impl Drops {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.had.fetch_add(1, Ordering::Relaxed);
-        Some(DropSlot { waiting, inside })
+        Some(DropSlot(a))
     }
 
-    /// The ring queue with the fewest threads inside `kernel_drop`.
+    /// The ring queue with the fewest threads inside `kernel_drop`. Not
+    /// the one with the most threads free: a thread added to a queue
+    /// takes only requests queued after it came, and those queued before
+    /// (behind which the writeback would wait) only as others finish.
     fn quietest_queue(&self) -> Option<usize> {
         (0..self.queues.len()).min_by_key(|&q| self.queues[q].inside.load(Ordering::Acquire))
     }
@@ -576,7 +610,7 @@ impl FuseFs {
             cache,
             posix_acl: false,
             notifier: Arc::new(OnceLock::new()),
-            drops: Arc::new(Drops::new(1, 1, 0)),
+            drops: Arc::new(Drops::new(1, 1, 0, SpawnSlot::default())),
             inval: OnceLock::new(),
             io_uring: false,
             uring_on: Arc::new(AtomicBool::new(false)),
@@ -605,8 +639,15 @@ impl FuseFs {
     /// threads per queue over rings (`ring_depth`).
     pub fn with_workers(mut self, n: usize, ring_depth: usize) -> Self {
         let queues = uring::possible_cpus().unwrap_or(1);
-        self.drops = Arc::new(Drops::new(n, ring_depth, queues));
+        let spawn = self.drops.spawn.clone();
+        self.drops = Arc::new(Drops::new(n, ring_depth, queues, spawn));
         self
+    }
+
+    /// Where the mount puts, once the session runs, the way to make more
+    /// request threads (`Spawn`).
+    pub fn spawn_slot(&self) -> SpawnSlot {
+        self.drops.spawn.clone()
     }
 
     /// Where the mount puts the session's notifier once it exists.
@@ -980,6 +1021,10 @@ impl FuseFs {
             m.insert(
                 "fuse_kernel_drops_skipped".into(),
                 self.drops.skipped.load(Ordering::Relaxed).into(),
+            );
+            m.insert(
+                "fuse_threads_added".into(),
+                self.drops.added.load(Ordering::Relaxed).into(),
             );
         }
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();

@@ -154,7 +154,7 @@ pub fn start<FS: Filesystem>(
                         }
                         QUEUE.set(Some(qid));
                         let idle = idle_reply.then_some((&*limbo, slot));
-                        if let Err(e) = serve(&d, qid as u16, payload, idle) {
+                        if let Err(e) = serve(&d, qid as u16, payload, idle, None) {
                             log::error!("FUSE ring {qid}.{i}: {e}");
                         }
                     })?,
@@ -455,12 +455,73 @@ fn command(
     }
 }
 
-/// Serve one entry of queue `qid` until the session ends.
+/// Ring threads made while the session runs, one at a time, for a queue
+/// whose threads would all be busy otherwise (`FuseFs::kernel_drop`):
+/// `spawn(qid)` starts one more thread serving one more entry of queue
+/// `qid`, and returns true once the entry is registered, so that the next
+/// request queued there finds it. The returned thread joins them all once
+/// the session ends (`run_with_transport` joins it).
+pub type SpawnRing = Box<dyn Fn(usize) -> bool + Send + Sync>;
+
+pub fn late_threads<FS: Filesystem>(
+    d: RawDispatcher<FS>,
+    payload: usize,
+) -> io::Result<(SpawnRing, JoinHandle<()>)> {
+    type Late = Arc<Mutex<Option<Vec<JoinHandle<()>>>>>;
+    let late: Late = Arc::new(Mutex::new(Some(Vec::new())));
+    let (reap, closed) = (late.clone(), d.clone());
+    let spawn = move |qid: usize| -> bool {
+        let mut g = late.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(threads) = g.as_mut() else {
+            return false;
+        };
+        let (ready, registered) = std::sync::mpsc::sync_channel(1);
+        let d = d.clone();
+        let r = std::thread::Builder::new()
+            .name(format!("fuse-ring-{qid}.+{}", threads.len()))
+            .spawn(move || {
+                pin_to_cpu(qid);
+                QUEUE.set(Some(qid));
+                if let Err(e) = serve(&d, qid as u16, payload, None, Some(ready)) {
+                    log::error!("FUSE ring {qid}, a thread added: {e}");
+                }
+            });
+        match r {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                log::warn!("FUSE ring {qid}: cannot add a thread: {e}");
+                return false;
+            }
+        }
+        drop(g);
+        registered.recv_timeout(Duration::from_secs(1)).is_ok()
+    };
+    let reaper = std::thread::Builder::new()
+        .name("fuse-ring-late".into())
+        .spawn(move || {
+            while !closed.closed() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let threads = reap
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_default();
+            for t in threads {
+                let _ = t.join();
+            }
+        })?;
+    Ok((Box::new(spawn), reaper))
+}
+
+/// Serve one entry of queue `qid` until the session ends; `ready` is told
+/// once the entry is registered.
 fn serve<FS: Filesystem>(
     d: &RawDispatcher<FS>,
     qid: u16,
     payload: usize,
     idle: Option<(&Limbo, usize)>,
+    mut ready: Option<std::sync::mpsc::SyncSender<()>>,
 ) -> io::Result<()> {
     let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
     let fd = d.fuse_fd().as_raw_fd();
@@ -478,6 +539,11 @@ fn serve<FS: Filesystem>(
         // SAFETY: the entry's buffers outlive the command (they live as
         // long as the ring, which this function owns).
         unsafe { ring.submission().push(&next) }.map_err(|_| io::Error::other("ring full"))?;
+        if let Some(r) = ready.take() {
+            // The kernel registers the entry as the command is submitted.
+            ring.submit()?;
+            let _ = r.send(());
+        }
         if let Some((limbo, slot)) = idle.filter(|_| quick) {
             // The caller waits for this reply; it wakes on this CPU if
             // the CPU runs nothing but idle-class work when it does.

@@ -320,6 +320,7 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let late: LateLoops = Arc::new(std::sync::Mutex::new(Some(Vec::new())));
         let extra = start(RawDispatcher {
             event_loop: Arc::new(SessionEventLoop {
                 thread_name: "fuser-raw".into(),
@@ -329,6 +330,7 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
             }),
             closed: closed.clone(),
+            late: late.clone(),
         });
 
         let mut reply: io::Result<()> = Ok(());
@@ -343,6 +345,19 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        // The loops started since end as the first ones did; none starts
+        // after these are taken.
+        let late = late
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default();
+        for thread in late {
+            if thread.join().is_err() && reply.is_ok() {
+                reply = Err(io::Error::other("event loop thread panicked"));
             }
         }
 
@@ -595,7 +610,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
 pub struct RawDispatcher<FS: Filesystem> {
     event_loop: Arc<SessionEventLoop<FS>>,
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// /dev/fuse loops started while the session runs (`spawn_loop`);
+    /// None once `run_with_transport` has joined them.
+    late: LateLoops,
 }
+
+type LateLoops = Arc<std::sync::Mutex<Option<Vec<thread::JoinHandle<io::Result<()>>>>>>;
 
 impl<FS: Filesystem> std::fmt::Debug for RawDispatcher<FS> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -608,6 +628,7 @@ impl<FS: Filesystem> Clone for RawDispatcher<FS> {
         RawDispatcher {
             event_loop: self.event_loop.clone(),
             closed: self.closed.clone(),
+            late: self.late.clone(),
         }
     }
 }
@@ -617,6 +638,34 @@ impl<FS: Filesystem> RawDispatcher<FS> {
     /// the transport's threads should end too.
     pub fn closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Start one more /dev/fuse loop, on a descriptor of its own (a
+    /// clone), while the session runs; it ends with the others, and
+    /// `run_with_transport` joins it. An error once the session is over.
+    pub fn spawn_loop(&self) -> io::Result<()> {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(late) = late.as_mut() else {
+            return Err(io::Error::other("the session is over"));
+        };
+        #[cfg(target_os = "linux")]
+        let ch = self.event_loop.ch.clone_fd()?;
+        #[cfg(not(target_os = "linux"))]
+        let ch = self.event_loop.ch.clone();
+        let thread_name = format!("fuser-late-{}", late.len());
+        let event_loop = SessionEventLoop {
+            thread_name: thread_name.clone(),
+            ch,
+            filesystem: self.event_loop.filesystem.clone(),
+            allowed: self.event_loop.allowed,
+            session_owner: self.event_loop.session_owner,
+        };
+        late.push(
+            thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || event_loop.event_loop())?,
+        );
+        Ok(())
     }
 
     /// The session's /dev/fuse descriptor (rings register on it).
