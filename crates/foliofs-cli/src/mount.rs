@@ -417,7 +417,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         // system.
         spawn.set(Box::new(move |queue| match (queue, &rings) {
             (Some(q), Some(spawn_ring)) => spawn_ring(q),
-            _ => loops.spawn_loop().is_ok(),
+            // A /dev/fuse loop would not serve that queue.
+            (Some(_), None) => false,
+            (None, _) => loops.spawn_loop().is_ok(),
         }));
         let clear = spawn.clone();
         match std::thread::Builder::new()
