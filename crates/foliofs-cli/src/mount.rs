@@ -398,25 +398,23 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         if uring {
             let payload = foliofs_fuse::MAX_WRITE as usize + (64 << 10);
             match foliofs_fuse::uring::start(d.clone(), depth, payload, idle_reply) {
-                Ok(t) => threads = t,
-                Err(e) => log::error!("FUSE over io_uring: {e}; serving /dev/fuse only"),
-            }
-            if !threads.is_empty() {
-                match foliofs_fuse::uring::late_threads(d.clone(), payload) {
-                    Ok((spawn_ring, reaper)) => {
-                        threads.push(reaper);
-                        rings = Some(spawn_ring);
-                    }
-                    Err(e) => log::warn!("FUSE over io_uring: no threads added on demand: {e}"),
+                Ok(t) => {
+                    threads = t;
+                    rings = Some(Arc::new(foliofs_fuse::uring::LateRings::new(
+                        d.clone(),
+                        payload,
+                    )));
                 }
+                Err(e) => log::error!("FUSE over io_uring: {e}; serving /dev/fuse only"),
             }
         }
         // More threads when the last free one would wait for the
         // kernel's writeback (`foliofs_fuse::Spawn`), until the session
         // ends: the closure holds the dispatcher, which holds the file
         // system.
-        spawn.set(Box::new(move |queue| match (queue, &rings) {
-            (Some(q), Some(spawn_ring)) => spawn_ring(q),
+        let late = rings.clone();
+        spawn.set(Box::new(move |queue| match (queue, &late) {
+            (Some(q), Some(rings)) => rings.spawn(q),
             // A /dev/fuse loop would not serve that queue.
             (Some(_), None) => false,
             (None, _) => loops.spawn_loop().is_ok(),
@@ -429,6 +427,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
                     std::thread::sleep(std::time::Duration::from_millis(100));
                 }
                 clear.clear();
+                if let Some(rings) = rings {
+                    rings.join();
+                }
             }) {
             Ok(t) => threads.push(t),
             Err(e) => {

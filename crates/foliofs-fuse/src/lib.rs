@@ -267,8 +267,8 @@ impl SpawnSlot {
 /// Over /dev/fuse any worker serves any request. Over rings a request goes
 /// to the queue of the CPU that made it, and only that queue's threads
 /// serve it: each queue keeps its own account, and the invalidation thread
-/// makes its requests from the CPU of the queue with the most threads free
-/// (`spawn_invalidator`). A thread that would leave its account none free
+/// makes its requests from the CPU of the queue with the fewest threads
+/// inside (`spawn_invalidator`). A thread that would leave its account none free
 /// first makes one more (`Spawn`, up to four times the threads it started
 /// with), as libfuse's loop makes workers when all are busy. Past that, at
 /// most all but one wait, and a thread finding those waits taken waits
@@ -1456,9 +1456,16 @@ impl Filesystem for FuseFs {
         // A direct read that meets the engine's end of file may be short
         // of the kernel's, which cached writes past it moved: once those
         // are written back, it reads again.
-        let past_eof = |n: usize| n < size && uncached.is_some_and(|u| u.cached_writable);
+        // (Without the kernel's range writeback, `direct_writeback` has
+        // written back the whole file already.)
+        let past_eof = |n: usize| {
+            n < size
+                && self.dio_writeback
+                && self.cache.writeback_cache
+                && uncached.is_some_and(|u| u.cached_writable)
+        };
         let retry = self.read_into(ino, odirect, offset, size, |r| match r {
-            Ok(d) if past_eof(d.len()) && self.cache.writeback_cache => Some(reply),
+            Ok(d) if past_eof(d.len()) => Some(reply),
             Ok(d) => {
                 reply.data(d);
                 None

@@ -455,28 +455,34 @@ fn command(
     }
 }
 
-/// Ring threads made while the session runs, one at a time, for a queue
-/// whose threads would all be busy otherwise (`FuseFs::kernel_drop`):
-/// `spawn(qid)` starts one more thread serving one more entry of queue
-/// `qid`, and returns true once the entry is registered, so that the next
-/// request queued there finds it. The returned thread joins them all once
-/// the session ends (`run_with_transport` joins it).
-pub type SpawnRing = Box<dyn Fn(usize) -> bool + Send + Sync>;
-
-pub fn late_threads<FS: Filesystem>(
+/// Ring threads made while the session runs, for a queue whose threads
+/// would all be busy otherwise (`FuseFs::kernel_drop`). `join` them once
+/// the session has ended: none starts after.
+pub struct LateRings<FS: Filesystem> {
     d: RawDispatcher<FS>,
     payload: usize,
-) -> io::Result<(SpawnRing, JoinHandle<()>)> {
-    type Late = Arc<Mutex<Option<Vec<JoinHandle<()>>>>>;
-    let late: Late = Arc::new(Mutex::new(Some(Vec::new())));
-    let (reap, closed) = (late.clone(), d.clone());
-    let spawn = move |qid: usize| -> bool {
-        let mut g = late.lock().unwrap_or_else(|e| e.into_inner());
+    threads: Mutex<Option<Vec<JoinHandle<()>>>>,
+}
+
+impl<FS: Filesystem> LateRings<FS> {
+    pub fn new(d: RawDispatcher<FS>, payload: usize) -> Self {
+        LateRings {
+            d,
+            payload,
+            threads: Mutex::new(Some(Vec::new())),
+        }
+    }
+
+    /// Start one more thread serving one more entry of queue `qid`; true
+    /// once the entry is registered, so that the next request queued
+    /// there finds it.
+    pub fn spawn(&self, qid: usize) -> bool {
+        let mut g = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         let Some(threads) = g.as_mut() else {
             return false;
         };
         let (ready, registered) = std::sync::mpsc::sync_channel(1);
-        let d = d.clone();
+        let (d, payload) = (self.d.clone(), self.payload);
         let r = std::thread::Builder::new()
             .name(format!("fuse-ring-{qid}.+{}", threads.len()))
             .spawn(move || {
@@ -495,23 +501,21 @@ pub fn late_threads<FS: Filesystem>(
         }
         drop(g);
         registered.recv_timeout(Duration::from_secs(1)).is_ok()
-    };
-    let reaper = std::thread::Builder::new()
-        .name("fuse-ring-late".into())
-        .spawn(move || {
-            while !closed.closed() {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let threads = reap
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .unwrap_or_default();
-            for t in threads {
-                let _ = t.join();
-            }
-        })?;
-    Ok((Box::new(spawn), reaper))
+    }
+
+    /// Join the threads started, once the session has ended (they end
+    /// with it).
+    pub fn join(&self) {
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Serve one entry of queue `qid` until the session ends; `ready` is told
