@@ -43,8 +43,40 @@ fn set(b: &mut [u64], i: usize, v: bool) {
     }
 }
 
+/// Set (`v`) or clear bits [from, to), a word at a time: a large folio
+/// has 512 blocks or more.
+fn set_range(b: &mut [u64], from: usize, to: usize, v: bool) {
+    let mut i = from;
+    while i < to {
+        let (w, lo) = (i / 64, i % 64);
+        let hi = (to - w * 64).min(64);
+        let mask = (!0u64 >> (64 - (hi - lo))) << lo;
+        if v {
+            b[w] |= mask;
+        } else {
+            b[w] &= !mask;
+        }
+        i = w * 64 + hi;
+    }
+}
+
 fn all(b: &[u64], n: usize) -> bool {
-    (0..n).all(|i| bit(b, i))
+    let (full, tail) = (n / 64, n % 64);
+    b[..full].iter().all(|w| *w == !0) && (tail == 0 || b[full] | (!0 << tail) == !0)
+}
+
+/// The indexes of the bits set in `b`, in order.
+fn ones(b: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    b.iter().enumerate().flat_map(|(w, &word)| {
+        let mut x = word;
+        std::iter::from_fn(move || {
+            (x != 0).then(|| {
+                let t = x.trailing_zeros() as usize;
+                x &= x - 1;
+                w * 64 + t
+            })
+        })
+    })
 }
 
 fn none(b: &[u64]) -> bool {
@@ -111,6 +143,16 @@ impl Folio {
         }
     }
 
+    /// The indexes of the dirty blocks, in order.
+    pub fn dirty_indexes(&self) -> impl Iterator<Item = usize> + '_ {
+        let (whole, bits) = match &self.state {
+            None if self.all_dirty => (self.nblocks, None),
+            None => (0, None),
+            Some(s) => (0, Some(ones(&s.dirty))),
+        };
+        (0..whole).chain(bits.into_iter().flatten())
+    }
+
     pub fn any_dirty(&self) -> bool {
         match &self.state {
             None => self.all_dirty,
@@ -127,10 +169,8 @@ impl Folio {
                 uptodate: vec![0; words],
                 dirty: vec![0; words],
             };
-            for i in 0..n {
-                set(&mut s.uptodate, i, true);
-                set(&mut s.dirty, i, d);
-            }
+            set_range(&mut s.uptodate, 0, n, true);
+            set_range(&mut s.dirty, 0, n, d);
             Box::new(s)
         })
     }
@@ -172,11 +212,9 @@ impl Folio {
             self.all_dirty = true;
             return;
         }
-        for i in from..to {
-            let s = self.state_mut();
-            set(&mut s.uptodate, i, true);
-            set(&mut s.dirty, i, true);
-        }
+        let s = self.state_mut();
+        set_range(&mut s.uptodate, from, to, true);
+        set_range(&mut s.dirty, from, to, true);
         self.compact();
     }
 
@@ -186,10 +224,7 @@ impl Folio {
             self.all_dirty = false;
             return;
         }
-        let s = self.state_mut();
-        for i in from..to {
-            set(&mut s.dirty, i, false);
-        }
+        set_range(&mut self.state_mut().dirty, from, to, false);
         self.compact();
     }
 
@@ -346,8 +381,7 @@ impl Cache {
             .filter_map(|first| self.folios.get(first).map(|f| (first, f)))
             .filter(|(_, f)| f.any_dirty())
             .flat_map(move |(&first, f)| {
-                (0..f.nblocks)
-                    .filter(move |&i| f.dirty(i))
+                f.dirty_indexes()
                     .map(move |i| first + i as u64)
                     .filter(move |&l| l >= from && l < to)
             })
@@ -368,7 +402,7 @@ impl Cache {
             if f.writer && f.any_dirty() {
                 return (out, true);
             }
-            for i in (0..f.nblocks).filter(|&i| f.dirty(i)) {
+            for i in f.dirty_indexes() {
                 if out.len() == max {
                     return (out, false);
                 }
@@ -474,6 +508,38 @@ mod tests {
             f.set_dirty(i, false);
         }
         assert!(!f.has_state() && !f.any_dirty() && f.uptodate(9));
+    }
+
+    proptest::proptest! {
+        /// Ranges of dirty and clean blocks in a large folio, set a word
+        /// at a time, agree with one bit at a time; so do the dirty
+        /// indexes and the state object's presence.
+        #[test]
+        fn range_bits_match_single_bits(
+            n in proptest::sample::select(vec![1usize, 8, 63, 64, 65, 130, 512]),
+            ops in proptest::collection::vec((0usize..600, 0usize..600, proptest::bool::ANY), 1..24),
+        ) {
+            let mut f = Folio::new(n, 512, 0);
+            f.fill_dirty(0, n);
+            f.clear_dirty(0, n);
+            let mut model = vec![false; n];
+            for (a, b, v) in ops {
+                let (from, to) = (a.min(b) % (n + 1), a.max(b) % (n + 1));
+                let (from, to) = (from.min(to), from.max(to));
+                if v {
+                    f.fill_dirty(from, to);
+                } else {
+                    f.clear_dirty(from, to);
+                }
+                model[from..to].iter_mut().for_each(|d| *d = v);
+                let want: Vec<usize> = (0..n).filter(|&i| model[i]).collect();
+                proptest::prop_assert_eq!(f.dirty_indexes().collect::<Vec<_>>(), want.clone());
+                proptest::prop_assert_eq!(f.any_dirty(), !want.is_empty());
+                proptest::prop_assert!((0..n).all(|i| f.uptodate(i) && f.dirty(i) == model[i]));
+                let uniform = want.is_empty() || want.len() == n;
+                proptest::prop_assert_eq!(f.has_state(), !uniform);
+            }
+        }
     }
 
     #[test]
