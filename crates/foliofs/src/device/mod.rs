@@ -70,9 +70,29 @@ unsafe impl Sync for AlignedBuf {}
 /// resident in an allocator arena.
 const MMAP_MIN: usize = 64 << 10;
 
+/// Freed small buffers (whole blocks below `MMAP_MIN`), by length in
+/// blocks, for reuse: the journal and the metadata cache take and drop a
+/// few per operation, and the allocator's page-aligned path is slow and
+/// gives trimmed memory back to the kernel, to fault in again.
+static SMALL: [parking_lot::Mutex<Vec<usize>>; MMAP_MIN / IO_ALIGN] =
+    [const { parking_lot::Mutex::new(Vec::new()) }; MMAP_MIN / IO_ALIGN];
+
+/// Bytes of freed buffers kept per length.
+const SMALL_KEEP: usize = 256 << 10;
+
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
+        Self::alloc(len, true)
+    }
+
+    /// A buffer of `len` bytes to be overwritten whole at once: its
+    /// contents are unspecified (zero or an earlier buffer's bytes).
+    pub fn for_overwrite(len: usize) -> Self {
+        Self::alloc(len, false)
+    }
+
+    fn alloc(len: usize, zero: bool) -> Self {
         if len == 0 {
             return AlignedBuf {
                 ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
@@ -98,6 +118,16 @@ impl AlignedBuf {
                 alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("layout"));
             }
             return AlignedBuf { ptr: p.cast(), len };
+        }
+        if len % IO_ALIGN == 0 {
+            if let Some(p) = SMALL[len / IO_ALIGN].lock().pop() {
+                let ptr = p as *mut u8;
+                if zero {
+                    // SAFETY: a freed buffer of exactly `len` bytes, ours now.
+                    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+                }
+                return AlignedBuf { ptr, len };
+            }
         }
         let layout = Layout::from_size_align(len, IO_ALIGN).expect("buffer layout");
         // SAFETY: layout has non-zero size.
@@ -149,6 +179,13 @@ impl Drop for AlignedBuf {
             // SAFETY: mapped in `zeroed` with this length, unmapped once.
             unsafe { libc::munmap(self.ptr.cast(), self.len) };
         } else if self.len > 0 {
+            if self.len % IO_ALIGN == 0 {
+                let mut kept = SMALL[self.len / IO_ALIGN].lock();
+                if kept.len() < SMALL_KEEP / self.len {
+                    kept.push(self.ptr as usize);
+                    return;
+                }
+            }
             let layout = Layout::from_size_align(self.len, IO_ALIGN).expect("buffer layout");
             // SAFETY: allocated in `zeroed` with the same layout.
             unsafe { alloc::dealloc(self.ptr, layout) };
@@ -173,7 +210,7 @@ impl DerefMut for AlignedBuf {
 
 impl Clone for AlignedBuf {
     fn clone(&self) -> Self {
-        let mut b = AlignedBuf::zeroed(self.len);
+        let mut b = AlignedBuf::for_overwrite(self.len);
         b.copy_from_slice(self);
         b
     }
@@ -182,5 +219,33 @@ impl Clone for AlignedBuf {
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small buffer freed and taken again comes back zeroed from
+    /// `zeroed`, aligned, and with the bytes copied by `clone`.
+    #[test]
+    fn reused_small_buffers_are_zeroed_and_aligned() {
+        for len in [IO_ALIGN, 3 * IO_ALIGN, MMAP_MIN - IO_ALIGN] {
+            let dirty: Vec<AlignedBuf> = (0..4)
+                .map(|_| {
+                    let mut b = AlignedBuf::zeroed(len);
+                    b.fill(0xA5);
+                    b
+                })
+                .collect();
+            let copy = dirty[0].clone();
+            assert!(copy.iter().all(|&x| x == 0xA5));
+            drop(dirty);
+            for _ in 0..4 {
+                let b = AlignedBuf::zeroed(len);
+                assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
+                assert!(b.iter().all(|&x| x == 0), "a reused {len}-byte buffer");
+            }
+        }
     }
 }
