@@ -173,14 +173,6 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
     if o.allow_other == Some(true) && o.allow_root {
         bail!("allow_other and allow_root exclude each other");
     }
-    if o.cache.writeback_cache && o.threads.min(o.ring_depth) < 2 {
-        // A direct request or a seek may wait for the kernel's writeback,
-        // which another worker serves (`FuseFs::kernel_drop`).
-        bail!(
-            "threads=1 or ring_depth=1 needs no_writeback_cache (with the kernel's write \
-             cache, one worker waits for another)"
-        );
-    }
     Ok(o)
 }
 

@@ -1481,8 +1481,9 @@ fn python_within(script: &str, arg: &Path, limit: Duration) {
 /// across the queues and the invalidations made from CPU 0, the last free
 /// thread of queue 0 waited for a wait while the writeback sat behind it:
 /// after 2 s it went on without, and a read came back empty. Then again
-/// with two threads per queue (two /dev/fuse workers): fewer than the
-/// reads, so threads are added as the last free one would wait.
+/// with two threads per queue (two /dev/fuse workers), and with one:
+/// fewer than the reads, so threads are added as the last free one would
+/// wait.
 #[test]
 fn direct_reads_past_the_end_from_one_cpu_all_see_the_cached_size() {
     if !fuse_ready(&["python3"]) {
@@ -1518,7 +1519,13 @@ for t in threads: t.join()
 assert not errors, errors
 print("ok")
 "#;
-    for (opts, added) in [("", false), ("threads=2,ring_depth=2", true)] {
+    // One thread (per queue) at first: each wait makes the thread that
+    // serves the writeback.
+    for (opts, added) in [
+        ("", false),
+        ("threads=2,ring_depth=2", true),
+        ("threads=1,ring_depth=1", true),
+    ] {
         m.remount(opts);
         for i in 0..6 {
             let _ = std::fs::remove_file(m.path(&format!("f{i}")));

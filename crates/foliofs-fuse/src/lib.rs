@@ -270,7 +270,8 @@ impl SpawnSlot {
 /// makes its requests from the CPU of the queue with the fewest threads
 /// inside (`spawn_invalidator`). A thread that would leave its account none free
 /// first makes one more (`Spawn`, up to four times the threads it started
-/// with), as libfuse's loop makes workers when all are busy. Past that, at
+/// with and at least `MIN_THREAD_CAP`), as libfuse's loop makes workers
+/// when all are busy. Past that, at
 /// most all but one wait, and a thread finding those waits taken waits
 /// for one; after 2 s it goes on without (a deadlock otherwise), logged
 /// and counted.
@@ -294,11 +295,16 @@ struct Account {
     waiting: AtomicUsize,
 }
 
+/// Threads an account may grow to whatever it started with: one thread
+/// (`-o threads=1` or `ring_depth=1`) with six readers waiting needs
+/// seven.
+const MIN_THREAD_CAP: usize = 16;
+
 impl Account {
     fn new(threads: usize) -> Self {
         Account {
             threads: AtomicUsize::new(threads),
-            cap: threads * 4,
+            cap: (threads * 4).max(MIN_THREAD_CAP),
             inside: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
         }
