@@ -271,10 +271,9 @@ impl SpawnSlot {
 /// inside (`spawn_invalidator`). A thread that would leave its account none free
 /// first makes one more (`Spawn`, up to four times the threads it started
 /// with and at least `MIN_THREAD_CAP`), as libfuse's loop makes workers
-/// when all are busy. Past that, at
-/// most all but one wait, and a thread finding those waits taken waits
-/// for one; after 2 s it goes on without (a deadlock otherwise), logged
-/// and counted.
+/// when all are busy. Past that, at most all but one wait, and a thread
+/// finding those waits taken waits for one; after 2 s it goes on without
+/// (a deadlock otherwise), logged and counted.
 struct Drops {
     any: Account,
     queues: Box<[Account]>,
