@@ -228,6 +228,16 @@ impl Folio {
         self.compact();
     }
 
+    /// Blocks [from, to) hold nothing: neither dirty nor uptodate, and
+    /// zeroed.
+    pub fn forget(&mut self, from: usize, to: usize, bs: usize) {
+        let s = self.state_mut();
+        set_range(&mut s.dirty, from, to, false);
+        set_range(&mut s.uptodate, from, to, false);
+        self.data.range_mut(from * bs..to * bs).fill(0);
+        self.compact();
+    }
+
     pub fn block(&self, i: usize, bs: usize) -> &[u8] {
         self.data.range(i * bs..(i + 1) * bs)
     }
@@ -458,12 +468,16 @@ impl Cache {
         for first in keys {
             let f = self.folios.get_mut(&first).unwrap();
             let end = first + f.nblocks as u64;
-            for i in 0..f.nblocks {
-                let l = first + i as u64;
-                if l >= from && l < to && f.dirty(i) {
-                    dirty.push(l);
-                }
-            }
+            // The folio's blocks inside [from, to).
+            let (lo, hi) = (
+                (from.max(first) - first) as usize,
+                (to.min(end) - first) as usize,
+            );
+            dirty.extend(
+                f.dirty_indexes()
+                    .filter(|&i| i >= lo && i < hi)
+                    .map(|i| first + i as u64),
+            );
             if first >= from && end <= to {
                 debug_assert!(f.idle(), "dropping a folio under writeback or copy");
                 freed += f.data.len() as u64;
@@ -473,14 +487,7 @@ impl Cache {
                 self.dirty.remove(&first);
                 continue;
             }
-            for i in 0..f.nblocks {
-                let l = first + i as u64;
-                if l >= from && l < to {
-                    f.set_dirty(i, false);
-                    f.set_uptodate(i, false);
-                    f.block_mut(i, bs).fill(0);
-                }
-            }
+            f.forget(lo, hi, bs);
             self.note_cleaned(first);
         }
         (dirty, freed)
@@ -540,6 +547,33 @@ mod tests {
                 proptest::prop_assert_eq!(f.has_state(), !uniform);
             }
         }
+    }
+
+    /// A range dropped from the middle of a large dirty folio: its blocks
+    /// are returned as dirty, and leave the folio clean, not uptodate and
+    /// zeroed; the blocks around it keep their data and dirty bits.
+    #[test]
+    fn drop_range_inside_a_large_folio() {
+        let mut c = Cache::default();
+        let mut f = Folio::new(512, 512, 0);
+        f.data.fill(7);
+        f.fill_dirty(0, 512);
+        c.folios.insert(1024, f);
+        c.note_dirty(1024);
+        let (d, freed) = c.drop_range(1100, 1300, 512, &mut BufPool::new());
+        assert_eq!(freed, 0);
+        assert_eq!(d, (1100..1300).collect::<Vec<_>>());
+        let left: Vec<u64> = c.dirty_blocks(0, 4096).collect();
+        assert_eq!(left, (1024..1100).chain(1300..1536).collect::<Vec<_>>());
+        assert!(c
+            .block(1099, 512)
+            .is_some_and(|b| b.iter().all(|&x| x == 7)));
+        assert!(c.block(1100, 512).is_none() && c.block(1299, 512).is_none());
+        assert!(c
+            .block(1300, 512)
+            .is_some_and(|b| b.iter().all(|&x| x == 7)));
+        let f = &c.folios[&1024];
+        assert!(f.data.range(76 * 512..276 * 512).iter().all(|&x| x == 0));
     }
 
     #[test]
