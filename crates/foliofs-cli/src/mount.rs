@@ -415,9 +415,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         match std::thread::Builder::new()
             .name("foliofs-spawn-end".into())
             .spawn(move || {
-                while !d.closed() {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
+                d.wait_closed();
                 clear.clear();
                 if let Some(rings) = rings {
                     rings.join();

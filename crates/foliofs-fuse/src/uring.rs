@@ -25,7 +25,7 @@ use fuser::{Filesystem, RawDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -157,6 +157,7 @@ pub fn start<FS: Filesystem>(
                         if let Err(e) = serve(&d, qid as u16, payload, idle, None) {
                             log::error!("FUSE ring {qid}.{i}: {e}");
                         }
+                        limbo.ended();
                     })?,
             );
         }
@@ -186,6 +187,9 @@ pub fn start<FS: Filesystem>(
 struct Limbo {
     epoch: Instant,
     slots: Vec<LimboSlot>,
+    /// Ring threads with a slot still serving: none left (the session is
+    /// over), the watchdog ends.
+    live: AtomicUsize,
     parked: AtomicBool,
     wake: Mutex<()>,
     cv: Condvar,
@@ -208,6 +212,7 @@ impl Limbo {
         Limbo {
             epoch: Instant::now(),
             slots: (0..n).map(|_| LimboSlot::default()).collect(),
+            live: AtomicUsize::new(n),
             parked: AtomicBool::new(false),
             wake: Mutex::new(()),
             cv: Condvar::new(),
@@ -234,6 +239,20 @@ impl Limbo {
             self.parked.store(false, Ordering::SeqCst);
             self.cv.notify_one();
         }
+    }
+
+    /// A ring thread with a slot has stopped serving: the last one wakes
+    /// the watchdog to end.
+    fn ended(&self) {
+        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            self.cv.notify_one();
+        }
+    }
+
+    /// The watchdog has nothing left to watch.
+    fn over(&self, closed: &impl Fn() -> bool) -> bool {
+        self.live.load(Ordering::SeqCst) == 0 || closed()
     }
 
     /// Thread `slot` is back in SCHED_OTHER.
@@ -271,10 +290,12 @@ impl Limbo {
         any
     }
 
-    /// The watchdog's loop, until `closed()`.
+    /// The watchdog's loop, until `closed()` or no ring thread with a
+    /// slot serves (they end as soon as the kernel ends the connection,
+    /// before the session is marked closed).
     fn watch(&self, closed: impl Fn() -> bool) {
         let mut quiet = 0u32;
-        while !closed() {
+        while !self.over(&closed) {
             std::thread::sleep(LIMBO_TICK);
             if self.sweep() {
                 quiet = 0;
@@ -284,9 +305,11 @@ impl Limbo {
             if quiet < LIMBO_IDLE_TICKS {
                 continue;
             }
-            // Sleep until a thread enters SCHED_IDLE (or 100 ms pass, to
-            // see whether the session ended, as the ring threads do). Parked first, then one
-            // more look: an `enter` either sees `parked` or is seen here.
+            // Sleep until a thread enters SCHED_IDLE or the last ring
+            // thread ends (100 ms at most, to look at `closed` too).
+            // Parked first, then one more look: an `enter` either sees
+            // `parked` or is seen here, and `ended` notifies under the
+            // lock held from here to the wait.
             let mut g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
             self.parked.store(true, Ordering::SeqCst);
             if self
@@ -297,7 +320,7 @@ impl Limbo {
                 self.parked.store(false, Ordering::SeqCst);
                 continue;
             }
-            while self.parked.load(Ordering::SeqCst) && !closed() {
+            while self.parked.load(Ordering::SeqCst) && !self.over(&closed) {
                 g = self
                     .cv
                     .wait_timeout(g, Duration::from_millis(100))
@@ -620,5 +643,40 @@ fn serve<FS: Filesystem>(
         ent.payload[..args].copy_from_slice(&reply[OUT_HEADER..]);
         h.payload_sz = args as u32;
         next = command(fd, CMD_COMMIT_AND_FETCH, qid, h.commit_id, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// The watchdog ends with the last ring thread, before the session
+    /// is marked closed (what an unmount waits for), parked or not.
+    #[test]
+    fn the_watchdog_ends_with_the_last_ring_thread() {
+        for wait_parked in [false, true] {
+            let limbo = Arc::new(Limbo::new(2));
+            let (done, ended) = mpsc::channel();
+            let l = limbo.clone();
+            std::thread::spawn(move || {
+                l.watch(|| false);
+                let _ = done.send(());
+            });
+            if wait_parked {
+                // Past LIMBO_IDLE_TICKS quiet ticks: parked on its condvar.
+                std::thread::sleep(LIMBO_TICK * (LIMBO_IDLE_TICKS + 20));
+            }
+            limbo.ended();
+            assert!(
+                ended.recv_timeout(Duration::from_millis(300)).is_err(),
+                "the watchdog ended while a ring thread still served"
+            );
+            limbo.ended();
+            assert!(
+                ended.recv_timeout(Duration::from_secs(10)).is_ok(),
+                "the watchdog outlived the ring threads"
+            );
+        }
     }
 }

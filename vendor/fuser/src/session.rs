@@ -319,7 +319,7 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let closed = Arc::new(Closed::default());
         let late: LateLoops = Arc::new(std::sync::Mutex::new(Some(Vec::new())));
         let extra = start(RawDispatcher {
             event_loop: Arc::new(SessionEventLoop {
@@ -361,7 +361,7 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
-        closed.store(true, std::sync::atomic::Ordering::Release);
+        closed.close();
         for t in extra {
             if t.join().is_err() && reply.is_ok() {
                 reply = Err(io::Error::other("transport thread panicked"));
@@ -609,13 +609,40 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
 /// request without a reply).
 pub struct RawDispatcher<FS: Filesystem> {
     event_loop: Arc<SessionEventLoop<FS>>,
-    closed: Arc<std::sync::atomic::AtomicBool>,
+    closed: Arc<Closed>,
     /// /dev/fuse loops started while the session runs (`spawn_loop`);
     /// None once `run_with_transport` has joined them.
     late: LateLoops,
 }
 
 type LateLoops = Arc<std::sync::Mutex<Option<Vec<thread::JoinHandle<io::Result<()>>>>>>;
+
+/// The mark that the /dev/fuse loops have ended, and a wait for it.
+#[derive(Default)]
+struct Closed {
+    flag: std::sync::atomic::AtomicBool,
+    lock: std::sync::Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+impl Closed {
+    fn close(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.flag.store(true, std::sync::atomic::Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn wait(&self) {
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !self.is_closed() {
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
 
 impl<FS: Filesystem> std::fmt::Debug for RawDispatcher<FS> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -637,7 +664,12 @@ impl<FS: Filesystem> RawDispatcher<FS> {
     /// The /dev/fuse loops have ended (the file system is unmounted):
     /// the transport's threads should end too.
     pub fn closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.closed.is_closed()
+    }
+
+    /// Wait until `closed()`.
+    pub fn wait_closed(&self) {
+        self.closed.wait()
     }
 
     /// Start one more /dev/fuse loop, on a descriptor of its own (a
