@@ -152,6 +152,7 @@ impl Inode {
     /// (the caller frees them).
     pub fn ext_remove(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
         self.map_hint = (0, 0);
+        self.map_gen += 1;
         let mut freed = Vec::new();
         for e in self.ext_range(cx, from, to)? {
             self.kv_del(cx, e.lblk)?;
@@ -182,6 +183,7 @@ impl Inode {
     /// Map a range that is currently unmapped, merging with neighbours
     /// that continue it on the device with the same state.
     pub fn ext_insert(&mut self, cx: &mut Ctx, mut e: Extent) -> Result<()> {
+        self.map_gen += 1;
         if e.lblk > 0 {
             if let Some(l) = self.ext_find(cx, e.lblk - 1)? {
                 if l.end() == e.lblk

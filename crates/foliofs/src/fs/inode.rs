@@ -59,6 +59,9 @@ pub(crate) struct Inode {
     /// write into them needs no mapping lookup. Cleared when blocks are
     /// unmapped.
     pub map_hint: (u64, u64),
+    /// Bumped whenever blocks are mapped or unmapped: a lookup made
+    /// before the metadata lock was let go is stale if it moved.
+    pub map_gen: u64,
     /// Writeback allocated blocks past EOF (trimmed on close).
     pub spec_eof: bool,
     /// A writeback of this inode is in flight (see `writeback`).
@@ -118,6 +121,7 @@ impl Inode {
             dio_inflight: Vec::new(),
             prealloc: None,
             map_hint: (0, 0),
+            map_gen: 0,
             spec_eof: false,
             wb_busy: false,
             dirtied_at: None,

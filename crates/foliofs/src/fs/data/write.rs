@@ -36,6 +36,11 @@ pub(in crate::fs) struct WriteOp {
     /// has no known mapping (dirty, preallocated, or in the inode's
     /// mapping hint), or once per write when mapping by write length.
     mapping: Option<(u64, u64, Vec<Extent>)>,
+    /// The inode's `map_gen` when `mapping` was looked up: writeback may
+    /// map blocks while the lock is let go between steps (a block it
+    /// wrote back is neither dirty nor preallocated any more), and a
+    /// stale lookup would count them as holes to reserve.
+    mapping_gen: u64,
     /// Bytes copied so far.
     pub done: usize,
     new_dirty: u64,
@@ -142,6 +147,7 @@ impl Inner {
             // preallocate).
             speculate: !self.opts.no_prealloc && (!by_length || len as u64 >= bs),
             mapping: None,
+            mapping_gen: 0,
             done: 0,
             new_dirty: 0,
             result: Ok(()),
@@ -152,6 +158,7 @@ impl Inner {
             bump(&cx.counters.mapping_lookups, 1);
             let from = offset / bs;
             w.mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
+            w.mapping_gen = ip.map_gen;
         }
         ip.open += 1;
         Ok(w)
@@ -207,6 +214,9 @@ impl Inner {
         };
         // Blocks about to turn dirty: holes among them reserve space.
         let eof_blk = ip.size.div_ceil(bs);
+        if w.mapping_gen != ip.map_gen {
+            w.mapping = None;
+        }
         let mut holes = 0u64;
         for b in blocks.clone() {
             let l = first + b as u64;
@@ -220,6 +230,7 @@ impl Inner {
                 bump(&cx.counters.mapping_lookups, 1);
                 let to = end_blk.max(first + nblocks as u64).max(l + 1);
                 w.mapping = Some((l, to, ip.ext_range(&mut cx, l, to)?));
+                w.mapping_gen = ip.map_gen;
             }
             let exts = &w.mapping.as_ref().unwrap().2;
             if let Some(e) = exts.iter().find(|e| e.lblk <= l && l < e.end()) {
@@ -455,4 +466,67 @@ pub(in crate::fs) fn drive<H: Held>(
         }
     }
     h.step(|g| g.write_end(ino, w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WriteStep;
+    use crate::device::MemDevice;
+    use crate::fs::{mkfs, MkfsOptions, MountOptions};
+    use crate::Fs;
+    use std::sync::Arc;
+
+    /// Writeback maps blocks while a write has let go of the lock between
+    /// two of its steps: the later step must not count those blocks as
+    /// holes from the mapping looked up before (they are neither dirty
+    /// nor preallocated any more), or their reservations outlive them.
+    #[test]
+    fn a_step_after_writeback_mapped_its_blocks_reserves_no_holes() {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+        let o = MountOptions {
+            writeback_interval_ms: 0,
+            ..Default::default()
+        };
+        let fs = Fs::mount(dev, o).unwrap();
+        let ino = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+        let bs = 4096u64;
+        // Blocks 16..32 past EOF: dirty in the speculative range.
+        fs.write(ino, 16 * bs, &[1; 16 * 4096]).unwrap();
+        // A write over blocks 8..24, driven step by step: its first step
+        // looks up the mapping of the whole write (nothing mapped yet).
+        let src = vec![2u8; 16 * 4096];
+        let mut g = fs.s.inner.lock();
+        let mut w = g.write_begin(ino, 8 * bs, src.len()).unwrap();
+        let mut steps = 0;
+        loop {
+            let done = w.done;
+            match g.write_step(ino, &mut w, &src[done..]).unwrap() {
+                Some(WriteStep::Copied) => {}
+                Some(WriteStep::Copy(c)) => {
+                    c.copy_from(&src[done..]);
+                    g.write_copied(ino, &mut w, c).unwrap();
+                }
+                Some(WriteStep::Alloc(len)) => {
+                    w.spare = Some(crate::device::AlignedBuf::zeroed(len));
+                    continue;
+                }
+                Some(WriteStep::Wait) => panic!("nothing is under writeback"),
+                None => break,
+            }
+            steps += 1;
+            if steps == 1 {
+                // Between the steps, with the lock let go: writeback maps
+                // every dirty block, the speculative range among them.
+                drop(g);
+                fs.fsync(ino, true).unwrap();
+                g = fs.s.inner.lock();
+            }
+        }
+        assert!(steps >= 2, "the write took {steps} step");
+        g.write_end(ino, w).unwrap();
+        drop(g);
+        fs.check_invariants().unwrap();
+        fs.unmount().unwrap();
+    }
 }
