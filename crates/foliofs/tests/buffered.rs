@@ -544,15 +544,7 @@ fn reservations_balance_when_writeback_races_overlapping_writes() {
         ..Default::default()
     };
     for round in 0..400 {
-        let dev = Arc::new(MemDevice::new(8 << 20));
-        let o = MkfsOptions {
-            block_size: 4096,
-            ag_count: Some(1),
-            journal_blocks: Some(32),
-            ..Default::default()
-        };
-        mkfs(&*dev, &o, |_, _| {}).unwrap();
-        let fs = Fs::mount(dev.clone(), opts()).unwrap();
+        let (dev, fs) = fresh(8 << 20, opts());
         let ino = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
         for (k, (off, len)) in [
             (236_032u64, 49_105usize),
