@@ -523,7 +523,7 @@ mod tests {
                 g = fs.s.inner.lock();
             }
         }
-        assert!(steps >= 2, "the write took {steps} step");
+        assert!(steps >= 2, "the write took {steps} steps, not two or more");
         g.write_end(ino, w).unwrap();
         drop(g);
         fs.check_invariants().unwrap();
