@@ -272,9 +272,12 @@ impl Inner {
         }
         // The blocks turn dirty now, so their reservations are counted
         // as every other dirty block's while the copy runs; writeback
-        // leaves the pinned folio alone until the copy is done.
+        // leaves the pinned folio alone until the copy is done. They join
+        // the dirty bytes now too: writeback may take them before the
+        // write ends (while a later step lets go of the lock).
         let f = ip.cache.folios.get_mut(&first).unwrap();
-        w.new_dirty += blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+        let newly = blocks.clone().filter(|&b| !f.dirty(b)).count() as u64 * bs;
+        w.new_dirty += newly;
         f.fill_dirty(blocks.start, blocks.end);
         let at = (pos - first * bs) as usize;
         let step = if k < UNLOCKED_COPY_BYTES {
@@ -290,6 +293,7 @@ impl Inner {
             })
         };
         ip.cache.note_dirty(first);
+        self.dirty_bytes += newly;
         Ok(Some(step))
     }
 
@@ -336,7 +340,6 @@ impl Inner {
         ip.behind_queued |= behind;
         bump(&cx.counters.bytes_written_app, w.done as u64);
         bump(&cx.counters.bytes_dirtied, w.new_dirty);
-        self.dirty_bytes += w.new_dirty;
         if w.done > 0 {
             self.mark_inode_dirty(ino);
         }
@@ -476,10 +479,12 @@ mod tests {
     use crate::Fs;
     use std::sync::Arc;
 
-    /// Writeback maps blocks while a write has let go of the lock between
-    /// two of its steps: the later step must not count those blocks as
-    /// holes from the mapping looked up before (they are neither dirty
-    /// nor preallocated any more), or their reservations outlive them.
+    /// Writeback takes blocks while a write has let go of the lock between
+    /// two of its steps: the later step must not count them as holes from
+    /// the mapping looked up before (they are neither dirty nor
+    /// preallocated any more), or their reservations outlive them; and
+    /// the first step's blocks must already be in the dirty bytes that
+    /// writeback takes them from.
     #[test]
     fn a_step_after_writeback_mapped_its_blocks_reserves_no_holes() {
         let dev = Arc::new(MemDevice::new(64 << 20));
@@ -527,6 +532,10 @@ mod tests {
         g.write_end(ino, w).unwrap();
         drop(g);
         fs.check_invariants().unwrap();
+        // The dirty bytes count what is dirty, whichever step dirtied it
+        // and whenever writeback took it: none once all is written back.
+        fs.fsync(ino, true).unwrap();
+        assert_eq!(fs.s.inner.lock().dirty_bytes, 0, "dirty bytes after fsync");
         fs.unmount().unwrap();
     }
 }
