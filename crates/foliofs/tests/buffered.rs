@@ -565,3 +565,24 @@ fn reservations_balance_when_writeback_races_overlapping_writes() {
         fsck_clean(dev, "after unmount");
     }
 }
+
+/// Writeback turning a run of an unwritten extent into a written one
+/// unmaps nothing: a later write into the same extent needs no mapping
+/// lookup (the inode's mapping hint and change count survive it).
+#[test]
+fn marking_blocks_written_keeps_the_mapping_hint() {
+    let (dev, fs) = fresh(64 << 20, MountOptions::default());
+    let a = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap();
+    fs.fallocate(a.ino, Falloc::Allocate { keep_size: false }, 0, 1 << 20)
+        .unwrap();
+    fs.write(a.ino, 0, &[1; 4096]).unwrap();
+    fs.fsync(a.ino, true).unwrap();
+    let before = fs.counters().mapping_lookups;
+    fs.write(a.ino, 10 * 4096, &[2; 4096]).unwrap();
+    assert_eq!(
+        fs.counters().mapping_lookups - before,
+        0,
+        "a write into the extent the last write saw looked its mapping up"
+    );
+    unmount_and_check(fs, dev.clone());
+}

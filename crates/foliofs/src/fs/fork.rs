@@ -215,8 +215,10 @@ impl Inode {
     }
 
     /// Turn unwritten blocks in [from, to) into written ones (after their
-    /// data reached the device).
+    /// data reached the device). Nothing is mapped or unmapped: the
+    /// mapping hint and change count stay as they were.
     pub fn ext_mark_written(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<()> {
+        let (hint, gen) = (self.map_hint, self.map_gen);
         for e in self.ext_range(cx, from, to)? {
             if !e.unwritten {
                 continue;
@@ -234,6 +236,7 @@ impl Inode {
                 },
             )?;
         }
+        (self.map_hint, self.map_gen) = (hint, gen);
         Ok(())
     }
 
