@@ -93,31 +93,34 @@ impl Tree {
 
     /// Child `idx` of the interior node `v` at `blk`.
     fn child_of(&self, v: &NodeView, idx: usize, blk: u64) -> Result<u64> {
-        for (i, e) in v.entries().enumerate() {
-            let (_, value) = e?;
-            if i == idx {
-                return self.child_ptr(value, blk);
-            }
-        }
-        Err(Error::corrupted(
-            self.tt.name(),
-            blk,
-            format!("no entry {idx}"),
-        ))
+        self.child_ptr(v.interior_entry(idx)?.1, blk)
     }
 
     /// The child of interior `v` (at `blk`) to descend into for `key`:
-    /// the last whose lower bound is <= `key`, else the first.
+    /// the last whose lower bound is <= `key`, else the first. A binary
+    /// search over the fixed-stride entries; the bounds around the pick
+    /// are checked to be in order (the rest are, if the node is sound:
+    /// fsck walks them all).
     fn route(&self, v: &NodeView, key: u64, blk: u64) -> Result<(usize, u64)> {
-        let mut pick = None;
-        for (i, e) in v.entries().enumerate() {
-            let (k, value) = e?;
-            if i > 0 && k > key {
-                break;
+        // The first entry in 1..nr whose bound is above `key`.
+        let (mut lo, mut hi) = (1, v.nr);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if v.interior_entry(mid)?.0 > key {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
-            pick = Some((i, value));
         }
-        let (i, value) = pick.expect("an interior node has entries (checked by parse)");
+        let i = lo - 1;
+        let (k, value) = v.interior_entry(i)?;
+        if lo < v.nr && v.interior_entry(lo)?.0 <= k {
+            return Err(Error::corrupted(
+                self.tt.name(),
+                blk,
+                format!("keys out of order at entry {lo}"),
+            ));
+        }
         Ok((i, self.child_ptr(value, blk)?))
     }
 

@@ -154,6 +154,26 @@ impl<'a> NodeView<'a> {
         }
     }
 
+    /// Interior entry `i`: its key and child value. Interior values are
+    /// 8 bytes (`Entries` refuses others), so the entries sit at a fixed
+    /// stride and one is read without walking those before it.
+    pub fn interior_entry(&self, i: usize) -> Result<(u64, &'a [u8])> {
+        let bad = |r: String| Err(Error::corrupted(self.tt.name(), self.blkno, r));
+        debug_assert!(self.level > 0, "fixed stride only in interior nodes");
+        if i >= self.nr {
+            return bad(format!("no entry {i}"));
+        }
+        let p = ENTRIES_OFFSET + i * (ENTRY_OVERHEAD + 8);
+        if p + ENTRY_OVERHEAD + 8 > self.buf.len() {
+            return bad(format!("entry {i} runs past the block"));
+        }
+        let vlen = get_u16(self.buf, p + 8) as usize;
+        if vlen != 8 {
+            return bad(format!("interior entry {i} has value length {vlen}"));
+        }
+        Ok((get_u64(self.buf, p), &self.buf[p + 10..p + 18]))
+    }
+
     /// Where `key` sits in the node, or would go.
     pub fn slot(&self, key: u64) -> Result<Slot> {
         let mut at = ENTRIES_OFFSET;
@@ -353,6 +373,37 @@ mod tests {
             c[pos] ^= 8;
             assert!(header::verify(&c, "dir", magic::BTREE, 33, &[5; 16]).is_err());
         }
+    }
+
+    #[test]
+    fn interior_entries_read_at_their_stride_agree_with_the_walk() {
+        let node = Node {
+            level: 1,
+            entries: (0..20u64)
+                .map(|i| (i * 10, (1000 + i).to_le_bytes().to_vec()))
+                .collect(),
+        };
+        let b = encode(&node);
+        let view = NodeView::parse(&b, 33, 12, TreeType::Dir).unwrap();
+        for (i, e) in view.entries().enumerate() {
+            let (k, v) = e.unwrap();
+            assert_eq!(view.interior_entry(i).unwrap(), (k, v), "entry {i}");
+        }
+        assert!(view.interior_entry(20).is_err(), "past the count");
+        // A value that is not 8 bytes, and a count that runs past the
+        // block, are corruption, not a misread.
+        let mut c = b.clone();
+        put_u16(&mut c, ENTRIES_OFFSET + 3 * 18 + 8, 9);
+        let view = NodeView::parse(&c, 33, 12, TreeType::Dir).unwrap();
+        assert!(view.interior_entry(2).is_ok());
+        assert!(view.interior_entry(3).is_err());
+        let mut c = b.clone();
+        put_u16(&mut c, 50, 30);
+        let view = NodeView::parse(&c, 33, 12, TreeType::Dir).unwrap();
+        assert!(
+            view.interior_entry(29).is_err(),
+            "entry 29 runs past the block"
+        );
     }
 
     #[test]
