@@ -226,6 +226,26 @@ fn delalloc_books_balance_through_writes_writeback_and_close() {
     common::fsck_clean(dev, "after the appends");
 }
 
+#[test]
+fn inodes_are_handed_out_lowest_free_first_also_after_frees() {
+    let dev: Arc<dyn Device> = Arc::new(formatted(32 << 20, 4096));
+    let (mut m, mut a) = metadata(dev);
+    let first: Vec<u64> = (0..300)
+        .map(|_| a.alloc_inode(&mut m, 1).unwrap())
+        .collect();
+    assert!(
+        first.windows(2).all(|w| w[1] == w[0] + 1),
+        "in order: {first:?}"
+    );
+    // Freed out of order: taken again lowest first, then past the end.
+    for i in [250, 40, 41, 7] {
+        a.free_inode(&mut m, first[i]).unwrap();
+    }
+    let again: Vec<u64> = (0..5).map(|_| a.alloc_inode(&mut m, 1).unwrap()).collect();
+    let want = [first[7], first[40], first[41], first[250], first[299] + 1];
+    assert_eq!(again, want);
+}
+
 /// Transactions are written several at once, so a crash can leave a later
 /// one whole behind a lost one. Replay stops at the lost one; the
 /// transaction written next in its place must not make the stranded
