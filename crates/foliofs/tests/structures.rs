@@ -8,7 +8,7 @@ use foliofs::btree::Tree;
 use foliofs::device::{CrashDevice, Device, MemDevice};
 use foliofs::format::btree_node::TreeType;
 use foliofs::fs::{mkfs, MkfsOptions, MountOptions};
-use foliofs::meta::{self, Meta};
+use foliofs::meta::{self, Kind, Meta};
 use foliofs::Fs;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -244,6 +244,36 @@ fn inodes_are_handed_out_lowest_free_first_also_after_frees() {
     let again: Vec<u64> = (0..5).map(|_| a.alloc_inode(&mut m, 1).unwrap()).collect();
     let want = [first[7], first[40], first[41], first[250], first[299] + 1];
     assert_eq!(again, want);
+}
+
+#[test]
+fn a_metadata_cache_full_of_changed_blocks_is_not_scanned_on_every_read() {
+    // A cache of 256 blocks holding 400 changed ones (a large unlink or
+    // untar before its commit): none can go, and reads go on past it.
+    let dev: Arc<dyn Device> = Arc::new(formatted(64 << 20, 4096));
+    let sb = meta::read_superblock(&*dev).unwrap();
+    let mut m = Meta::new(dev, sb, 1 << 20);
+    let data = m.geo.ag_start(1) + m.geo.data_start_agbno(1);
+    for b in data..data + 400 {
+        m.create(b, Kind::Header);
+    }
+    let ipb = m.geo.block_size / foliofs::format::inode::INODE_SIZE as u64;
+    let reads0 = m.stats.meta_reads;
+    let mut blocks = std::collections::BTreeSet::new();
+    for ino in (1..m.geo.max_ino()).step_by(ipb as usize).take(300) {
+        let (blk, _) = m.geo.inode_loc(ino);
+        m.read_itable(blk).unwrap();
+        blocks.insert(blk);
+    }
+    assert_eq!(m.stats.meta_reads - reads0, blocks.len() as u64);
+    assert_eq!(blocks.len(), 300);
+    // 700 blocks cached past a limit of 256: a scan at 256, then one per
+    // 128 blocks more (5 in all), not one per block.
+    let scans = m.stats.meta_evict_scans;
+    assert!(
+        (1..=5).contains(&scans),
+        "{scans} eviction scans for 700 blocks cached"
+    );
 }
 
 /// Transactions are written several at once, so a crash can leave a later

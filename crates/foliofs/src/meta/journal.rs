@@ -228,6 +228,10 @@ pub struct JournalStats {
     /// Log fill when read: blocks between tail and head, of the log's.
     pub log_used_blocks: u64,
     pub log_blocks: u64,
+    /// Metadata blocks read from the device (the metadata cache's
+    /// misses), and the cache's eviction scans.
+    pub meta_reads: u64,
+    pub meta_evict_scans: u64,
 }
 
 /// A checkpoint's writes, done without the metadata lock.

@@ -119,6 +119,10 @@ pub struct Meta {
     pub sync_dirs: bool,
     shutdown: Option<String>,
     cache_limit: usize,
+    /// Cached blocks (logged data aside) at which the next eviction scan
+    /// runs: the limit, or, when a scan found too few clean blocks (the
+    /// rest waiting for a checkpoint), half the limit past what it left.
+    evict_at: usize,
     pub stats: JournalStats,
     /// The sealed transactions being written, oldest first.
     sealed: std::collections::VecDeque<InFlight>,
@@ -143,6 +147,7 @@ impl Meta {
             head_pos: sb.tail_pos,
             head_seq: sb.tail_seq,
             cache_limit: (cache_limit_bytes / geo.block_size).max(256) as usize,
+            evict_at: (cache_limit_bytes / geo.block_size).max(256) as usize,
             geo,
             sb,
             cache: Default::default(),
@@ -204,6 +209,7 @@ impl Meta {
         }
         let mut buf = AlignedBuf::zeroed(self.geo.block_size as usize);
         self.dev.read_at(&mut buf, blk * self.geo.block_size)?;
+        self.stats.meta_reads += 1;
         self.evict_if_needed();
         self.cache.insert(
             blk,
@@ -365,9 +371,10 @@ impl Meta {
 
     pub(super) fn evict_if_needed(&mut self) {
         // Logged data waits for its checkpoint; it does not count.
-        if self.cache.len() - self.logged.len() < self.cache_limit {
+        if self.cache.len() - self.logged.len() < self.evict_at {
             return;
         }
+        self.stats.meta_evict_scans += 1;
         // Drop clean blocks: neither in the running transaction nor waiting
         // for a checkpoint. Half the cache goes at once to amortise the scan.
         let target = self.cache_limit / 2;
@@ -386,6 +393,11 @@ impl Meta {
         for b in victims {
             self.cache.remove(&b);
         }
+        // A scan walks every cached block. If most could not go (a large
+        // unlink or untar keeps its blocks until the checkpoint), the next
+        // scan waits for half the limit more, not for the next block read.
+        let left = self.cache.len() - self.logged.len();
+        self.evict_at = self.cache_limit.max(left + self.cache_limit / 2);
     }
 }
 
