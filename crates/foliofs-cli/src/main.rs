@@ -105,7 +105,8 @@ enum Cmd {
     Mount {
         image: PathBuf,
         dir: PathBuf,
-        /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE,
+        /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE (metadata;
+        /// default RAM/64, 64M-1G),
         /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
         /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
         /// noatime, strictatime, nodiratime, sync, dirsync, threads=N, no_writeback_cache (the

@@ -8,7 +8,7 @@ use serde::Serialize;
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     pub read_only: bool,
-    /// Metadata cache size.
+    /// Metadata cache size. Default: a 64th of RAM, from 64 MiB to 1 GiB.
     pub meta_cache_bytes: u64,
     /// Dirty data held before writers are made to wait for writeback
     /// (background writeback starts at half). 0, the default: a quarter
@@ -86,16 +86,26 @@ pub enum Atime {
     Strictatime,
 }
 
+/// The machine's memory in bytes, if /proc/meminfo says.
+fn memory_bytes() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// An eighth of the machine's memory (256 MiB if it cannot be read).
 fn default_cache_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024 / 8)
-        })
-        .unwrap_or(256 << 20)
+    memory_bytes().map_or(256 << 20, |m| m / 8)
+}
+
+/// A 64th of the machine's memory, from 64 MiB to 1 GiB: room for the
+/// inode tables and directories of a few hundred thousand files (a
+/// kernel file system keeps them in the page cache, bounded by memory
+/// alone). 300,000 unlinks in random order on an image file took 70 µs
+/// each with 64 MiB and 25 µs with 512 MiB (2026-11-26).
+fn default_meta_cache_bytes() -> u64 {
+    memory_bytes().map_or(64 << 20, |m| (m / 64).clamp(64 << 20, 1 << 30))
 }
 
 /// How direct writes that only overwrite take the inode I/O lock.
@@ -117,7 +127,7 @@ impl Default for MountOptions {
             read_only: false,
             atime: Atime::default(),
             no_diratime: false,
-            meta_cache_bytes: 64 << 20,
+            meta_cache_bytes: default_meta_cache_bytes(),
             dirty_limit_bytes: 0,
             cache_bytes: default_cache_bytes(),
             max_folio_bytes: 2 << 20,
