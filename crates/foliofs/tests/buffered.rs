@@ -586,3 +586,41 @@ fn marking_blocks_written_keeps_the_mapping_hint() {
     );
     unmount_and_check(fs, dev.clone());
 }
+
+#[test]
+fn inodes_loaded_while_most_in_memory_are_dirty_are_not_each_a_full_pass() {
+    // More dirty files than the inodes kept in memory (65,536), none
+    // written back: a pass can let go of none of them, and the cold
+    // inodes looked up after them must not each walk them all again.
+    let opts = MountOptions {
+        cache_bytes: 2 << 30,
+        dirty_limit_bytes: 1 << 30,
+        writeback_interval_ms: 0,
+        ..Default::default()
+    };
+    let (dev, fs) = fresh(2 << 30, opts.clone());
+    let cold = fs.mkdir(fs.root_ino(), b"cold", 0o755, 0, 0).unwrap().ino;
+    for i in 0..2_000 {
+        fs.create(cold, format!("c{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), opts).unwrap();
+    let cold = fs.lookup(fs.root_ino(), b"cold").unwrap().ino;
+    let hot = fs.mkdir(fs.root_ino(), b"hot", 0o755, 0, 0).unwrap().ino;
+    for i in 0..70_000 {
+        let a = fs
+            .create(hot, format!("h{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(a.ino, 0, b"x").unwrap();
+    }
+    assert!(fs.cache_stats().dirty_bytes >= 70_000 * 4096);
+    let trims0 = fs.counters().inode_trims;
+    for i in 0..2_000 {
+        fs.lookup(cold, format!("c{i}").as_bytes()).unwrap();
+    }
+    let trims = fs.counters().inode_trims - trims0;
+    assert!(trims <= 1, "{trims} passes over the inodes for 2,000 loads");
+    fs.sync().unwrap();
+    unmount_and_check(fs, dev);
+}

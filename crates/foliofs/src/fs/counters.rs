@@ -68,6 +68,8 @@ counters! {
     datasync_flush_only,
     /// Clean folios evicted from the page cache.
     folios_evicted,
+    /// Passes over the inodes in memory that let go of the unused ones.
+    inode_trims,
     /// Bytes of fresh memory mapped for folios (the rest reuse freed
     /// folio memory).
     folio_bytes_mapped,

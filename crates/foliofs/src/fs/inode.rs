@@ -18,6 +18,10 @@ use crate::format::inode::{
 };
 use crate::format::magic;
 use crate::fs::state::{Ctx, Inner};
+
+/// Inodes kept in memory before loading another lets go of the unused
+/// ones (closed, clean, holding nothing).
+pub(crate) const INODES_KEPT: usize = 65536;
 use crate::fs::types::{FL_APPEND, FL_DIRSYNC, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC};
 
 /// On-disk flag bits and the API's `FL_*` values for the user's flags.
@@ -331,7 +335,7 @@ impl Inner {
             return Err(Error::NotFound);
         }
         let ip = Inode::from_disk(d, blk)?;
-        if self.inodes.len() >= 65536 {
+        if self.inodes.len() >= self.inodes_trim_at {
             let mut freed = 0;
             self.inodes.retain(|_, i| {
                 // Pinned, dirty, holding reservations or an unpublished
@@ -348,6 +352,11 @@ impl Inner {
                 keep
             });
             take(&mut self.cache_bytes, freed, "cached bytes");
+            crate::fs::counters::bump(&self.counters.inode_trims, 1);
+            // A pass walks every inode. When most had to stay (a large
+            // untar's dirty files), the next waits for half as many more
+            // loads, not for the next one.
+            self.inodes_trim_at = INODES_KEPT.max(self.inodes.len() + INODES_KEPT / 2);
         }
         self.inodes.insert(ino, ip);
         Ok(())

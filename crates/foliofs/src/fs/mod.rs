@@ -82,6 +82,7 @@ impl Fs {
             meta,
             alloc,
             inodes: Default::default(),
+            inodes_trim_at: inode::INODES_KEPT,
             held: Default::default(),
             opts,
             dirty_bytes: 0,

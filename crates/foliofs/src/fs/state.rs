@@ -77,6 +77,10 @@ pub(crate) struct Inner {
     pub meta: Meta,
     pub alloc: Alloc,
     pub inodes: U64Map<Inode>,
+    /// Inodes in memory at which loading one more first lets go of the
+    /// unused ones (`load_inode`): `INODES_KEPT`, or half that past what
+    /// the last pass had to keep (open, dirty, with reservations).
+    pub inodes_trim_at: usize,
     /// Inodes a caller holds beside its opens (`Fs::hold`: a FUSE
     /// kernel's lookups), with their counts: one unlinked stays, as an
     /// orphan, until its last hold goes.
