@@ -624,3 +624,30 @@ fn inodes_loaded_while_most_in_memory_are_dirty_are_not_each_a_full_pass() {
     fs.sync().unwrap();
     unmount_and_check(fs, dev);
 }
+
+#[test]
+fn a_cache_full_of_dirty_folios_is_not_scanned_for_every_new_folio() {
+    // A dirty limit above the page cache's: 20,000 small dirty files
+    // (80 MB of folios) in a 16 MiB cache. Nothing can be evicted, and
+    // each new folio must not walk all the others to find that out.
+    let opts = MountOptions {
+        cache_bytes: 16 << 20,
+        dirty_limit_bytes: 1 << 30,
+        writeback_interval_ms: 0,
+        ..Default::default()
+    };
+    let (dev, fs) = fresh(1 << 30, opts);
+    let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
+    for i in 0..20_000 {
+        let a = fs
+            .create(d, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(a.ino, 0, b"x").unwrap();
+    }
+    let st = fs.cache_stats();
+    assert!(st.dirty_bytes >= 20_000 * 4096, "{} dirty", st.dirty_bytes);
+    let scans = fs.counters().cache_scans;
+    assert!(scans <= 50, "{scans} eviction scans for 20,000 folios");
+    fs.sync().unwrap();
+    unmount_and_check(fs, dev);
+}

@@ -66,8 +66,9 @@ counters! {
     commit_batch_waits,
     /// fdatasync calls that only flushed the data (no journal commit).
     datasync_flush_only,
-    /// Clean folios evicted from the page cache.
+    /// Clean folios evicted from the page cache, and the scans for them.
     folios_evicted,
+    cache_scans,
     /// Passes over the inodes in memory that let go of the unused ones.
     inode_trims,
     /// Bytes of fresh memory mapped for folios (the rest reuse freed

@@ -87,6 +87,7 @@ impl Fs {
             opts,
             dirty_bytes: 0,
             cache_bytes: 0,
+            evict_floor: 0,
             tick: 0,
             counters: counters.clone(),
             pool: folio::BufPool::new(),

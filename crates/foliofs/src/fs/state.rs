@@ -89,6 +89,11 @@ pub(crate) struct Inner {
     pub dirty_bytes: u64,
     /// Bytes of all folios in the page cache.
     pub cache_bytes: u64,
+    /// Folio bytes below which no eviction scan runs although the cache
+    /// is over its limit: set when a scan found too few clean folios to
+    /// evict (dirty data above the cache limit), an eighth of the limit
+    /// past what it left. 0: none.
+    pub evict_floor: u64,
     /// Clock for the cache's least-recently-used eviction.
     pub tick: u64,
     pub counters: Arc<Counters>,
