@@ -1,12 +1,9 @@
-use super::{lock, AlignedBuf, Device, IO_ALIGN};
+use super::{lock, AlignedBuf, Device, IOV_MAX, IO_ALIGN};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
-
-/// Most iovecs one pwritev takes (Linux's UIO_MAXIOV).
-const IOV_MAX: usize = 1024;
 
 /// An image file or block device, opened with O_DIRECT so that the engine's
 /// own cache is the only one. Falls back to buffered I/O where the file

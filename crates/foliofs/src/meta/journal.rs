@@ -8,7 +8,7 @@
 //! move the tail past them.
 
 use super::{write_superblock, Kind, Meta};
-use crate::device::{AlignedBuf, Device, OverlayDevice};
+use crate::device::{AlignedBuf, Device, OverlayDevice, IOV_MAX};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{csum, data_crc, header, journal, magic};
@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 pub(super) struct InFlight {
     seq: u64,
-    /// (metadata block, index of its image in `buf`)
-    blocks: Vec<(u64, usize)>,
+    /// Metadata blocks and their images as sealed (shared with the
+    /// cache until it changes them again, and with the write).
+    blocks: Vec<(u64, Arc<AlignedBuf>)>,
     /// Checksum blocks left out of the image (their changes are implied
     /// by the data in it), with their contents as sealed.
     implied: Vec<(u64, Arc<AlignedBuf>)>,
-    buf: Arc<AlignedBuf>,
     freed: Vec<(u64, u64)>,
     /// The write is followed by a flush: durable once it completes.
     flush: bool,
@@ -146,7 +146,10 @@ impl DataFlush {
 pub struct SealedTx {
     dev: Arc<dyn Device>,
     io: Arc<JournalIo>,
-    buf: Arc<AlignedBuf>,
+    /// The journal image, a block each: descriptors and commit block,
+    /// and the blocks' images shared with the cache (nothing is copied:
+    /// one vectored write takes them where they lie).
+    parts: Vec<TxBlock>,
     seq: u64,
     /// Byte address of the journal area.
     at: u64,
@@ -170,13 +173,10 @@ impl SealedTx {
     pub fn write(self) {
         let r = (|| -> Result<()> {
             self.data_flush.flush_through(self.data_gen, &*self.dev)?;
-            let total = self.buf.len() as u64 / self.bs;
-            let first = (self.jlen - self.head_pos).min(total);
-            let split = (first * self.bs) as usize;
-            self.dev
-                .write_at(&self.buf[..split], self.at + self.head_pos * self.bs)?;
-            if first < total {
-                self.dev.write_at(&self.buf[split..], self.at)?;
+            let first = ((self.jlen - self.head_pos) as usize).min(self.parts.len());
+            self.write_run(&self.parts[..first], self.at + self.head_pos * self.bs)?;
+            if first < self.parts.len() {
+                self.write_run(&self.parts[first..], self.at)?;
             }
             if self.flush {
                 // The flush makes this transaction durable only if every
@@ -194,6 +194,34 @@ impl SealedTx {
         );
         st.completions += 1;
         self.io.cv.notify_all();
+    }
+
+    /// Write `parts` one after another from byte `at`, as few vectored
+    /// writes as the kernel's iovec limit allows.
+    fn write_run(&self, parts: &[TxBlock], mut at: u64) -> std::io::Result<()> {
+        for chunk in parts.chunks(IOV_MAX) {
+            let bufs: Vec<&[u8]> = chunk.iter().map(|p| p.bytes()).collect();
+            self.dev.write_vectored_at(&bufs, at)?;
+            at += chunk.len() as u64 * self.bs;
+        }
+        Ok(())
+    }
+}
+
+/// One block of a transaction's journal image.
+pub(super) enum TxBlock {
+    /// A descriptor or commit block, made for this transaction.
+    Made(AlignedBuf),
+    /// A block's image, shared with the metadata cache.
+    Image(Arc<AlignedBuf>),
+}
+
+impl TxBlock {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            TxBlock::Made(b) => b,
+            TxBlock::Image(b) => b,
+        }
     }
 }
 
@@ -470,12 +498,11 @@ impl Meta {
             })
             .collect();
         self.stats.csum_blocks_implied += implied.len() as u64;
-        let (buf, offsets) = self.build_transaction(&blocks);
-        let buf = Arc::new(buf);
+        let (parts, images) = self.build_transaction(&blocks);
         let tx = SealedTx {
             dev: self.dev.clone(),
             io: self.io.clone(),
-            buf: buf.clone(),
+            parts,
             seq: self.head_seq,
             at: self.geo.journal_start * self.geo.block_size,
             head_pos: self.head_pos,
@@ -493,9 +520,8 @@ impl Meta {
         }
         self.sealed.push_back(InFlight {
             seq: tx.seq,
-            blocks: blocks.into_iter().zip(offsets).collect(),
+            blocks: blocks.into_iter().zip(images).collect(),
             implied,
-            buf,
             freed: std::mem::take(&mut self.freed_running),
             flush,
         });
@@ -533,7 +559,6 @@ impl Meta {
         if let Err(e) = r {
             return Err(self.poison(format!("journal commit failed: {e}")));
         }
-        let bs = self.geo.block_size as usize;
         self.stats.commits += 1;
         if tx.flush {
             self.stats.flushes += 1;
@@ -541,12 +566,8 @@ impl Meta {
             self.stats.commits_unflushed += 1;
         }
         self.stats.blocks_logged += tx.blocks.len() as u64;
-        for (b, off) in tx.blocks {
-            self.committed(b, tx.seq, || {
-                let mut img = AlignedBuf::zeroed(bs);
-                img.copy_from_slice(&tx.buf[off * bs..(off + 1) * bs]);
-                Arc::new(img)
-            });
+        for (b, img) in tx.blocks {
+            self.committed(b, tx.seq, || img);
         }
         for (b, img) in tx.implied {
             self.committed(b, tx.seq, || img);
@@ -646,24 +667,23 @@ impl Meta {
     }
 
     /// Lay out the journal image of a transaction: descriptors, block
-    /// images, commit block. Returns the image and each block's index in it.
-    pub(super) fn build_transaction(&mut self, blocks: &[u64]) -> (AlignedBuf, Vec<usize>) {
+    /// images, commit block, a block each. Returns the image and each
+    /// block's image (shared with the cache, not copied).
+    pub(super) fn build_transaction(
+        &mut self,
+        blocks: &[u64],
+    ) -> (Vec<TxBlock>, Vec<Arc<AlignedBuf>>) {
         let bs = self.geo.block_size as usize;
         let seq = self.head_seq;
         let per = journal::targets_per_desc(bs);
         let jstart = self.geo.journal_start;
         let jlen = self.geo.journal_blocks;
-        let total = self.tx_len(blocks.len()) as usize;
-        let mut out = AlignedBuf::zeroed(total * bs);
-        let mut offsets = Vec::with_capacity(blocks.len());
+        let mut parts = Vec::with_capacity(self.tx_len(blocks.len()) as usize);
+        let mut images = Vec::with_capacity(blocks.len());
         let mut pos = self.head_pos;
-        let mut i = 0; // block index within `out`
         let mut targets = Vec::with_capacity(per);
         for (ci, chunk) in blocks.chunks(per).enumerate() {
             let last = (ci + 1) * per >= blocks.len();
-            let (di, dpos) = (i, pos);
-            i += 1;
-            pos = (pos + 1) % jlen;
             targets.clear();
             for b in chunk {
                 let c = self.cache.get_mut(b).expect("running block not cached");
@@ -675,32 +695,34 @@ impl Meta {
                 } else {
                     targets.push(*b);
                 }
-                out[i * bs..(i + 1) * bs].copy_from_slice(&c.data);
-                offsets.push(i);
-                i += 1;
-                pos = (pos + 1) % jlen;
+                images.push(c.data.clone());
             }
-            let desc = &mut out[di * bs..(di + 1) * bs];
-            journal::encode_desc(desc, jstart + dpos, self.uuid, seq, &targets, last);
+            let mut desc = AlignedBuf::for_overwrite(bs);
+            journal::encode_desc(&mut desc, jstart + pos, self.uuid, seq, &targets, last);
+            parts.push(TxBlock::Made(desc));
+            let chunk_images = &images[images.len() - chunk.len()..];
+            parts.extend(chunk_images.iter().map(|i| TxBlock::Image(i.clone())));
+            pos = (pos + 1 + chunk.len() as u64) % jlen;
         }
         if blocks.len() <= per {
             // One descriptor: it commits its images itself.
-            let crc = crc32c::crc32c(&out[bs..total * bs]);
-            journal::commit_in_desc(&mut out[..bs], crc);
-            return (out, offsets);
+            let crc = parts[1..]
+                .iter()
+                .fold(0, |crc, p| crc32c::crc32c_append(crc, p.bytes()));
+            if let Some(TxBlock::Made(desc)) = parts.first_mut() {
+                journal::commit_in_desc(desc, crc);
+            }
+            return (parts, images);
         }
-        let nblocks = (total - 1) as u32;
+        let nblocks = parts.len() as u32;
         // Every descriptor and image, in journal order.
-        let crc = crc32c::crc32c(&out[..(total - 1) * bs]);
-        journal::encode_commit(
-            &mut out[i * bs..(i + 1) * bs],
-            jstart + pos,
-            self.uuid,
-            seq,
-            nblocks,
-            crc,
-        );
-        (out, offsets)
+        let crc = parts
+            .iter()
+            .fold(0, |crc, p| crc32c::crc32c_append(crc, p.bytes()));
+        let mut commit = AlignedBuf::for_overwrite(bs);
+        journal::encode_commit(&mut commit, jstart + pos, self.uuid, seq, nblocks, crc);
+        parts.push(TxBlock::Made(commit));
+        (parts, images)
     }
 
     /// Write every committed block home, then move the journal tail to the
