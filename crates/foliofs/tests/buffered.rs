@@ -587,17 +587,35 @@ fn marking_blocks_written_keeps_the_mapping_hint() {
     unmount_and_check(fs, dev.clone());
 }
 
+/// Options under which dirty data stays dirty: a page cache of `cache`
+/// bytes, a dirty limit of `dirty`, no periodic writeback.
+fn held_dirty(cache: u64, dirty: u64) -> MountOptions {
+    MountOptions {
+        cache_bytes: cache,
+        dirty_limit_bytes: dirty,
+        writeback_interval_ms: 0,
+        ..Default::default()
+    }
+}
+
+/// `n` new files of one byte in `dir`, all still dirty afterwards.
+fn one_byte_files(fs: &Fs, dir: u64, n: u64) {
+    for i in 0..n {
+        let a = fs
+            .create(dir, format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(a.ino, 0, b"x").unwrap();
+    }
+    let dirty = fs.cache_stats().dirty_bytes;
+    assert!(dirty >= n * 4096, "{dirty} bytes dirty after {n} files");
+}
+
 #[test]
 fn inodes_loaded_while_most_in_memory_are_dirty_are_not_each_a_full_pass() {
     // More dirty files than the inodes kept in memory (65,536), none
     // written back: a pass can let go of none of them, and the cold
     // inodes looked up after them must not each walk them all again.
-    let opts = MountOptions {
-        cache_bytes: 2 << 30,
-        dirty_limit_bytes: 1 << 30,
-        writeback_interval_ms: 0,
-        ..Default::default()
-    };
+    let opts = held_dirty(2 << 30, 1 << 30);
     let (dev, fs) = fresh(2 << 30, opts.clone());
     let cold = fs.mkdir(fs.root_ino(), b"cold", 0o755, 0, 0).unwrap().ino;
     for i in 0..2_000 {
@@ -608,13 +626,7 @@ fn inodes_loaded_while_most_in_memory_are_dirty_are_not_each_a_full_pass() {
     let fs = Fs::mount(dev.clone(), opts).unwrap();
     let cold = fs.lookup(fs.root_ino(), b"cold").unwrap().ino;
     let hot = fs.mkdir(fs.root_ino(), b"hot", 0o755, 0, 0).unwrap().ino;
-    for i in 0..70_000 {
-        let a = fs
-            .create(hot, format!("h{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        fs.write(a.ino, 0, b"x").unwrap();
-    }
-    assert!(fs.cache_stats().dirty_bytes >= 70_000 * 4096);
+    one_byte_files(&fs, hot, 70_000);
     let trims0 = fs.counters().inode_trims;
     for i in 0..2_000 {
         fs.lookup(cold, format!("c{i}").as_bytes()).unwrap();
@@ -630,22 +642,9 @@ fn a_cache_full_of_dirty_folios_is_not_scanned_for_every_new_folio() {
     // A dirty limit above the page cache's: 20,000 small dirty files
     // (80 MB of folios) in a 16 MiB cache. Nothing can be evicted, and
     // each new folio must not walk all the others to find that out.
-    let opts = MountOptions {
-        cache_bytes: 16 << 20,
-        dirty_limit_bytes: 1 << 30,
-        writeback_interval_ms: 0,
-        ..Default::default()
-    };
-    let (dev, fs) = fresh(1 << 30, opts);
+    let (dev, fs) = fresh(1 << 30, held_dirty(16 << 20, 1 << 30));
     let d = fs.mkdir(fs.root_ino(), b"d", 0o755, 0, 0).unwrap().ino;
-    for i in 0..20_000 {
-        let a = fs
-            .create(d, format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        fs.write(a.ino, 0, b"x").unwrap();
-    }
-    let st = fs.cache_stats();
-    assert!(st.dirty_bytes >= 20_000 * 4096, "{} dirty", st.dirty_bytes);
+    one_byte_files(&fs, d, 20_000);
     let scans = fs.counters().cache_scans;
     assert!(scans <= 50, "{scans} eviction scans for 20,000 folios");
     fs.sync().unwrap();
