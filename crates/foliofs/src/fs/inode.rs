@@ -354,8 +354,8 @@ impl Inner {
             take(&mut self.cache_bytes, freed, "cached bytes");
             crate::fs::counters::bump(&self.counters.inode_trims, 1);
             // A pass walks every inode. When most had to stay (a large
-            // untar's dirty files), the next waits for half as many more
-            // loads, not for the next one.
+            // untar's dirty files), the next waits until half the limit
+            // more are in memory, not for the next load.
             self.inodes_trim_at = INODES_KEPT.max(self.inodes.len() + INODES_KEPT / 2);
         }
         self.inodes.insert(ino, ip);
