@@ -650,3 +650,59 @@ fn a_cache_full_of_dirty_folios_is_not_scanned_for_every_new_folio() {
     fs.sync().unwrap();
     unmount_and_check(fs, dev);
 }
+
+#[test]
+fn truncating_a_file_of_many_extents_keeps_exactly_what_lies_below_the_size() {
+    // A block written, then one skipped, 3,000 times: writeback maps the
+    // skipped blocks unwritten between them, so 5,999 one-block extents
+    // and the preallocated tail (taken from the end a batch at a time).
+    // Cut inside a written block, at an unwritten one's start, inside an
+    // unwritten one, and to nothing.
+    let (dev, fs) = fresh(256 << 20, MountOptions::default());
+    let bs = fs.block_size();
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let free0 = fs.statfs().unwrap().blocks_free;
+    for i in 0..3_000u64 {
+        fs.write(a, 2 * i * bs, &vec![i as u8 | 1; bs as usize])
+            .unwrap();
+        if i % 500 == 499 {
+            fs.fsync(a, false).unwrap();
+        }
+    }
+    fs.fsync(a, false).unwrap();
+    let ext = fs.extents(a).unwrap();
+    assert_eq!(ext.len(), 6_000);
+    let odd: Vec<_> = ext
+        .iter()
+        .enumerate()
+        .filter(|(b, e)| *b < 5_999 && (e.blocks != 1 || e.unwritten != (b % 2 == 1)))
+        .take(4)
+        .collect();
+    assert!(odd.is_empty(), "not one written, one unwritten: {odd:?}");
+    for size in [5_000 * bs + 100, 4_001 * bs, 1_000 * bs + 1, 0] {
+        let set = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        fs.setattr(a, &set).unwrap();
+        let ext = fs.extents(a).unwrap();
+        // Block b is kept if any of it lies below the size, in an extent
+        // of its own.
+        let kept = (0..6_000u64).filter(|b| b * bs < size).count();
+        assert_eq!(ext.len(), kept, "extents after truncating to {size}");
+        let bad: Vec<_> = ext
+            .iter()
+            .filter(|e| e.blocks != 1 || e.offset >= size)
+            .collect();
+        assert!(bad.is_empty(), "after truncating to {size}: {bad:?}");
+        // The blocks, and the extent tree's nodes (at most 128 for 6,000
+        // extents), once the frees are committed.
+        fs.sync().unwrap();
+        let held = free0 - fs.statfs().unwrap().blocks_free;
+        assert!(
+            held >= kept as u64 && held <= kept as u64 + 128,
+            "{held} blocks held for {kept} kept"
+        );
+    }
+    unmount_and_check(fs, dev);
+}

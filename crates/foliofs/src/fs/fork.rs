@@ -148,6 +148,30 @@ impl Inode {
         Ok(out)
     }
 
+    /// The last `max` extents that end past `first`, in order: found from
+    /// the end, one descent each, without reading those before them (a
+    /// truncation of a file of many extents takes them a batch at a time).
+    pub fn ext_last(&self, cx: &mut Ctx, first: u64, max: usize) -> Result<Vec<Extent>> {
+        let mut out = Vec::new();
+        let mut key = u64::MAX;
+        while out.len() < max {
+            let Some((k, v)) = self.kv_le(cx, key)? else {
+                break;
+            };
+            let e = Extent::decode(self.d.ino, k, &v, &cx.meta.geo)?;
+            if e.end() <= first {
+                break;
+            }
+            out.push(e);
+            if k <= first {
+                break;
+            }
+            key = k - 1;
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     /// Unmap [from, to); returns the device runs that were mapped there
     /// (the caller frees them).
     pub fn ext_remove(&mut self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {

@@ -106,16 +106,11 @@ impl Inner {
     pub fn truncate_blocks(&mut self, ino: u64, first: u64) -> Result<()> {
         loop {
             let (ip, mut cx) = self.with(ino)?;
-            let batch: Vec<Extent> = ip
-                .ext_range(&mut cx, first, u64::MAX)?
-                .into_iter()
-                .rev()
-                .take(32)
-                .collect();
-            if batch.is_empty() {
+            let batch = ip.ext_last(&mut cx, first, 32)?;
+            let Some(lowest) = batch.first() else {
                 return ip.store(&mut cx);
-            }
-            let from = batch.last().unwrap().lblk.max(first);
+            };
+            let from = lowest.lblk.max(first);
             for (p, n) in ip.ext_remove(&mut cx, from, u64::MAX)? {
                 cx.alloc.free(cx.meta, p, n)?;
                 ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
