@@ -652,7 +652,7 @@ fn a_cache_full_of_dirty_folios_is_not_scanned_for_every_new_folio() {
 }
 
 #[test]
-fn truncating_a_file_of_many_extents_keeps_exactly_what_lies_below_the_size() {
+fn a_file_of_many_extents_seeks_and_truncates_exactly() {
     // A block written, then one skipped, 3,000 times: writeback maps the
     // skipped blocks unwritten between them, so 5,999 one-block extents
     // and the preallocated tail (taken from the end a batch at a time).
@@ -679,6 +679,19 @@ fn truncating_a_file_of_many_extents_keeps_exactly_what_lies_below_the_size() {
         .take(4)
         .collect();
     assert!(odd.is_empty(), "not one written, one unwritten: {odd:?}");
+    // SEEK_DATA finds each written block (unwritten ones read as holes),
+    // SEEK_HOLE the block after it.
+    let (mut pos, mut data) = (0, Vec::new());
+    while let Some(d) = fs.seek(a, pos, Whence::Data).unwrap() {
+        pos = fs.seek(a, d, Whence::Hole).unwrap().unwrap();
+        data.push((d / bs, pos / bs));
+    }
+    let want: Vec<_> = (0..3_000u64).map(|i| (2 * i, 2 * i + 1)).collect();
+    assert!(
+        data == want,
+        "data segments: {:?}...",
+        &data[..data.len().min(4)]
+    );
     for size in [5_000 * bs + 100, 4_001 * bs, 1_000 * bs + 1, 0] {
         let set = SetAttr {
             size: Some(size),

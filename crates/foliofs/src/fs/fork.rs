@@ -128,24 +128,64 @@ impl Inode {
     /// Extents overlapping [from, to), in order.
     pub fn ext_range(&self, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<Extent>> {
         let mut out = Vec::new();
+        self.ext_walk(cx, from, to, |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// The first extent overlapping [from, to) that `want` takes, reading
+    /// the map a batch at a time up to it (SEEK_DATA in a file of many
+    /// extents reads what lies before the data, not the rest of the file).
+    pub fn ext_first(
+        &self,
+        cx: &mut Ctx,
+        from: u64,
+        to: u64,
+        want: impl Fn(&Extent) -> bool,
+    ) -> Result<Option<Extent>> {
+        let mut found = None;
+        self.ext_walk(cx, from, to, |e| {
+            if want(&e) {
+                found = Some(e);
+            }
+            found.is_none()
+        })?;
+        Ok(found)
+    }
+
+    /// Hand the extents overlapping [from, to) to `each`, in order, until
+    /// it returns false.
+    fn ext_walk(
+        &self,
+        cx: &mut Ctx,
+        from: u64,
+        to: u64,
+        mut each: impl FnMut(Extent) -> bool,
+    ) -> Result<()> {
         if from >= to {
-            return Ok(out);
+            return Ok(());
         }
         if let Some(e) = self.ext_find(cx, from)? {
-            out.push(e);
+            if !each(e) {
+                return Ok(());
+            }
         }
         let mut key = from + 1;
         while key < to {
             let batch = self.kv_range(cx, key, to - 1, 64)?;
             for (k, v) in &batch {
-                out.push(Extent::decode(self.d.ino, *k, v, &cx.meta.geo)?);
+                if !each(Extent::decode(self.d.ino, *k, v, &cx.meta.geo)?) {
+                    return Ok(());
+                }
             }
             match batch.last() {
                 Some((k, _)) if batch.len() == 64 => key = k + 1,
-                _ => break,
+                _ => return Ok(()),
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The last `max` extents that end past `first`, in order: found from

@@ -272,9 +272,7 @@ impl Inner {
             Whence::Data => {
                 let dirty = ip.cache.dirty_blocks(l, last).next();
                 let ext = ip
-                    .ext_range(&mut cx, l, last)?
-                    .into_iter()
-                    .find(|e| !e.unwritten && e.end() > l)
+                    .ext_first(&mut cx, l, last, |e| !e.unwritten && e.end() > l)?
                     .map(|e| e.lblk.max(l));
                 let Some(b) = dirty.into_iter().chain(ext).min() else {
                     return Ok(None);
