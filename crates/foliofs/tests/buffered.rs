@@ -719,3 +719,48 @@ fn a_file_of_many_extents_seeks_and_truncates_exactly() {
     }
     unmount_and_check(fs, dev);
 }
+
+#[test]
+fn fallocate_maps_the_holes_around_dirty_blocks_and_refuses_what_cannot_fit() {
+    let (dev, fs) = fresh(64 << 20, MountOptions::default());
+    let bs = fs.block_size();
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    // Dirty, not yet mapped: blocks 3, 4 and 10 of the range.
+    for b in [3u64, 4, 10] {
+        fs.write(a, b * bs, &vec![b as u8; bs as usize]).unwrap();
+    }
+    let free0 = fs.statfs().unwrap().blocks_free;
+    // Far more than the image holds: refused, nothing taken (trying
+    // gives back speculative preallocation).
+    let huge = Falloc::Allocate { keep_size: false };
+    assert!(matches!(
+        fs.fallocate(a, huge, 0, 1 << 40),
+        Err(foliofs::Error::NoSpace)
+    ));
+    assert!(fs.statfs().unwrap().blocks_free >= free0);
+    fs.fallocate(a, Falloc::Allocate { keep_size: false }, 0, 16 * bs)
+        .unwrap();
+    fs.check_invariants().unwrap();
+    // The holes 0-2, 5-9 and 11-15 are mapped unwritten; the dirty
+    // blocks keep their reservations and are mapped at writeback.
+    let unwritten: Vec<(u64, u64)> = fs
+        .extents(a)
+        .unwrap()
+        .iter()
+        .filter(|e| e.unwritten)
+        .map(|e| (e.offset / bs, e.blocks))
+        .collect();
+    let blocks: u64 = unwritten.iter().map(|&(_, n)| n).sum();
+    assert_eq!(blocks, 13, "unwritten extents {unwritten:?}");
+    assert!(unwritten
+        .iter()
+        .all(|&(o, n)| (o..o + n).all(|b| ![3, 4, 10].contains(&b))));
+    fs.fsync(a, false).unwrap();
+    let mut buf = vec![0u8; bs as usize];
+    for b in 0..16u64 {
+        assert_eq!(fs.read(a, b * bs, &mut buf).unwrap(), bs as usize);
+        let want = if [3, 4, 10].contains(&b) { b as u8 } else { 0 };
+        assert!(buf.iter().all(|&x| x == want), "block {b}");
+    }
+    unmount_and_check(fs, dev);
+}

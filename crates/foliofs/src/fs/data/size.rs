@@ -2,7 +2,6 @@
 //! grows, truncate, fallocate (preallocate, punch, zero), seek to data or
 //! hole, and the extent listing.
 
-use super::runs;
 use super::MAX_FILE_SIZE;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
@@ -126,7 +125,11 @@ impl Inner {
     pub(super) fn prealloc(&mut self, ino: u64, from: u64, to: u64) -> Result<()> {
         let ag = self.meta.geo.inode_ag(ino);
         let (ip, mut cx) = self.with(ino)?;
-        let mut holes = Vec::new();
+        // The holes as runs, less the dirty blocks in them (they already
+        // hold a reservation): a few runs, not a list of every block (an
+        // fallocate of a terabyte on a small image is refused without
+        // building one).
+        let mut holes: Vec<(u64, u64)> = Vec::new();
         let mut l = from;
         for e in ip
             .ext_range(&mut cx, from, to)?
@@ -138,22 +141,29 @@ impl Inner {
                 unwritten: false,
             }))
         {
-            while l < e.lblk.min(to) {
-                // Dirty blocks in holes already hold a reservation.
-                if !ip.cache.is_dirty(l) {
-                    holes.push(l);
+            let gap_end = e.lblk.min(to);
+            if l < gap_end {
+                let mut s = l;
+                for d in ip.cache.dirty_blocks(l, gap_end) {
+                    if d > s {
+                        holes.push((s, d - s));
+                    }
+                    s = d + 1;
                 }
-                l += 1;
+                if s < gap_end {
+                    holes.push((s, gap_end - s));
+                }
             }
             l = l.max(e.end());
         }
-        if cx.alloc.available() < holes.len() as u64 {
+        let want: u64 = holes.iter().map(|&(_, n)| n).sum();
+        if cx.alloc.available() < want {
             cx.reclaim()?;
-            if cx.alloc.available() < holes.len() as u64 {
+            if cx.alloc.available() < want {
                 return Err(Error::NoSpace);
             }
         }
-        for (start, len) in runs(&holes) {
+        for (start, len) in holes {
             let mut l = start;
             while l < start + len {
                 let (_, n) = ip.alloc_unwritten(&mut cx, ag, l, start + len - l)?;
