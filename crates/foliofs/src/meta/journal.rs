@@ -149,7 +149,7 @@ pub struct SealedTx {
     /// The journal image, a block each: descriptors and commit block,
     /// and the blocks' images shared with the cache (nothing is copied:
     /// one vectored write takes them where they lie).
-    parts: Vec<TxBlock>,
+    parts: Vec<Arc<AlignedBuf>>,
     seq: u64,
     /// Byte address of the journal area.
     at: u64,
@@ -198,9 +198,9 @@ impl SealedTx {
 
     /// Write `parts` one after another from byte `at`, as few vectored
     /// writes as the kernel's iovec limit allows.
-    fn write_run(&self, parts: &[TxBlock], mut at: u64) -> std::io::Result<()> {
+    fn write_run(&self, parts: &[Arc<AlignedBuf>], mut at: u64) -> std::io::Result<()> {
         for chunk in parts.chunks(IOV_MAX) {
-            let bufs: Vec<&[u8]> = chunk.iter().map(|p| p.bytes()).collect();
+            let bufs: Vec<&[u8]> = chunk.iter().map(|p| &p[..]).collect();
             self.dev.write_vectored_at(&bufs, at)?;
             at += chunk.len() as u64 * self.bs;
         }
@@ -208,21 +208,11 @@ impl SealedTx {
     }
 }
 
-/// One block of a transaction's journal image.
-pub(super) enum TxBlock {
-    /// A descriptor or commit block, made for this transaction.
-    Made(AlignedBuf),
-    /// A block's image, shared with the metadata cache.
-    Image(Arc<AlignedBuf>),
-}
-
-impl TxBlock {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            TxBlock::Made(b) => b,
-            TxBlock::Image(b) => b,
-        }
-    }
+/// The crc32c of `blocks`, one after another.
+fn crc_of(blocks: &[Arc<AlignedBuf>]) -> u32 {
+    blocks
+        .iter()
+        .fold(0, |crc, b| crc32c::crc32c_append(crc, b))
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -672,7 +662,7 @@ impl Meta {
     pub(super) fn build_transaction(
         &mut self,
         blocks: &[u64],
-    ) -> (Vec<TxBlock>, Vec<Arc<AlignedBuf>>) {
+    ) -> (Vec<Arc<AlignedBuf>>, Vec<Arc<AlignedBuf>>) {
         let bs = self.geo.block_size as usize;
         let seq = self.head_seq;
         let per = journal::targets_per_desc(bs);
@@ -682,6 +672,8 @@ impl Meta {
         let mut images = Vec::with_capacity(blocks.len());
         let mut pos = self.head_pos;
         let mut targets = Vec::with_capacity(per);
+        // One descriptor commits its images itself.
+        let single = blocks.len() <= per;
         for (ci, chunk) in blocks.chunks(per).enumerate() {
             let last = (ci + 1) * per >= blocks.len();
             targets.clear();
@@ -699,29 +691,28 @@ impl Meta {
             }
             let mut desc = AlignedBuf::for_overwrite(bs);
             journal::encode_desc(&mut desc, jstart + pos, self.uuid, seq, &targets, last);
-            parts.push(TxBlock::Made(desc));
-            let chunk_images = &images[images.len() - chunk.len()..];
-            parts.extend(chunk_images.iter().map(|i| TxBlock::Image(i.clone())));
+            if single {
+                journal::commit_in_desc(&mut desc, crc_of(&images));
+            }
+            parts.push(Arc::new(desc));
+            parts.extend_from_slice(&images[images.len() - chunk.len()..]);
             pos = (pos + 1 + chunk.len() as u64) % jlen;
         }
-        if blocks.len() <= per {
-            // One descriptor: it commits its images itself.
-            let crc = parts[1..]
-                .iter()
-                .fold(0, |crc, p| crc32c::crc32c_append(crc, p.bytes()));
-            if let Some(TxBlock::Made(desc)) = parts.first_mut() {
-                journal::commit_in_desc(desc, crc);
-            }
+        if single {
             return (parts, images);
         }
         let nblocks = parts.len() as u32;
         // Every descriptor and image, in journal order.
-        let crc = parts
-            .iter()
-            .fold(0, |crc, p| crc32c::crc32c_append(crc, p.bytes()));
         let mut commit = AlignedBuf::for_overwrite(bs);
-        journal::encode_commit(&mut commit, jstart + pos, self.uuid, seq, nblocks, crc);
-        parts.push(TxBlock::Made(commit));
+        journal::encode_commit(
+            &mut commit,
+            jstart + pos,
+            self.uuid,
+            seq,
+            nblocks,
+            crc_of(&parts),
+        );
+        parts.push(Arc::new(commit));
         (parts, images)
     }
 
