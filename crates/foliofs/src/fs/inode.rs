@@ -335,7 +335,7 @@ impl Inner {
             return Err(Error::NotFound);
         }
         let ip = Inode::from_disk(d, blk)?;
-        if self.inodes.len() >= self.inodes_trim_at {
+        if self.inodes_trim_at.due(self.inodes.len() as u64 + 1) {
             let mut freed = 0;
             self.inodes.retain(|_, i| {
                 // Pinned, dirty, holding reservations or an unpublished
@@ -356,7 +356,8 @@ impl Inner {
             // A pass walks every inode. When most had to stay (a large
             // untar's dirty files), the next waits until half the limit
             // more are in memory, not for the next load.
-            self.inodes_trim_at = INODES_KEPT.max(self.inodes.len() + INODES_KEPT / 2);
+            let (kept, left) = (INODES_KEPT as u64, self.inodes.len() as u64);
+            self.inodes_trim_at.walked(kept, left, kept / 2);
         }
         self.inodes.insert(ino, ip);
         Ok(())

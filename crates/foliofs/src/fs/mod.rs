@@ -29,6 +29,7 @@ pub use options::{parse_size, Atime, DioLock, MountOptions, ENGINE_OPTIONS, MAX_
 pub use types::*;
 
 use crate::alloc::Alloc;
+use crate::books::ScanFloor;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
@@ -82,12 +83,12 @@ impl Fs {
             meta,
             alloc,
             inodes: Default::default(),
-            inodes_trim_at: inode::INODES_KEPT,
+            inodes_trim_at: ScanFloor::new(inode::INODES_KEPT as u64),
             held: Default::default(),
+            evict_floor: ScanFloor::new(opts.cache_bytes),
             opts,
             dirty_bytes: 0,
             cache_bytes: 0,
-            evict_floor: 0,
             tick: 0,
             counters: counters.clone(),
             pool: folio::BufPool::new(),

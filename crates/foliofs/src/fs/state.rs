@@ -11,6 +11,7 @@ use super::inode::Inode;
 use super::iolock::IoLocks;
 use super::options::{Atime, MountOptions};
 use crate::alloc::Alloc;
+use crate::books::ScanFloor;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::Timespec;
@@ -77,10 +78,10 @@ pub(crate) struct Inner {
     pub meta: Meta,
     pub alloc: Alloc,
     pub inodes: U64Map<Inode>,
-    /// Inodes in memory at which loading one more first lets go of the
-    /// unused ones (`load_inode`): `INODES_KEPT`, or half that past what
-    /// the last pass had to keep (open, dirty, with reservations).
-    pub inodes_trim_at: usize,
+    /// When loading one more inode first lets go of the unused ones
+    /// (`load_inode`): at `INODES_KEPT`, or half that past what the last
+    /// pass had to keep (open, dirty, with reservations).
+    pub inodes_trim_at: ScanFloor,
     /// Inodes a caller holds beside its opens (`Fs::hold`: a FUSE
     /// kernel's lookups), with their counts: one unlinked stays, as an
     /// orphan, until its last hold goes.
@@ -89,11 +90,10 @@ pub(crate) struct Inner {
     pub dirty_bytes: u64,
     /// Bytes of all folios in the page cache.
     pub cache_bytes: u64,
-    /// Folio bytes below which no eviction scan runs although the cache
-    /// is over its limit: set when a scan found too few clean folios to
-    /// evict (dirty data above the cache limit), an eighth of the limit
-    /// past what it left. 0: none.
-    pub evict_floor: u64,
+    /// When the page cache next scans for clean folios to evict: at its
+    /// limit, or past what a scan had to keep (dirty data above the
+    /// limit, under a dirty limit set above it).
+    pub evict_floor: ScanFloor,
     /// Clock for the cache's least-recently-used eviction.
     pub tick: u64,
     pub counters: Arc<Counters>,

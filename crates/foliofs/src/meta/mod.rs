@@ -36,6 +36,7 @@
 
 mod journal;
 
+use crate::books::ScanFloor;
 use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
@@ -119,10 +120,9 @@ pub struct Meta {
     pub sync_dirs: bool,
     shutdown: Option<String>,
     cache_limit: usize,
-    /// Cached blocks (logged data aside) at which the next eviction scan
-    /// runs: the limit, or, when a scan found too few clean blocks (the
-    /// rest waiting for a checkpoint), half the limit past what it left.
-    evict_at: usize,
+    /// When the next eviction scan runs (cached blocks, logged data
+    /// aside): half the limit past what a scan had to keep.
+    evict_at: ScanFloor,
     pub stats: JournalStats,
     /// The sealed transactions being written, oldest first.
     sealed: std::collections::VecDeque<InFlight>,
@@ -147,7 +147,7 @@ impl Meta {
             head_pos: sb.tail_pos,
             head_seq: sb.tail_seq,
             cache_limit: (cache_limit_bytes / geo.block_size).max(256) as usize,
-            evict_at: (cache_limit_bytes / geo.block_size).max(256) as usize,
+            evict_at: ScanFloor::new((cache_limit_bytes / geo.block_size).max(256)),
             geo,
             sb,
             cache: Default::default(),
@@ -371,7 +371,10 @@ impl Meta {
 
     pub(super) fn evict_if_needed(&mut self) {
         // Logged data waits for its checkpoint; it does not count.
-        if self.cache.len() - self.logged.len() < self.evict_at {
+        if !self
+            .evict_at
+            .due((self.cache.len() - self.logged.len() + 1) as u64)
+        {
             return;
         }
         self.stats.meta_evict_scans += 1;
@@ -393,11 +396,14 @@ impl Meta {
         for b in victims {
             self.cache.remove(&b);
         }
-        // A scan walks every cached block. If most could not go (a large
-        // unlink or untar keeps its blocks until the checkpoint), the next
-        // scan waits for half the limit more, not for the next block read.
-        let left = self.cache.len() - self.logged.len();
-        self.evict_at = self.cache_limit.max(left + self.cache_limit / 2);
+        // If most could not go (a large unlink or untar keeps its blocks
+        // until the checkpoint), the next scan waits for half the limit
+        // more, not for the next block read.
+        let (limit, left) = (
+            self.cache_limit as u64,
+            self.cache.len() - self.logged.len(),
+        );
+        self.evict_at.walked(limit, left as u64, limit / 2);
     }
 }
 

@@ -99,7 +99,7 @@ impl Inner {
     /// evicted (as the kernel reclaims on allocation) rather than mapping
     /// fresh memory while the evicted goes back to the kernel.
     pub(super) fn make_room(&mut self, need: u64) {
-        if self.cache_bytes + need <= self.opts.cache_bytes.max(self.evict_floor) {
+        if !self.evict_floor.due(self.cache_bytes + need) {
             self.trim_pool();
             return;
         }
@@ -131,12 +131,10 @@ impl Inner {
         // data than the cache holds, under a dirty limit set above it),
         // the next waits for an eighth of the limit more, or a quarter of
         // the excess, not for the next folio.
-        self.evict_floor = if self.cache_bytes > target {
-            let over = self.cache_bytes.saturating_sub(self.opts.cache_bytes);
-            self.cache_bytes + (self.opts.cache_bytes / 8).max(over / 4)
-        } else {
-            0
-        };
+        let (limit, left) = (self.opts.cache_bytes, self.cache_bytes);
+        let over = left.saturating_sub(limit);
+        self.evict_floor
+            .walked(limit, left, (limit / 8).max(over / 4));
         bump(&self.counters.cache_scans, 1);
         self.trim_pool();
     }
