@@ -95,6 +95,33 @@ impl AlignedBuf {
         Self::alloc(len, false)
     }
 
+    /// A buffer holding a copy of `src`, its bytes written once: a fresh
+    /// allocation is not zeroed first.
+    pub fn copy_of(src: &[u8]) -> Self {
+        let len = src.len();
+        if len == 0 || len >= MMAP_MIN || len % IO_ALIGN != 0 {
+            let mut b = Self::alloc(len, false);
+            b.copy_from_slice(src);
+            return b;
+        }
+        let ptr = match SMALL[len / IO_ALIGN].lock().pop() {
+            Some(p) => p as *mut u8,
+            None => {
+                let layout = Layout::from_size_align(len, IO_ALIGN).expect("buffer layout");
+                // SAFETY: layout has non-zero size.
+                let p = unsafe { alloc::alloc(layout) };
+                if p.is_null() {
+                    alloc::handle_alloc_error(layout);
+                }
+                p
+            }
+        };
+        // SAFETY: ptr is valid for len bytes and ours alone; every byte is
+        // written here before any slice of the buffer exists.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, len) };
+        AlignedBuf { ptr, len }
+    }
+
     fn alloc(len: usize, zero: bool) -> Self {
         if len == 0 {
             return AlignedBuf {
@@ -213,9 +240,7 @@ impl DerefMut for AlignedBuf {
 
 impl Clone for AlignedBuf {
     fn clone(&self) -> Self {
-        let mut b = AlignedBuf::for_overwrite(self.len);
-        b.copy_from_slice(self);
-        b
+        AlignedBuf::copy_of(self)
     }
 }
 
@@ -243,6 +268,7 @@ mod tests {
                 .collect();
             let copy = dirty[0].clone();
             assert!(copy.iter().all(|&x| x == 0xA5));
+            assert_eq!(copy.as_ptr() as usize % IO_ALIGN, 0);
             drop(dirty);
             for _ in 0..4 {
                 let b = AlignedBuf::zeroed(len);

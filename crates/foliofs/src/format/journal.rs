@@ -38,13 +38,26 @@ pub fn targets_per_desc(block_size: usize) -> usize {
     (block_size - TARGETS_OFFSET) / 8
 }
 
+/// Where a descriptor stands in its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescEnd {
+    /// More descriptors follow.
+    More,
+    /// The last descriptor; a commit block follows its images.
+    Last,
+    /// The only descriptor, and the commit too: `data_crc` over the
+    /// images that follow it.
+    Committed(u32),
+}
+
+/// Encode a descriptor and stamp its header checksum (once).
 pub fn encode_desc(
     buf: &mut [u8],
     blkno: u64,
     uuid: [u8; 16],
     seq: u64,
     targets: &[u64],
-    last: bool,
+    end: DescEnd,
 ) {
     assert!(targets.len() <= targets_per_desc(buf.len()));
     buf.fill(0);
@@ -57,19 +70,18 @@ pub fn encode_desc(
     }
     .encode(buf);
     put_u32(buf, 48, targets.len() as u32);
-    put_u32(buf, 52, if last { DESC_LAST } else { 0 });
+    let flags = match end {
+        DescEnd::More => 0,
+        DescEnd::Last => DESC_LAST,
+        DescEnd::Committed(data_crc) => {
+            put_u32(buf, 56, data_crc);
+            DESC_LAST | DESC_COMMITTED
+        }
+    };
+    put_u32(buf, 52, flags);
     for (i, t) in targets.iter().enumerate() {
         put_u64(buf, TARGETS_OFFSET + 8 * i, *t);
     }
-    header::stamp(buf);
-}
-
-/// Make a (last) descriptor the transaction's commit too: `data_crc`
-/// over the images that follow it. Restamps its header checksum.
-pub fn commit_in_desc(buf: &mut [u8], data_crc: u32) {
-    let flags = get_u32(buf, 52) | DESC_LAST | DESC_COMMITTED;
-    put_u32(buf, 52, flags);
-    put_u32(buf, 56, data_crc);
     header::stamp(buf);
 }
 
@@ -134,18 +146,23 @@ mod tests {
     #[test]
     fn desc_round_trip_and_flip() {
         let mut b = vec![0; 512];
-        encode_desc(&mut b, 10, [1; 16], 5, &[100, 200, 300], true);
-        let h =
-            header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).unwrap();
-        assert_eq!(h.lsn, 5);
-        let d = decode_desc(&b).unwrap();
-        assert_eq!(
-            (d.targets, d.last, d.commit_crc),
-            (vec![100, 200, 300], true, None)
-        );
-        commit_in_desc(&mut b, 0xfeed);
-        header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).unwrap();
-        assert_eq!(decode_desc(&b).unwrap().commit_crc, Some(0xfeed));
+        for (end, last, commit_crc) in [
+            (DescEnd::More, false, None),
+            (DescEnd::Last, true, None),
+            (DescEnd::Committed(0xfeed), true, Some(0xfeed)),
+        ] {
+            b.fill(0xA5);
+            encode_desc(&mut b, 10, [1; 16], 5, &[100, 200, 300], end);
+            let h = header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16])
+                .unwrap();
+            assert_eq!(h.lsn, 5);
+            let d = decode_desc(&b).unwrap();
+            assert_eq!(
+                (d.targets, d.last, d.commit_crc),
+                (vec![100, 200, 300], last, commit_crc)
+            );
+            assert!(b[TARGETS_OFFSET + 24..].iter().all(|&x| x == 0));
+        }
         b[70] ^= 1;
         assert!(
             header::verify(&b, "journal descriptor", magic::JOURNAL_DESC, 10, &[1; 16]).is_err()
@@ -165,7 +182,7 @@ mod tests {
     #[test]
     fn impossible_count_is_rejected() {
         let mut b = vec![0; 512];
-        encode_desc(&mut b, 10, [1; 16], 5, &[1], false);
+        encode_desc(&mut b, 10, [1; 16], 5, &[1], DescEnd::More);
         put_u32(&mut b, 48, 10_000);
         assert!(decode_desc(&b).is_none());
     }

@@ -689,11 +689,13 @@ impl Meta {
                 }
                 images.push(c.data.clone());
             }
+            let end = match (single, last) {
+                (true, _) => journal::DescEnd::Committed(crc_of(&images)),
+                (false, true) => journal::DescEnd::Last,
+                (false, false) => journal::DescEnd::More,
+            };
             let mut desc = AlignedBuf::for_overwrite(bs);
-            journal::encode_desc(&mut desc, jstart + pos, self.uuid, seq, &targets, last);
-            if single {
-                journal::commit_in_desc(&mut desc, crc_of(&images));
-            }
+            journal::encode_desc(&mut desc, jstart + pos, self.uuid, seq, &targets, end);
             parts.push(Arc::new(desc));
             parts.extend_from_slice(&images[images.len() - chunk.len()..]);
             pos = (pos + 1 + chunk.len() as u64) % jlen;

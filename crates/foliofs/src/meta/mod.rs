@@ -289,14 +289,28 @@ impl Meta {
             self.running_implied.insert(cblk);
         }
         csum::set(self.block_mut(cblk), idx, data_crc(img));
-        self.cache_zeroed(blk, Kind::Data);
-        debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
         self.logged.insert(blk);
         self.stats.data_blocks_logged += 1;
         if !self.running.contains(&blk) {
             self.running_data += 1;
         }
-        self.write(blk).copy_from_slice(img);
+        if self.cache.contains_key(&blk) {
+            debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
+            self.write(blk).copy_from_slice(img);
+        } else {
+            // A block first logged: its image is made from `img` at once,
+            // not zeroed and then copied.
+            self.evict_if_needed();
+            let data = Arc::new(AlignedBuf::copy_of(img));
+            self.cache.insert(
+                blk,
+                Cached {
+                    data,
+                    kind: Kind::Data,
+                },
+            );
+            self.write(blk);
+        }
         Ok(())
     }
 
