@@ -514,10 +514,17 @@ fn check_tree_and_links(c: &mut Checker) {
                     format!("directory {ino}: parent {parent}, but it is listed in {real_parent}"),
                 );
             }
-        } else if nlink != found {
-            if nlink == 0 && found == 0 && flags & FLAG_ORPHAN != 0 {
-                continue;
+        } else if nlink == 0 && found == 0 {
+            // Freed at its last close, or by the next mount: unless it is
+            // on the orphan list, nothing ever frees it.
+            if flags & FLAG_ORPHAN == 0 {
+                c.problem(
+                    "inode",
+                    blk,
+                    format!("inode {ino} has no links and is not on the orphan list"),
+                );
             }
+        } else if nlink != found {
             c.problem(
                 "inode",
                 blk,
@@ -556,6 +563,21 @@ fn check_orphans(c: &mut Checker) {
             }
         }
         Err(e) => return c.err(e),
+    }
+    let listed: std::collections::HashSet<u64> = orphans.iter().copied().collect();
+    let unlisted: Vec<u64> = c
+        .inodes
+        .iter()
+        .filter(|(ino, (_, _, _, flags))| flags & FLAG_ORPHAN != 0 && !listed.contains(ino))
+        .map(|(ino, _)| *ino)
+        .collect();
+    for ino in unlisted {
+        let at = c.meta.geo.inode_loc(ino).0;
+        c.problem(
+            "inode",
+            at,
+            format!("inode {ino} is flagged orphan but not on the orphan list"),
+        );
     }
     for ino in orphans {
         match c.inodes.get(&ino) {

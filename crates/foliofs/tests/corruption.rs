@@ -196,3 +196,68 @@ fn flipped_data_byte_is_eio_and_counted() {
         .any(|p| p.structure == "data block" && p.addr == e.device_block));
     let _ = dev.len();
 }
+
+/// An inode with no links is freed at its last close, or by the next
+/// mount, only through the orphan list: fsck names one off the list (it
+/// would never be freed) and one flagged orphan that the list does not
+/// hold.
+#[test]
+fn unlinked_inodes_off_the_orphan_list_are_named() {
+    use foliofs::format::ag_header::AgHeader;
+    use foliofs::format::inode::FLAG_ORPHAN;
+    let dev = Arc::new(MemDevice::new(32 << 20));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write(a, 0, &[1; 4096]).unwrap();
+    fs.open(a).unwrap();
+    fs.unlink(root, b"a").unwrap();
+    fs.sync().unwrap();
+    // The power goes while `a` is still open; the journal is replayed
+    // home so that the structures can be edited where they lie.
+    let dev = MemDevice::from_image(dev.image());
+    drop(fs);
+    let mut sb = foliofs::meta::read_superblock(&dev).unwrap();
+    foliofs::meta::replay(&dev, &mut sb).unwrap();
+    let geo = Geometry::new(&sb);
+    let mut bytes = dev.image();
+    let (iblk, ioff) = geo.inode_loc(a);
+    let at = (iblk * 4096) as usize + ioff;
+    let mut d = DiskInode::decode(&bytes[at..at + INODE_SIZE], a, iblk, &sb.uuid).unwrap();
+    assert_eq!((d.nlink, d.flags & FLAG_ORPHAN), (0, FLAG_ORPHAN));
+    let problems = |bytes: &[u8]| {
+        let dev = Arc::new(MemDevice::from_image(bytes.to_vec()));
+        foliofs::fsck::fsck(dev, &Default::default(), |_, _| {})
+            .unwrap()
+            .problems
+    };
+    assert!(problems(&bytes).is_empty(), "{:?}", problems(&bytes));
+    // The list emptied under it.
+    let hblk = geo.agh_blk(0);
+    let hat = (hblk * 4096) as usize;
+    let mut h = AgHeader::decode(&bytes[hat..hat + 4096], hblk, 0).unwrap();
+    assert_ne!(h.orphan_root, 0);
+    h.orphan_root = 0;
+    h.encode(&mut bytes[hat..hat + 4096], hblk, sb.uuid);
+    foliofs::format::header::stamp(&mut bytes[hat..hat + 4096]);
+    let p = problems(&bytes);
+    assert!(
+        p.iter().any(|p| p.structure == "inode"
+            && p.addr == iblk
+            && p.message
+                .contains("flagged orphan but not on the orphan list")),
+        "{p:?}"
+    );
+    // And its flag cleared too: nothing would ever free it.
+    d.flags &= !FLAG_ORPHAN;
+    d.encode(&mut bytes[at..at + INODE_SIZE], &sb.uuid);
+    let p = problems(&bytes);
+    assert!(
+        p.iter().any(|p| p.structure == "inode"
+            && p.addr == iblk
+            && p.message
+                .contains("has no links and is not on the orphan list")),
+        "{p:?}"
+    );
+}
