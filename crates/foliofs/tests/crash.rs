@@ -354,6 +354,59 @@ fn blocks_freed_by_an_unlink_are_reused_before_the_checkpoint_and_survive_a_cras
     fs.unmount().unwrap();
 }
 
+/// A closed file unlinked is freed in the unlink's own transaction, off
+/// the orphan list, when its extents are inline; one whose extents are a
+/// tree is freed in committed steps, on the list. Many unlinks in one
+/// transaction that outgrows its half of the journal (so commits fall
+/// inside them), a long file among them: at every cut, mount, fsck clean
+/// (an inode with no links off the orphan list would be lost for good),
+/// and at the end every block and inode is back.
+#[test]
+fn files_freed_at_their_unlink_leave_no_inode_behind_at_any_cut() {
+    // The smallest journal: a transaction commits past 16 blocks.
+    let mem = MemDevice::new(32 << 20);
+    let opts = MkfsOptions {
+        journal_blocks: Some(64),
+        ..MkfsOptions::default()
+    };
+    mkfs(&mem, &opts, |_, _| {}).unwrap();
+    let dev = Arc::new(foliofs::device::CrashDevice::new(mem.image()));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let root = fs.root_ino();
+    let before = fs.statfs().unwrap();
+    let dir = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let n = 1500u64;
+    write_small_files(&fs, dir, 0..n, |_| {});
+    let long = fs.create(dir, b"long", 0o644, 0, 0).unwrap().ino;
+    for i in 0..2000u64 {
+        fs.write(long, i * 8192, &[9u8; 4096]).unwrap();
+    }
+    fs.sync().unwrap();
+    assert!(fs.extents(long).unwrap().len() > 1000);
+    let commits = fs.counters().journal.commits;
+    for i in 0..n {
+        fs.unlink(dir, format!("f{i}").as_bytes()).unwrap();
+        if i == n / 2 {
+            fs.unlink(dir, b"long").unwrap();
+        }
+    }
+    assert!(
+        fs.counters().journal.commits > commits + 10,
+        "the unlinks committed only {} times",
+        fs.counters().journal.commits - commits
+    );
+    fs.rmdir(root, b"d").unwrap();
+    fs.sync().unwrap();
+    let log = dev.log();
+    drop(fs);
+    let d = Arc::new(MemDevice::from_image(mount_every_cut(&log, 11)));
+    let fs = Fs::mount(d, MountOptions::default()).unwrap();
+    let after = fs.statfs().unwrap();
+    assert_eq!(after.files_free, before.files_free, "inodes lost");
+    assert_eq!(after.blocks_free, before.blocks_free, "blocks lost");
+    fs.unmount().unwrap();
+}
+
 /// A file replaced by rename while open lives on as an orphan until its
 /// last close; a crash before that close leaves it in the orphan list,
 /// and the next mount frees it. At every cut: mount, fsck clean; in the

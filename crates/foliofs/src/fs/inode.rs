@@ -442,11 +442,19 @@ impl Inner {
         self.set_orphan_root(root)
     }
 
-    /// Free an unlinked inode and everything it owns. The inode is on the
-    /// orphan list while this runs, so a crash part-way (long files commit
-    /// in steps) is finished by the next mount.
-    pub fn destroy_inode(&mut self, ino: u64) -> Result<()> {
+    /// Free an unlinked inode and everything it owns. An inode whose
+    /// extents are a tree may be freed in steps, each committed (a long
+    /// file): it is on the orphan list while this runs, so a crash part-way
+    /// is finished by the next mount. One with its extents inline is freed
+    /// within the running transaction, so one not on the list (`listed`
+    /// false: unlinked and freed at once) is not put there and taken off
+    /// again.
+    pub fn destroy_inode(&mut self, ino: u64, listed: bool) -> Result<()> {
         self.load_inode(ino)?;
+        let in_steps = matches!(self.with(ino)?.0.fork, Fork::Tree);
+        if in_steps && !listed {
+            self.orphan_add(ino)?;
+        }
         self.drop_cached(ino, 0, u64::MAX)?;
         self.drop_prealloc(ino)?;
         self.truncate_blocks(ino, 0)?;
@@ -477,7 +485,10 @@ impl Inner {
         d.encode(&mut cx.meta.write(blk)[off..off + INODE_SIZE], &uuid);
         cx.alloc.free_inode(cx.meta, ino)?;
         self.inodes.remove(&ino);
-        self.orphan_remove(ino)
+        if listed || in_steps {
+            self.orphan_remove(ino)?;
+        }
+        Ok(())
     }
 
     /// Last reference to an open file description went away.
@@ -487,7 +498,7 @@ impl Inner {
         let (open, nlink) = (ip.open, ip.d.nlink);
         if nlink == 0 && self.unused(ino, open) {
             self.check_writable()?;
-            self.destroy_inode(ino)?;
+            self.destroy_inode(ino, true)?;
         }
         Ok(())
     }
@@ -501,7 +512,7 @@ impl Inner {
             Err(e) => return Err(e),
         };
         if nlink == 0 && self.unused(ino, open) {
-            self.destroy_inode(ino)?;
+            self.destroy_inode(ino, true)?;
         }
         Ok(())
     }
@@ -516,7 +527,7 @@ impl Inner {
             }
             for (ino, _) in batch {
                 match self.load_inode(ino) {
-                    Ok(()) => self.destroy_inode(ino)?,
+                    Ok(()) => self.destroy_inode(ino, true)?,
                     Err(Error::NotFound) => self.orphan_remove(ino)?,
                     Err(e) => return Err(e),
                 }

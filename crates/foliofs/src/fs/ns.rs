@@ -364,7 +364,8 @@ impl Inner {
     }
 
     /// Drop one link to `ino` (a directory loses both of its own). At zero
-    /// links the inode goes on the orphan list, and is freed now unless open.
+    /// links the inode is freed now, or if open or held it goes on the
+    /// orphan list until its last close.
     fn drop_link(&mut self, ino: u64) -> Result<()> {
         let (ip, mut cx) = self.with(ino)?;
         if ip.is_dir() {
@@ -376,9 +377,10 @@ impl Inner {
         ip.store(&mut cx)?;
         if ip.d.nlink == 0 {
             let open = ip.open;
-            self.orphan_add(ino)?;
             if self.unused(ino, open) {
-                self.destroy_inode(ino)?;
+                self.destroy_inode(ino, false)?;
+            } else {
+                self.orphan_add(ino)?;
             }
         }
         Ok(())

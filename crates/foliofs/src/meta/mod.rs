@@ -327,27 +327,18 @@ impl Meta {
         self.running_data
     }
 
-    /// Put a zeroed block in the cache unless it is there.
-    fn cache_zeroed(&mut self, blk: u64, kind: Kind) {
-        if !self.cache.contains_key(&blk) {
-            self.evict_if_needed();
-            self.cache.insert(
-                blk,
-                Cached {
-                    data: Arc::new(AlignedBuf::zeroed(self.geo.block_size as usize)),
-                    kind,
-                },
-            );
-        }
-    }
-
     /// A new block with zeroed contents, in the running transaction.
     pub fn create(&mut self, blk: u64, kind: Kind) -> &mut [u8] {
         self.changes += 1;
-        self.cache_zeroed(blk, kind);
-        let b = self.write(blk);
-        b.fill(0);
-        b
+        if self.cache.contains_key(&blk) {
+            let b = self.write(blk);
+            b.fill(0);
+            return b;
+        }
+        self.evict_if_needed();
+        let data = Arc::new(AlignedBuf::zeroed(self.geo.block_size as usize));
+        self.cache.insert(blk, Cached { data, kind });
+        self.write(blk)
     }
 
     /// A block was freed: drop it from the cache and from the running

@@ -103,21 +103,26 @@ impl Inner {
     /// Unmap and free every block from file block `first` on, committing
     /// in steps so that huge files never outgrow the journal.
     pub fn truncate_blocks(&mut self, ino: u64, first: u64) -> Result<()> {
+        let mut later_step = false;
         loop {
             let (ip, mut cx) = self.with(ino)?;
             let batch = ip.ext_last(&mut cx, first, 32)?;
             let Some(lowest) = batch.first() else {
                 return ip.store(&mut cx);
             };
+            // Commits fall between steps, never after the last one: a
+            // file of one step is cut within the caller's transaction
+            // (`destroy_inode` counts on it).
+            if later_step && cx.meta.running_blocks() > cx.meta.max_tx_blocks() / 2 {
+                cx.meta.commit()?;
+            }
+            later_step = true;
             let from = lowest.lblk.max(first);
             for (p, n) in ip.ext_remove(&mut cx, from, u64::MAX)? {
                 cx.alloc.free(cx.meta, p, n)?;
                 ip.d.nblocks = ip.d.nblocks.saturating_sub(n);
             }
             ip.store(&mut cx)?;
-            if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
-                self.meta.commit()?;
-            }
         }
     }
 
