@@ -17,7 +17,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
-echo "== fuzz targets compile (run them with cargo +nightly fuzz, see docs/RELIABILITY.md)"
+echo "== fuzz targets compile (their saved inputs replay in cargo test, tests/fuzz_seeds.rs; fuzz with cargo +nightly fuzz, see docs/RELIABILITY.md)"
 cargo check --locked --manifest-path fuzz/Cargo.toml -q
 echo "== FUSE over io_uring: turned on where the kernel has it"
 uring=/sys/module/fuse/parameters/enable_uring

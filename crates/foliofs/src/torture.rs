@@ -14,6 +14,8 @@
 //! completed fsync or sync covered, contain no byte its file was never
 //! given, and pass fsck (no leaked or doubly used block).
 
+pub mod fuzz;
+
 use crate::device::{AlignedBuf, CrashDevice, MemDevice};
 use crate::fs::{mkfs, Falloc, MkfsOptions, MountOptions, SetAttr};
 use crate::Fs;
