@@ -232,6 +232,14 @@ fn unlinked_inodes_off_the_orphan_list_are_named() {
             .unwrap()
             .problems
     };
+    let names_inode = |bytes: &[u8], what: &str| {
+        let p = problems(bytes);
+        assert!(
+            p.iter()
+                .any(|p| p.structure == "inode" && p.addr == iblk && p.message.contains(what)),
+            "{what}: {p:?}"
+        );
+    };
     assert!(problems(&bytes).is_empty(), "{:?}", problems(&bytes));
     // The list emptied under it.
     let hblk = geo.agh_blk(0);
@@ -241,23 +249,9 @@ fn unlinked_inodes_off_the_orphan_list_are_named() {
     h.orphan_root = 0;
     h.encode(&mut bytes[hat..hat + 4096], hblk, sb.uuid);
     foliofs::format::header::stamp(&mut bytes[hat..hat + 4096]);
-    let p = problems(&bytes);
-    assert!(
-        p.iter().any(|p| p.structure == "inode"
-            && p.addr == iblk
-            && p.message
-                .contains("flagged orphan but not on the orphan list")),
-        "{p:?}"
-    );
+    names_inode(&bytes, "flagged orphan but not on the orphan list");
     // And its flag cleared too: nothing would ever free it.
     d.flags &= !FLAG_ORPHAN;
     d.encode(&mut bytes[at..at + INODE_SIZE], &sb.uuid);
-    let p = problems(&bytes);
-    assert!(
-        p.iter().any(|p| p.structure == "inode"
-            && p.addr == iblk
-            && p.message
-                .contains("has no links and is not on the orphan list")),
-        "{p:?}"
-    );
+    names_inode(&bytes, "has no links and is not on the orphan list");
 }
