@@ -22,6 +22,15 @@ fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
 }
 
 /// Unmount, then fsck the device: clean.
+/// A fresh file system with default options and one empty file `a`:
+/// (device, file system, block size, the file's inode).
+fn fresh_with_file(size: u64) -> (Arc<MemDevice>, Fs, u64, u64) {
+    let (dev, fs) = fresh(size, MountOptions::default());
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let bs = fs.block_size();
+    (dev, fs, bs, a)
+}
+
 fn unmount_and_check(fs: Fs, dev: Arc<dyn Device>) {
     fs.unmount().unwrap();
     fsck_clean(dev, "after unmount");
@@ -658,9 +667,7 @@ fn a_file_of_many_extents_seeks_and_truncates_exactly() {
     // and the preallocated tail (taken from the end a batch at a time).
     // Cut inside a written block, at an unwritten one's start, inside an
     // unwritten one, and to nothing.
-    let (dev, fs) = fresh(256 << 20, MountOptions::default());
-    let bs = fs.block_size();
-    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let (dev, fs, bs, a) = fresh_with_file(256 << 20);
     let free0 = fs.statfs().unwrap().blocks_free;
     for i in 0..3_000u64 {
         fs.write(a, 2 * i * bs, &vec![i as u8 | 1; bs as usize])
@@ -722,9 +729,7 @@ fn a_file_of_many_extents_seeks_and_truncates_exactly() {
 
 #[test]
 fn fallocate_maps_the_holes_around_dirty_blocks_and_refuses_what_cannot_fit() {
-    let (dev, fs) = fresh(64 << 20, MountOptions::default());
-    let bs = fs.block_size();
-    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    let (dev, fs, bs, a) = fresh_with_file(64 << 20);
     // Dirty, not yet mapped: blocks 3, 4 and 10 of the range.
     for b in [3u64, 4, 10] {
         fs.write(a, b * bs, &vec![b as u8; bs as usize]).unwrap();

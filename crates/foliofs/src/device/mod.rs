@@ -54,9 +54,6 @@ fn write_each<D: Device + ?Sized>(dev: &D, bufs: &[&[u8]], offset: u64) -> io::R
     Ok(())
 }
 
-/// Most iovecs one pwritev takes (Linux's UIO_MAXIOV).
-pub const IOV_MAX: usize = 1024;
-
 /// A heap buffer aligned to [`IO_ALIGN`], so that O_DIRECT needs no bounce.
 pub struct AlignedBuf {
     ptr: *mut u8,

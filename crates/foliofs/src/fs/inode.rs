@@ -18,11 +18,11 @@ use crate::format::inode::{
 };
 use crate::format::magic;
 use crate::fs::state::{Ctx, Inner};
+use crate::fs::types::{FL_APPEND, FL_DIRSYNC, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC};
 
 /// Inodes kept in memory before loading another lets go of the unused
 /// ones (closed, clean, holding nothing).
 pub(crate) const INODES_KEPT: usize = 65536;
-use crate::fs::types::{FL_APPEND, FL_DIRSYNC, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC};
 
 /// On-disk flag bits and the API's `FL_*` values for the user's flags.
 const USER_FLAGS: [(u32, u32); 6] = [

@@ -8,7 +8,7 @@
 //! move the tail past them.
 
 use super::{write_superblock, Kind, Meta};
-use crate::device::{AlignedBuf, Device, OverlayDevice, IOV_MAX};
+use crate::device::{AlignedBuf, Device, OverlayDevice};
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{csum, data_crc, header, journal, magic};
@@ -196,15 +196,11 @@ impl SealedTx {
         self.io.cv.notify_all();
     }
 
-    /// Write `parts` one after another from byte `at`, as few vectored
-    /// writes as the kernel's iovec limit allows.
-    fn write_run(&self, parts: &[Arc<AlignedBuf>], mut at: u64) -> std::io::Result<()> {
-        for chunk in parts.chunks(IOV_MAX) {
-            let bufs: Vec<&[u8]> = chunk.iter().map(|p| &p[..]).collect();
-            self.dev.write_vectored_at(&bufs, at)?;
-            at += chunk.len() as u64 * self.bs;
-        }
-        Ok(())
+    /// Write `parts` one after another from byte `at` (one vectored
+    /// write; the device splits it at the kernel's iovec limit).
+    fn write_run(&self, parts: &[Arc<AlignedBuf>], at: u64) -> std::io::Result<()> {
+        let bufs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        self.dev.write_vectored_at(&bufs, at)
     }
 }
 

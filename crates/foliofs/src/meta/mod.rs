@@ -298,18 +298,8 @@ impl Meta {
             debug_assert_eq!(self.cache[&blk].kind, Kind::Data, "block {blk}");
             self.write(blk).copy_from_slice(img);
         } else {
-            // A block first logged: its image is made from `img` at once,
-            // not zeroed and then copied.
-            self.evict_if_needed();
-            let data = Arc::new(AlignedBuf::copy_of(img));
-            self.cache.insert(
-                blk,
-                Cached {
-                    data,
-                    kind: Kind::Data,
-                },
-            );
-            self.write(blk);
+            // A block first logged: its image made from `img` at once.
+            self.write_new(blk, AlignedBuf::copy_of(img), Kind::Data);
         }
         Ok(())
     }
@@ -335,8 +325,16 @@ impl Meta {
             b.fill(0);
             return b;
         }
+        let zeroed = AlignedBuf::zeroed(self.geo.block_size as usize);
+        self.write_new(blk, zeroed, kind)
+    }
+
+    /// Cache `img` as block `blk`, not cached before, and change it in the
+    /// running transaction: made whole at once, not zeroed and then
+    /// overwritten.
+    fn write_new(&mut self, blk: u64, img: AlignedBuf, kind: Kind) -> &mut [u8] {
         self.evict_if_needed();
-        let data = Arc::new(AlignedBuf::zeroed(self.geo.block_size as usize));
+        let data = Arc::new(img);
         self.cache.insert(blk, Cached { data, kind });
         self.write(blk)
     }
