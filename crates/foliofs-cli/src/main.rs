@@ -88,7 +88,8 @@ enum Cmd {
     /// Check a file system. Exit code 0 clean, 1 corrected, 4 uncorrected, 8 operational error.
     Fsck {
         image: PathBuf,
-        /// Fix what is safe to fix (bitmaps, counters); replays the journal in place.
+        /// Fix what is safe to fix (bitmaps, counters, link counts, the orphan
+        /// list, inodes nothing reaches or frees); replays the journal in place.
         #[arg(long)]
         repair: bool,
         /// Also verify every data block's checksum.

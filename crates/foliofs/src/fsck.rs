@@ -16,15 +16,18 @@ use crate::format::dirent as dir;
 use crate::format::extent::Extent;
 use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
 use crate::format::inode::{FileType, Fork};
-use crate::format::{bitmap, data_crc, magic};
+use crate::format::{bitmap, csum, data_crc, magic};
 use crate::meta::{self, Meta};
 use serde::Serialize;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 #[derive(Clone, Debug, Default)]
 pub struct FsckOptions {
-    /// Fix what is safe to fix (bitmaps, counters, link counts).
+    /// Fix what is safe to fix: bitmaps, counters, link counts, the
+    /// orphan list, and inodes that nothing reaches and nothing would
+    /// ever free (they are freed). A file with links but no name is left
+    /// as it is, and reported.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -70,8 +73,19 @@ impl Report {
 struct Checker {
     meta: Meta,
     report: Report,
+    repair: bool,
     /// Owner of each block (0 = fixed metadata), by block number.
     owner: HashMap<u64, u64>,
+    /// Blocks claimed twice: never freed by a repair.
+    shared: HashSet<u64>,
+    /// Blocks a repair freed with their inode: the space and checksum
+    /// checks release them without naming each.
+    freed: HashSet<u64>,
+    /// Inodes with no links and no entries: only the orphan list frees
+    /// them, and a repair of the list frees them itself.
+    unlinked: Vec<u64>,
+    /// The orphan tree's blocks.
+    orphan_blocks: Vec<u64>,
     /// Runs of written data blocks: (first block, count, inode).
     written: Vec<(u64, u64, u64)>,
     used: Vec<u64>,
@@ -91,6 +105,27 @@ impl Checker {
             addr,
             message,
             repaired: false,
+        });
+    }
+
+    /// Commit a repair's changes once they fill half a transaction, so
+    /// that a large repair never outgrows the journal. Each step leaves
+    /// the image no worse: at most blocks not yet given back.
+    fn maybe_commit(&mut self) {
+        if self.repair && self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+            if let Err(e) = self.meta.commit() {
+                self.err(e);
+            }
+        }
+    }
+
+    /// A problem that a repair fixes (the caller fixes it when `repair`).
+    fn fixed(&mut self, structure: &str, addr: u64, message: String) {
+        self.report.problems.push(Problem {
+            structure: structure.to_string(),
+            addr,
+            message,
+            repaired: self.repair,
         });
     }
 
@@ -121,6 +156,7 @@ impl Checker {
                 return;
             }
             if let Some(prev) = self.owner.insert(b, owner) {
+                self.shared.insert(b);
                 self.problem(
                     what,
                     b,
@@ -162,7 +198,12 @@ pub fn fsck(
             journal_replayed: replayed,
             ..Default::default()
         },
+        repair: opts.repair,
         owner: HashMap::new(),
+        shared: HashSet::new(),
+        freed: HashSet::new(),
+        unlinked: Vec::new(),
+        orphan_blocks: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -210,7 +251,7 @@ pub fn fsck(
     progress(slots, slots);
     check_tree_and_links(&mut c);
     check_orphans(&mut c);
-    check_space(&mut c, opts.repair);
+    check_space(&mut c);
     check_csum_blocks(&mut c);
     if opts.check_data {
         check_data(&mut c);
@@ -243,7 +284,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         }
     };
     if in_use != marked {
-        c.problem(
+        c.fixed(
             "inode bitmap",
             geo.imap_loc(ino).0,
             format!(
@@ -252,6 +293,11 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 if marked { "in use" } else { "free" }
             ),
         );
+        if c.repair {
+            if let Err(e) = set_imap(c, ino, in_use) {
+                c.err(e);
+            }
+        }
     }
     if !in_use {
         return;
@@ -424,6 +470,7 @@ fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]
 
 fn check_tree_and_links(c: &mut Checker) {
     let dirents = std::mem::take(&mut c.dirents);
+    let has_entries: HashSet<u64> = dirents.iter().map(|(dir, _)| *dir).collect();
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
     for (dir, de) in &dirents {
         match c.inodes.get(&de.ino) {
@@ -478,12 +525,18 @@ fn check_tree_and_links(c: &mut Checker) {
         let found = c.links.get(&ino).copied().unwrap_or(0);
         if kind == FileType::Dir {
             if nlink == 0 {
+                // Removed while open, so empty: one with entries is left.
+                let empty = !has_entries.contains(&ino);
+                if empty {
+                    c.unlinked.push(ino);
+                }
                 if flags & FLAG_ORPHAN == 0 {
-                    c.problem(
-                        "inode",
-                        blk,
-                        format!("directory {ino} has no links and is not on the orphan list"),
-                    );
+                    let message =
+                        format!("directory {ino} has no links and is not on the orphan list");
+                    match empty {
+                        true => c.fixed("inode", blk, message),
+                        false => c.problem("inode", blk, message),
+                    }
                 }
                 continue;
             }
@@ -496,11 +549,12 @@ fn check_tree_and_links(c: &mut Checker) {
             }
             let want = 2 + c.subdirs.get(&ino).copied().unwrap_or(0);
             if nlink != want {
-                c.problem(
+                c.fixed(
                     "inode",
                     blk,
                     format!("directory {ino}: link count {nlink}, should be {want}"),
                 );
+                edit_inode(c, ino, |d| d.nlink = want);
             }
             let real_parent = if ino == root {
                 root
@@ -508,32 +562,43 @@ fn check_tree_and_links(c: &mut Checker) {
                 c.parent_seen.get(&ino).copied().unwrap_or(0)
             };
             if parent != real_parent {
-                c.problem(
-                    "inode",
-                    blk,
-                    format!("directory {ino}: parent {parent}, but it is listed in {real_parent}"),
-                );
+                let message =
+                    format!("directory {ino}: parent {parent}, but it is listed in {real_parent}");
+                if real_parent == 0 {
+                    c.problem("inode", blk, message);
+                } else {
+                    c.fixed("inode", blk, message);
+                    edit_inode(c, ino, |d| d.parent = real_parent);
+                }
             }
         } else if nlink == 0 && found == 0 {
             // Freed at its last close, or by the next mount: unless it is
             // on the orphan list, nothing ever frees it.
+            c.unlinked.push(ino);
             if flags & FLAG_ORPHAN == 0 {
-                c.problem(
+                c.fixed(
                     "inode",
                     blk,
                     format!("inode {ino} has no links and is not on the orphan list"),
                 );
             }
         } else if nlink != found {
-            c.problem(
-                "inode",
-                blk,
-                format!("inode {ino}: link count {nlink}, but {found} directory entries"),
-            );
+            let message = format!("inode {ino}: link count {nlink}, but {found} directory entries");
+            if found == 0 {
+                // A file with no name: nothing to count its links from.
+                c.problem("inode", blk, message);
+            } else {
+                c.fixed("inode", blk, message);
+                edit_inode(c, ino, |d| d.nlink = found);
+            }
         }
     }
 }
 
+/// The orphan list against the inodes' flags and links. Its repair
+/// does what the next mount would: every inode with no links and no
+/// entries is freed, and the list is left empty; an inode with links
+/// keeps them and loses its orphan flag.
 fn check_orphans(c: &mut Checker) {
     let blk = c.meta.geo.agh_blk(0);
     let root = match c
@@ -558,31 +623,47 @@ fn check_orphans(c: &mut Checker) {
         Ok(())
     }) {
         Ok(blocks) => {
-            for b in blocks {
+            for &b in &blocks {
                 c.claim(b, 1, 0, "orphan tree");
             }
+            c.orphan_blocks = blocks;
         }
         Err(e) => return c.err(e),
     }
-    let listed: std::collections::HashSet<u64> = orphans.iter().copied().collect();
-    let unlisted: Vec<u64> = c
+    let before = c.report.problems.len();
+    // Inodes that nothing would free (named by the link check).
+    let lost = c
+        .unlinked
+        .iter()
+        .any(|ino| c.inodes.get(ino).is_some_and(|i| i.3 & FLAG_ORPHAN == 0));
+    let listed: HashSet<u64> = orphans.iter().copied().collect();
+    let mut flagged: Vec<(u64, u32)> = c
         .inodes
         .iter()
-        .filter(|(ino, (_, _, _, flags))| flags & FLAG_ORPHAN != 0 && !listed.contains(ino))
-        .map(|(ino, _)| *ino)
+        .filter(|(_, (_, _, _, flags))| flags & FLAG_ORPHAN != 0)
+        .map(|(ino, (_, nlink, _, _))| (*ino, *nlink))
         .collect();
-    for ino in unlisted {
+    flagged.sort_unstable();
+    for &(ino, nlink) in &flagged {
         let at = c.meta.geo.inode_loc(ino).0;
-        c.problem(
-            "inode",
-            at,
-            format!("inode {ino} is flagged orphan but not on the orphan list"),
-        );
+        if !listed.contains(&ino) {
+            c.fixed(
+                "inode",
+                at,
+                format!("inode {ino} is flagged orphan but not on the orphan list"),
+            );
+        } else if nlink > 0 {
+            c.fixed(
+                "orphan list",
+                blk,
+                format!("lists inode {ino}, which has {nlink} links"),
+            );
+        }
     }
     for ino in orphans {
         match c.inodes.get(&ino) {
-            None => c.problem("orphan list", blk, format!("lists free inode {ino}")),
-            Some((_, _, _, flags)) if flags & FLAG_ORPHAN == 0 => c.problem(
+            None => c.fixed("orphan list", blk, format!("lists free inode {ino}")),
+            Some((_, _, _, flags)) if flags & FLAG_ORPHAN == 0 => c.fixed(
                 "orphan list",
                 blk,
                 format!("lists inode {ino}, which is not flagged orphan"),
@@ -590,9 +671,103 @@ fn check_orphans(c: &mut Checker) {
             _ => {}
         }
     }
+    let wrong = lost || c.report.problems.len() > before;
+    if !(c.repair && wrong) {
+        return;
+    }
+    for (ino, nlink) in flagged {
+        if nlink > 0 {
+            edit_inode(c, ino, |d| d.flags &= !FLAG_ORPHAN);
+        }
+    }
+    let unlinked = std::mem::take(&mut c.unlinked);
+    if let Err(e) = free_inodes(c, &unlinked).and_then(|()| empty_orphan_list(c, blk)) {
+        c.err(e);
+    }
 }
 
-fn check_space(c: &mut Checker, repair: bool) {
+/// Rewrite inode `ino`'s record through `f` (a repair); the checks after
+/// see the new link count, parent and flags.
+fn edit_inode(c: &mut Checker, ino: u64, f: impl FnOnce(&mut DiskInode)) {
+    if !c.repair {
+        return;
+    }
+    let (blk, off) = c.meta.geo.inode_loc(ino);
+    let uuid = c.meta.uuid;
+    let r = c.meta.read_itable(blk).and_then(|b| {
+        let mut d = DiskInode::decode(&b[off..off + INODE_SIZE], ino, blk, &uuid)?;
+        f(&mut d);
+        Ok(d)
+    });
+    match r {
+        Ok(d) => {
+            d.encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+            if let Some(i) = c.inodes.get_mut(&ino) {
+                (i.1, i.2, i.3) = (d.nlink, d.parent, d.flags);
+            }
+            c.maybe_commit();
+        }
+        Err(e) => c.err(e),
+    }
+}
+
+/// Set inode `ino`'s bit in its inode bitmap.
+fn set_imap(c: &mut Checker, ino: u64, used: bool) -> Result<()> {
+    let (blk, bit) = c.meta.geo.imap_loc(ino);
+    c.meta.read(blk, magic::INODE_BITMAP, "inode bitmap")?;
+    bitmap::set_bit(c.meta.write(blk), bit, used);
+    Ok(())
+}
+
+/// Free `inos` (a repair): each slot blank and its bit clear, and every
+/// block only it owned released, for the space and checksum checks to
+/// return to the bitmaps and counters.
+fn free_inodes(c: &mut Checker, inos: &[u64]) -> Result<()> {
+    let set: HashSet<u64> = inos.iter().copied().collect();
+    for &ino in inos {
+        let (blk, off) = c.meta.geo.inode_loc(ino);
+        c.meta.read_itable(blk)?;
+        c.meta.write(blk)[off..off + INODE_SIZE].fill(0);
+        set_imap(c, ino, false)?;
+        c.inodes.remove(&ino);
+        c.maybe_commit();
+    }
+    let owned: Vec<u64> = c
+        .owner
+        .iter()
+        .filter(|(b, owner)| set.contains(owner) && !c.shared.contains(b))
+        .map(|(b, _)| *b)
+        .collect();
+    for b in owned {
+        c.owner.remove(&b);
+        c.used[(b / 64) as usize] &= !(1 << (b % 64));
+        c.freed.insert(b);
+    }
+    c.written.retain(|(_, _, ino)| !set.contains(ino));
+    Ok(())
+}
+
+/// Leave the orphan list empty (a repair), its blocks released.
+fn empty_orphan_list(c: &mut Checker, hblk: u64) -> Result<()> {
+    let mut h = AgHeader::decode(c.meta.read(hblk, magic::AG_HEADER, "AG header")?, hblk, 0)?;
+    if h.orphan_root == 0 {
+        return Ok(());
+    }
+    h.orphan_root = 0;
+    let uuid = c.meta.uuid;
+    h.encode(c.meta.write(hblk), hblk, uuid);
+    for b in std::mem::take(&mut c.orphan_blocks) {
+        if !c.shared.contains(&b) {
+            c.owner.remove(&b);
+            c.used[(b / 64) as usize] &= !(1 << (b % 64));
+            c.freed.insert(b);
+        }
+    }
+    Ok(())
+}
+
+fn check_space(c: &mut Checker) {
+    let repair = c.repair;
     let geo = c.meta.geo.clone();
     for ag in 0..geo.ag_count {
         let len = geo.ag_len(ag);
@@ -622,7 +797,11 @@ fn check_space(c: &mut Checker, repair: bool) {
                 if !used {
                     free += 1;
                 }
-                if on_disk != used {
+                if on_disk != used && c.freed.contains(&global) {
+                    // Freed by this repair with its owner, named there.
+                    bitmap::set_bit(&mut fixed, bit as u32, used);
+                    changed = true;
+                } else if on_disk != used {
                     let msg = if used {
                         format!("block {global} is in use but marked free")
                     } else {
@@ -640,6 +819,7 @@ fn check_space(c: &mut Checker, repair: bool) {
             }
             if repair && changed {
                 c.meta.write(blk).copy_from_slice(&fixed);
+                c.maybe_commit();
             }
         }
         let agh_blk = geo.agh_blk(ag);
@@ -696,7 +876,7 @@ fn check_csum_blocks(c: &mut Checker) {
     for ag in 0..geo.ag_count {
         for i in 0..geo.csum_blocks {
             let blk = geo.csum_start(ag) + i;
-            let b = match c
+            let mut b = match c
                 .meta
                 .read(blk, magic::CSUM, "checksum block")
                 .map(|b| b.to_vec())
@@ -707,6 +887,7 @@ fn check_csum_blocks(c: &mut Checker) {
                     continue;
                 }
             };
+            let mut changed = false;
             for k in 0..geo.csums_per_block {
                 let agbno = i * geo.csums_per_block + k;
                 if agbno >= geo.ag_len(ag) {
@@ -714,13 +895,22 @@ fn check_csum_blocks(c: &mut Checker) {
                 }
                 let global = geo.ag_start(ag) + agbno;
                 let used = c.used[(global / 64) as usize] & (1 << (global % 64)) != 0;
-                if !used && crate::format::csum::get(&b, k as u32) != 0 {
-                    c.problem(
-                        "checksum block",
-                        blk,
-                        format!("free block {global} has a checksum"),
-                    );
+                if !used && csum::get(&b, k as u32) != 0 {
+                    // One a repair freed with its owner goes unnamed.
+                    if !c.freed.contains(&global) {
+                        c.fixed(
+                            "checksum block",
+                            blk,
+                            format!("free block {global} has a checksum"),
+                        );
+                    }
+                    csum::set(&mut b, k as u32, 0);
+                    changed = true;
                 }
+            }
+            if c.repair && changed {
+                c.meta.write(blk).copy_from_slice(&b);
+                c.maybe_commit();
             }
         }
     }

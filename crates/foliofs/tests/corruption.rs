@@ -197,41 +197,108 @@ fn flipped_data_byte_is_eio_and_counted() {
     let _ = dev.len();
 }
 
-/// An inode with no links is freed at its last close, or by the next
-/// mount, only through the orphan list: fsck names one off the list (it
-/// would never be freed) and one flagged orphan that the list does not
-/// hold.
-#[test]
-fn unlinked_inodes_off_the_orphan_list_are_named() {
-    use foliofs::format::ag_header::AgHeader;
-    use foliofs::format::inode::FLAG_ORPHAN;
+/// An image whose file `a` (4 KiB of 1s) was open and unlinked when the
+/// power went, with the journal replayed home so that the structures can
+/// be edited where they lie: `a` is on the orphan list, flagged, with no
+/// links. Also the image's free blocks and inodes before `a` was made.
+struct Orphaned {
+    bytes: Vec<u8>,
+    geo: Geometry,
+    uuid: [u8; 16],
+    a: u64,
+    free_before: (u64, u64),
+}
+
+fn orphaned() -> Orphaned {
     let dev = Arc::new(MemDevice::new(32 << 20));
     mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let st = fs.statfs().unwrap();
     let root = fs.root_ino();
     let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
     fs.write(a, 0, &[1; 4096]).unwrap();
     fs.open(a).unwrap();
     fs.unlink(root, b"a").unwrap();
     fs.sync().unwrap();
-    // The power goes while `a` is still open; the journal is replayed
-    // home so that the structures can be edited where they lie.
     let dev = MemDevice::from_image(dev.image());
     drop(fs);
     let mut sb = foliofs::meta::read_superblock(&dev).unwrap();
     foliofs::meta::replay(&dev, &mut sb).unwrap();
-    let geo = Geometry::new(&sb);
-    let mut bytes = dev.image();
-    let (iblk, ioff) = geo.inode_loc(a);
-    let at = (iblk * 4096) as usize + ioff;
-    let mut d = DiskInode::decode(&bytes[at..at + INODE_SIZE], a, iblk, &sb.uuid).unwrap();
-    assert_eq!((d.nlink, d.flags & FLAG_ORPHAN), (0, FLAG_ORPHAN));
-    let problems = |bytes: &[u8]| {
-        let dev = Arc::new(MemDevice::from_image(bytes.to_vec()));
-        foliofs::fsck::fsck(dev, &Default::default(), |_, _| {})
-            .unwrap()
-            .problems
+    Orphaned {
+        bytes: dev.image(),
+        geo: Geometry::new(&sb),
+        uuid: sb.uuid,
+        a,
+        free_before: (st.blocks_free, st.files_free),
+    }
+}
+
+impl Orphaned {
+    /// Rewrite inode `ino` through `f`.
+    fn edit(&mut self, ino: u64, f: impl FnOnce(&mut DiskInode)) {
+        let (iblk, ioff) = self.geo.inode_loc(ino);
+        let at = (iblk * 4096) as usize + ioff;
+        let slot = &mut self.bytes[at..at + INODE_SIZE];
+        let mut d = DiskInode::decode(slot, ino, iblk, &self.uuid).unwrap();
+        f(&mut d);
+        d.encode(slot, &self.uuid);
+    }
+
+    /// Empty the orphan list under its inodes (its block leaks).
+    fn empty_list(&mut self) {
+        use foliofs::format::ag_header::AgHeader;
+        let hblk = self.geo.agh_blk(0);
+        let hat = (hblk * 4096) as usize;
+        let mut h = AgHeader::decode(&self.bytes[hat..hat + 4096], hblk, 0).unwrap();
+        assert_ne!(h.orphan_root, 0);
+        h.orphan_root = 0;
+        h.encode(&mut self.bytes[hat..hat + 4096], hblk, self.uuid);
+        foliofs::format::header::stamp(&mut self.bytes[hat..hat + 4096]);
+    }
+}
+
+fn fsck_of(dev: &Arc<MemDevice>, repair: bool) -> foliofs::fsck::Report {
+    let o = foliofs::fsck::FsckOptions {
+        repair,
+        check_data: true,
     };
+    foliofs::fsck::fsck(dev.clone(), &o, |_, _| {}).unwrap()
+}
+
+/// `fsck --repair` of `bytes` corrects every problem, and a check after
+/// finds none. Returns the repair's report and the repaired device.
+fn repaired(bytes: &[u8]) -> (foliofs::fsck::Report, Arc<MemDevice>) {
+    let dev = Arc::new(MemDevice::from_image(bytes.to_vec()));
+    let r = fsck_of(&dev, true);
+    assert_eq!(r.exit_code(), 1, "{:?}", r.problems);
+    let again = fsck_of(&dev, false);
+    assert!(again.is_clean(), "after the repair: {:?}", again.problems);
+    (r, dev)
+}
+
+/// Free blocks and inodes of the file system on `dev`, mounted.
+fn free_counts(dev: &Arc<MemDevice>) -> (u64, u64) {
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let st = fs.statfs().unwrap();
+    fs.unmount().unwrap();
+    (st.blocks_free, st.files_free)
+}
+
+/// An inode with no links is freed at its last close, or by the next
+/// mount, only through the orphan list: fsck names one off the list (it
+/// would never be freed) and one flagged orphan that the list does not
+/// hold.
+#[test]
+fn unlinked_inodes_off_the_orphan_list_are_named() {
+    use foliofs::format::inode::FLAG_ORPHAN;
+    let mut img = orphaned();
+    let a = img.a;
+    let iblk = img.geo.inode_loc(a).0;
+    img.edit(a, |d| {
+        assert_eq!((d.nlink, d.flags & FLAG_ORPHAN), (0, FLAG_ORPHAN))
+    });
+    let problems =
+        |bytes: &[u8]| fsck_of(&Arc::new(MemDevice::from_image(bytes.to_vec())), false).problems;
     let names_inode = |bytes: &[u8], what: &str| {
         let p = problems(bytes);
         assert!(
@@ -240,18 +307,126 @@ fn unlinked_inodes_off_the_orphan_list_are_named() {
             "{what}: {p:?}"
         );
     };
-    assert!(problems(&bytes).is_empty(), "{:?}", problems(&bytes));
-    // The list emptied under it.
-    let hblk = geo.agh_blk(0);
-    let hat = (hblk * 4096) as usize;
-    let mut h = AgHeader::decode(&bytes[hat..hat + 4096], hblk, 0).unwrap();
-    assert_ne!(h.orphan_root, 0);
-    h.orphan_root = 0;
-    h.encode(&mut bytes[hat..hat + 4096], hblk, sb.uuid);
-    foliofs::format::header::stamp(&mut bytes[hat..hat + 4096]);
-    names_inode(&bytes, "flagged orphan but not on the orphan list");
+    assert!(
+        problems(&img.bytes).is_empty(),
+        "{:?}",
+        problems(&img.bytes)
+    );
+    img.empty_list();
+    names_inode(&img.bytes, "flagged orphan but not on the orphan list");
     // And its flag cleared too: nothing would ever free it.
-    d.flags &= !FLAG_ORPHAN;
-    d.encode(&mut bytes[at..at + INODE_SIZE], &sb.uuid);
-    names_inode(&bytes, "has no links and is not on the orphan list");
+    img.edit(a, |d| d.flags &= !FLAG_ORPHAN);
+    names_inode(&img.bytes, "has no links and is not on the orphan list");
+}
+
+/// fsck --repair frees an inode that nothing would free, flagged or not,
+/// as the next mount frees an orphan: its blocks and its inode are back,
+/// and the image checks clean.
+#[test]
+fn a_repair_frees_inodes_that_nothing_would_free() {
+    use foliofs::format::inode::FLAG_ORPHAN;
+    let mut img = orphaned();
+    img.empty_list();
+    let (r, dev) = repaired(&img.bytes);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message.contains("flagged orphan")),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(free_counts(&dev), img.free_before);
+    img.edit(img.a, |d| d.flags &= !FLAG_ORPHAN);
+    let (_, dev) = repaired(&img.bytes);
+    assert_eq!(free_counts(&dev), img.free_before);
+    // A clean image with an orphan on its list is left for the mount.
+    let img = orphaned();
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    assert_eq!(fsck_of(&dev, true).exit_code(), 0);
+    assert_eq!(dev.image(), img.bytes, "a repair of a clean image wrote");
+    assert_eq!(free_counts(&dev), img.free_before);
+}
+
+/// An orphan list that names an inode with links is damaged: fsck says
+/// so, the mount takes the inode off the list instead of freeing the
+/// file, and a repair does the same.
+#[test]
+fn an_orphan_list_naming_a_linked_inode_frees_nothing() {
+    let mut img = orphaned();
+    let a = img.a;
+    img.edit(a, |d| d.nlink = 1);
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let r = fsck_of(&dev, false);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == format!("lists inode {a}, which has 1 links")),
+        "{:?}",
+        r.problems
+    );
+    for dev in [dev.clone(), repaired_but_lost(&img.bytes, a)] {
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        let mut buf = [0u8; 4096];
+        assert_eq!(fs.read(a, 0, &mut buf).unwrap(), 4096);
+        assert!(buf.iter().all(|&b| b == 1), "the file's data is gone");
+        fs.unmount().unwrap();
+        // Off the list: only its missing name is left to report.
+        let r = fsck_of(&dev, false);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(r.problems[0].message.contains("but 0 directory entries"));
+    }
+}
+
+/// `fsck --repair` of `bytes`, which leaves only inode `a`'s missing
+/// name (fsck has no lost+found to give it one).
+fn repaired_but_lost(bytes: &[u8], a: u64) -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::from_image(bytes.to_vec()));
+    let r = fsck_of(&dev, true);
+    assert_eq!(r.exit_code(), 4, "{:?}", r.problems);
+    let left: Vec<_> = r.problems.iter().filter(|p| !p.repaired).collect();
+    assert_eq!(left.len(), 1, "{:?}", r.problems);
+    assert!(left[0]
+        .message
+        .starts_with(&format!("inode {a}: link count 1")));
+    dev
+}
+
+/// fsck --repair sets a link count from the directory entries, for a
+/// file and for a directory, and the files then unlink to nothing.
+#[test]
+fn a_repair_sets_link_counts_from_the_entries() {
+    let dev = Arc::new(MemDevice::new(32 << 20));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let free_before = fs.statfs().unwrap();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let b = fs.create(d, b"b", 0o644, 0, 0).unwrap().ino;
+    fs.write(b, 0, &[2; 8192]).unwrap();
+    fs.link(b, d, b"b2").unwrap();
+    fs.unmount().unwrap();
+    let mut img = Orphaned {
+        bytes: dev.image(),
+        geo: Geometry::new(&foliofs::meta::read_superblock(&*dev).unwrap()),
+        uuid: foliofs::meta::read_superblock(&*dev).unwrap().uuid,
+        a: 0,
+        free_before: (0, 0),
+    };
+    img.edit(b, |x| x.nlink = 5);
+    img.edit(d, |x| x.nlink = 7);
+    let (r, dev) = repaired(&img.bytes);
+    assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.getattr(b).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(d).unwrap().nlink, 2);
+    fs.unlink(d, b"b").unwrap();
+    fs.unlink(d, b"b2").unwrap();
+    fs.rmdir(root, b"d").unwrap();
+    let st = fs.statfs().unwrap();
+    assert_eq!(
+        (st.blocks_free, st.files_free),
+        (free_before.blocks_free, free_before.files_free)
+    );
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
 }

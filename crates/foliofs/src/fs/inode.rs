@@ -517,6 +517,20 @@ impl Inner {
         Ok(())
     }
 
+    /// An inode with links found on the orphan list: the list is damaged
+    /// (a name takes an inode off it in the same transaction), and the
+    /// file is not freed. It leaves the list and loses its orphan flag.
+    fn unlist_linked(&mut self, ino: u64) -> Result<()> {
+        let (ip, mut cx) = self.with(ino)?;
+        log::warn!(
+            "inode {ino} is on the orphan list but has {} links: taken off the list, not freed",
+            ip.d.nlink
+        );
+        ip.d.flags &= !FLAG_ORPHAN;
+        ip.store(&mut cx)?;
+        self.orphan_remove(ino)
+    }
+
     /// Finish inodes that were unlinked while open when the system stopped.
     pub fn process_orphans(&mut self) -> Result<()> {
         loop {
@@ -527,6 +541,7 @@ impl Inner {
             }
             for (ino, _) in batch {
                 match self.load_inode(ino) {
+                    Ok(()) if self.with(ino)?.0.d.nlink > 0 => self.unlist_linked(ino)?,
                     Ok(()) => self.destroy_inode(ino, true)?,
                     Err(Error::NotFound) => self.orphan_remove(ino)?,
                     Err(e) => return Err(e),
