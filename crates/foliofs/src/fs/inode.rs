@@ -446,12 +446,14 @@ impl Inner {
     /// extents are a tree may be freed in steps, each committed (a long
     /// file): it is on the orphan list while this runs, so a crash part-way
     /// is finished by the next mount. One with its extents inline is freed
-    /// within the running transaction, so one not on the list (`listed`
-    /// false: unlinked and freed at once) is not put there and taken off
-    /// again.
-    pub fn destroy_inode(&mut self, ino: u64, listed: bool) -> Result<()> {
+    /// within the running transaction, so one not on the list (unlinked
+    /// and freed at once) is not put there and taken off again. An inode
+    /// is on the list exactly when it carries the orphan flag.
+    pub fn destroy_inode(&mut self, ino: u64) -> Result<()> {
         self.load_inode(ino)?;
-        let in_steps = matches!(self.with(ino)?.0.fork, Fork::Tree);
+        let ip = self.with(ino)?.0;
+        let in_steps = matches!(ip.fork, Fork::Tree);
+        let listed = ip.d.flags & FLAG_ORPHAN != 0;
         if in_steps && !listed {
             self.orphan_add(ino)?;
         }
@@ -498,7 +500,7 @@ impl Inner {
         let (open, nlink) = (ip.open, ip.d.nlink);
         if nlink == 0 && self.unused(ino, open) {
             self.check_writable()?;
-            self.destroy_inode(ino, true)?;
+            self.destroy_inode(ino)?;
         }
         Ok(())
     }
@@ -512,7 +514,7 @@ impl Inner {
             Err(e) => return Err(e),
         };
         if nlink == 0 && self.unused(ino, open) {
-            self.destroy_inode(ino, true)?;
+            self.destroy_inode(ino)?;
         }
         Ok(())
     }
@@ -542,7 +544,7 @@ impl Inner {
             for (ino, _) in batch {
                 match self.load_inode(ino) {
                     Ok(()) if self.with(ino)?.0.d.nlink > 0 => self.unlist_linked(ino)?,
-                    Ok(()) => self.destroy_inode(ino, true)?,
+                    Ok(()) => self.destroy_inode(ino)?,
                     Err(Error::NotFound) => self.orphan_remove(ino)?,
                     Err(e) => return Err(e),
                 }

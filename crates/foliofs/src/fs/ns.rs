@@ -378,7 +378,7 @@ impl Inner {
         if ip.d.nlink == 0 {
             let open = ip.open;
             if self.unused(ino, open) {
-                self.destroy_inode(ino, false)?;
+                self.destroy_inode(ino)?;
             } else {
                 self.orphan_add(ino)?;
             }

@@ -348,7 +348,7 @@ impl Inner {
             self.behind_queues[ag].push_back(ino);
         }
         if destroy {
-            self.destroy_inode(ino, true)?;
+            self.destroy_inode(ino)?;
         }
         self.maybe_evict();
         match w.result {

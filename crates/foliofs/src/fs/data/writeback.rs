@@ -491,7 +491,7 @@ impl Inner {
             self.wb_errors += 1;
         }
         if destroy {
-            self.destroy_inode(ino, true)?;
+            self.destroy_inode(ino)?;
         }
         Ok(())
     }
