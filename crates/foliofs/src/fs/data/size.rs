@@ -5,9 +5,10 @@
 use super::MAX_FILE_SIZE;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
-use crate::fs::fork::Extent;
 use crate::fs::state::Inner;
 use crate::fs::types::{ExtentInfo, Falloc, Whence};
+use crate::runs::{gaps, runs};
+use std::ops::Range;
 
 impl Inner {
     /// Zero bytes [from, to) of block `lblk` if it holds data; returns the
@@ -134,33 +135,14 @@ impl Inner {
         // hold a reservation): a few runs, not a list of every block (an
         // fallocate of a terabyte on a small image is refused without
         // building one).
-        let mut holes: Vec<(u64, u64)> = Vec::new();
-        let mut l = from;
-        for e in ip
+        let mapped: Vec<Range<u64>> = ip
             .ext_range(&mut cx, from, to)?
-            .into_iter()
-            .chain(std::iter::once(Extent {
-                lblk: to,
-                pblk: 0,
-                len: 0,
-                unwritten: false,
-            }))
-        {
-            let gap_end = e.lblk.min(to);
-            if l < gap_end {
-                let mut s = l;
-                for d in ip.cache.dirty_blocks(l, gap_end) {
-                    if d > s {
-                        holes.push((s, d - s));
-                    }
-                    s = d + 1;
-                }
-                if s < gap_end {
-                    holes.push((s, gap_end - s));
-                }
-            }
-            l = l.max(e.end());
-        }
+            .iter()
+            .map(|e| e.lblk..e.end())
+            .collect();
+        let dirty: Vec<u64> = ip.cache.dirty_blocks(from, to).collect();
+        let dirty = runs(&dirty).into_iter().map(|(s, n)| s..s + n);
+        let holes = gaps(from, to, mapped.into_iter().chain(dirty));
         let want: u64 = holes.iter().map(|&(_, n)| n).sum();
         if cx.alloc.available() < want {
             cx.reclaim()?;
