@@ -99,20 +99,25 @@ struct Checker {
 }
 
 impl Checker {
-    fn problem(&mut self, structure: &str, addr: u64, message: String) {
+    fn push(&mut self, structure: &str, addr: u64, message: String, repaired: bool) {
         self.report.problems.push(Problem {
             structure: structure.to_string(),
             addr,
             message,
-            repaired: false,
+            repaired,
         });
     }
 
-    /// Commit a repair's changes once they fill half a transaction, so
-    /// that a large repair never outgrows the journal. Each step leaves
-    /// the image no worse: at most blocks not yet given back.
+    fn problem(&mut self, structure: &str, addr: u64, message: String) {
+        self.push(structure, addr, message, false);
+    }
+
+    /// Commit a repair's changes once they fill the transaction (as the
+    /// engine's long work does), so that a large repair never outgrows
+    /// the journal. Each step leaves the image no worse: at most blocks
+    /// not yet given back.
     fn maybe_commit(&mut self) {
-        if self.repair && self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+        if self.repair && self.meta.tx_filling() {
             if let Err(e) = self.meta.commit() {
                 self.err(e);
             }
@@ -121,12 +126,22 @@ impl Checker {
 
     /// A problem that a repair fixes (the caller fixes it when `repair`).
     fn fixed(&mut self, structure: &str, addr: u64, message: String) {
-        self.report.problems.push(Problem {
-            structure: structure.to_string(),
-            addr,
-            message,
-            repaired: self.repair,
-        });
+        self.push(structure, addr, message, self.repair);
+    }
+
+    fn is_used(&self, b: u64) -> bool {
+        self.used[(b / 64) as usize] & (1 << (b % 64)) != 0
+    }
+
+    /// Give block `b` back (a repair freed its owner), unless another
+    /// owner claims it too; the space and checksum checks then release it
+    /// without naming it.
+    fn release(&mut self, b: u64) {
+        if !self.shared.contains(&b) {
+            self.owner.remove(&b);
+            self.used[(b / 64) as usize] &= !(1 << (b % 64));
+            self.freed.insert(b);
+        }
     }
 
     fn err(&mut self, e: Error) {
@@ -735,13 +750,11 @@ fn free_inodes(c: &mut Checker, inos: &[u64]) -> Result<()> {
     let owned: Vec<u64> = c
         .owner
         .iter()
-        .filter(|(b, owner)| set.contains(owner) && !c.shared.contains(b))
+        .filter(|(_, owner)| set.contains(owner))
         .map(|(b, _)| *b)
         .collect();
     for b in owned {
-        c.owner.remove(&b);
-        c.used[(b / 64) as usize] &= !(1 << (b % 64));
-        c.freed.insert(b);
+        c.release(b);
     }
     c.written.retain(|(_, _, ino)| !set.contains(ino));
     Ok(())
@@ -757,11 +770,7 @@ fn empty_orphan_list(c: &mut Checker, hblk: u64) -> Result<()> {
     let uuid = c.meta.uuid;
     h.encode(c.meta.write(hblk), hblk, uuid);
     for b in std::mem::take(&mut c.orphan_blocks) {
-        if !c.shared.contains(&b) {
-            c.owner.remove(&b);
-            c.used[(b / 64) as usize] &= !(1 << (b % 64));
-            c.freed.insert(b);
-        }
+        c.release(b);
     }
     Ok(())
 }
@@ -793,7 +802,7 @@ fn check_space(c: &mut Checker) {
             {
                 let global = geo.ag_start(ag) + i * geo.bits_per_bmap + bit;
                 let on_disk = bitmap::get_bit(&b, bit as u32);
-                let used = c.used[(global / 64) as usize] & (1 << (global % 64)) != 0;
+                let used = c.is_used(global);
                 if !used {
                     free += 1;
                 }
@@ -807,12 +816,7 @@ fn check_space(c: &mut Checker) {
                     } else {
                         format!("block {global} is marked in use but nothing owns it (leaked)")
                     };
-                    c.report.problems.push(Problem {
-                        structure: "block bitmap".into(),
-                        addr: blk,
-                        message: msg,
-                        repaired: repair,
-                    });
+                    c.fixed("block bitmap", blk, msg);
                     bitmap::set_bit(&mut fixed, bit as u32, used);
                     changed = true;
                 }
@@ -847,15 +851,14 @@ fn check_space(c: &mut Checker) {
             })
             .count() as u64;
         if h.blocks != len || h.free_blocks != free || h.free_inodes != free_inodes {
-            c.report.problems.push(Problem {
-                structure: "AG header".into(),
-                addr: agh_blk,
-                message: format!(
+            c.fixed(
+                "AG header",
+                agh_blk,
+                format!(
                     "AG {ag}: header says {} blocks, {} free, {} free inodes; counted {len}, {free}, {free_inodes}",
                     h.blocks, h.free_blocks, h.free_inodes
                 ),
-                repaired: repair,
-            });
+            );
             if repair {
                 let h2 = AgHeader {
                     blocks: len,
@@ -894,7 +897,7 @@ fn check_csum_blocks(c: &mut Checker) {
                     break;
                 }
                 let global = geo.ag_start(ag) + agbno;
-                let used = c.used[(global / 64) as usize] & (1 << (global % 64)) != 0;
+                let used = c.is_used(global);
                 if !used && csum::get(&b, k as u32) != 0 {
                     // One a repair freed with its owner goes unnamed.
                     if !c.freed.contains(&global) {

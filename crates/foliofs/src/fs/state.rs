@@ -255,7 +255,7 @@ impl Inner {
     /// Commit at an operation boundary when the running transaction grows
     /// past a quarter of the journal, so no transaction outgrows it.
     pub(in crate::fs) fn maybe_commit(&mut self) -> Result<()> {
-        if self.meta.running_blocks() > self.meta.max_tx_blocks() / 2 {
+        if self.meta.tx_filling() {
             self.meta.commit()?;
         }
         // Half full: write the committed blocks home in the background,

@@ -408,10 +408,11 @@ impl Meta {
         (blocks, implied)
     }
 
-    /// Largest number of metadata blocks one transaction may hold; the
-    /// engine commits at operation boundaries long before this.
-    pub fn max_tx_blocks(&self) -> usize {
-        (self.geo.journal_blocks / 2) as usize
+    /// The running transaction holds more than a quarter of the journal:
+    /// long work commits at its next boundary, so that no transaction
+    /// outgrows the journal.
+    pub fn tx_filling(&self) -> bool {
+        self.running_blocks() as u64 > self.geo.journal_blocks / 4
     }
 
     /// Write the running transaction to the journal and flush, holding the

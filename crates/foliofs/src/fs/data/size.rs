@@ -114,7 +114,7 @@ impl Inner {
             // Commits fall between steps, never after the last one: a
             // file of one step is cut within the caller's transaction
             // (`destroy_inode` counts on it).
-            if later_step && cx.meta.running_blocks() > cx.meta.max_tx_blocks() / 2 {
+            if later_step && cx.meta.tx_filling() {
                 cx.meta.commit()?;
             }
             later_step = true;
@@ -155,7 +155,7 @@ impl Inner {
             while l < start + len {
                 let (_, n) = ip.alloc_unwritten(&mut cx, ag, l, start + len - l)?;
                 l += n;
-                if cx.meta.running_blocks() > cx.meta.max_tx_blocks() / 2 {
+                if cx.meta.tx_filling() {
                     ip.store(&mut cx)?;
                     cx.meta.commit()?;
                 }
