@@ -18,6 +18,7 @@ use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
 use crate::format::inode::{FileType, Fork};
 use crate::format::{bitmap, csum, data_crc, magic};
 use crate::meta::{self, Meta};
+use crate::{Fs, MountOptions};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -26,8 +27,9 @@ use std::sync::Arc;
 pub struct FsckOptions {
     /// Fix what is safe to fix: bitmaps, counters, link counts, the
     /// orphan list, and inodes that nothing reaches and nothing would
-    /// ever free (they are freed). A file with links but no name is left
-    /// as it is, and reported.
+    /// ever free (they are freed). A file with links but no name, and a
+    /// directory that no entry names, get the name `#<ino>` in
+    /// /lost+found.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -86,6 +88,10 @@ struct Checker {
     unlinked: Vec<u64>,
     /// The orphan tree's blocks.
     orphan_blocks: Vec<u64>,
+    /// Inodes with links that no entry names, to be named in
+    /// /lost+found, and the problems that naming each fixes: (inode to
+    /// name, inode of the problem, index of the problem).
+    nameless: Vec<(u64, u64, usize)>,
     /// Runs of written data blocks: (first block, count, inode).
     written: Vec<(u64, u64, u64)>,
     used: Vec<u64>,
@@ -127,6 +133,16 @@ impl Checker {
     /// A problem that a repair fixes (the caller fixes it when `repair`).
     fn fixed(&mut self, structure: &str, addr: u64, message: String) {
         self.push(structure, addr, message, self.repair);
+    }
+
+    /// A problem that naming `ino` in /lost+found fixes (`reconnect`):
+    /// `ino` has links but no entry names it, or is below such a
+    /// directory.
+    fn nameless(&mut self, structure: &str, blk: u64, ino: u64, top: u64, message: String) {
+        if self.repair {
+            self.nameless.push((top, ino, self.report.problems.len()));
+        }
+        self.fixed(structure, blk, message);
     }
 
     fn is_used(&self, b: u64) -> bool {
@@ -219,6 +235,7 @@ pub fn fsck(
         freed: HashSet::new(),
         unlinked: Vec::new(),
         orphan_blocks: Vec::new(),
+        nameless: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -277,6 +294,10 @@ pub fn fsck(
     if opts.repair && c.report.problems.iter().any(|p| p.repaired) {
         c.meta.commit()?;
         c.meta.checkpoint()?;
+        if !c.nameless.is_empty() {
+            drop(c.meta);
+            reconnect(dev, &c.nameless, &mut c.report);
+        }
     }
     Ok(c.report)
 }
@@ -546,8 +567,7 @@ fn check_tree_and_links(c: &mut Checker) {
                     c.unlinked.push(ino);
                 }
                 if flags & FLAG_ORPHAN == 0 {
-                    let message =
-                        format!("directory {ino} has no links and is not on the orphan list");
+                    let message = format!("directory {ino} has no links and no orphan flag");
                     match empty {
                         true => c.fixed("inode", blk, message),
                         false => c.problem("inode", blk, message),
@@ -556,11 +576,13 @@ fn check_tree_and_links(c: &mut Checker) {
                 continue;
             }
             if ino != root && !seen.contains_key(&ino) {
-                c.problem(
-                    "directory",
-                    blk,
-                    format!("directory {ino} is not reachable from the root"),
-                );
+                let message = format!("directory {ino} is not reachable from the root");
+                // Reachable again once the directory above it that no
+                // entry names is named in /lost+found.
+                match detached_top(c, ino) {
+                    Some(top) => c.nameless("directory", blk, ino, top, message),
+                    None => c.problem("directory", blk, message),
+                }
             }
             let want = 2 + c.subdirs.get(&ino).copied().unwrap_or(0);
             if nlink != want {
@@ -580,7 +602,11 @@ fn check_tree_and_links(c: &mut Checker) {
                 let message =
                     format!("directory {ino}: parent {parent}, but it is listed in {real_parent}");
                 if real_parent == 0 {
-                    c.problem("inode", blk, message);
+                    // One that a repair names in /lost+found (named above)
+                    // takes lost+found as its parent.
+                    if detached_top(c, ino) != Some(ino) {
+                        c.problem("inode", blk, message);
+                    }
                 } else {
                     c.fixed("inode", blk, message);
                     edit_inode(c, ino, |d| d.parent = real_parent);
@@ -594,19 +620,78 @@ fn check_tree_and_links(c: &mut Checker) {
                 c.fixed(
                     "inode",
                     blk,
-                    format!("inode {ino} has no links and is not on the orphan list"),
+                    format!("inode {ino} has no links and no orphan flag"),
                 );
             }
         } else if nlink != found {
             let message = format!("inode {ino}: link count {nlink}, but {found} directory entries");
             if found == 0 {
-                // A file with no name: nothing to count its links from.
-                c.problem("inode", blk, message);
+                // A file with no name: named in /lost+found.
+                c.nameless("inode", blk, ino, ino, message);
             } else {
                 c.fixed("inode", blk, message);
                 edit_inode(c, ino, |d| d.nlink = found);
             }
         }
+    }
+}
+
+/// The directory above unreachable directory `d` that no entry names
+/// (`d` itself, if none names it), with links: naming it in /lost+found
+/// makes `d` reachable. None when the way up loops or ends elsewhere.
+fn detached_top(c: &Checker, d: u64) -> Option<u64> {
+    let mut at = d;
+    let mut visited = HashSet::new();
+    while let Some(&p) = c.parent_seen.get(&at) {
+        if !visited.insert(at) {
+            return None;
+        }
+        at = p;
+    }
+    match c.inodes.get(&at) {
+        Some((FileType::Dir, nlink, ..)) if *nlink > 0 && at != c.meta.sb.root_ino => Some(at),
+        _ => None,
+    }
+}
+
+/// Name each of `nameless` in /lost+found through a mount of the
+/// repaired image: the engine's own directory code adds the entries and
+/// makes lost+found if it is missing. A failure leaves its problem
+/// unrepaired, with the reason.
+fn reconnect(dev: Arc<dyn Device>, nameless: &[(u64, u64, usize)], report: &mut Report) {
+    let unrepaired = |report: &mut Report, at: usize, why: String| {
+        let p = &mut report.problems[at];
+        p.repaired = false;
+        p.message += &format!("; not named in /lost+found: {why}");
+    };
+    let fs = match Fs::mount(dev, MountOptions::default()) {
+        Ok(fs) => fs,
+        Err(e) => {
+            for &(_, _, at) in nameless {
+                unrepaired(report, at, format!("the mount failed: {e}"));
+            }
+            return;
+        }
+    };
+    let mut done: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
+    for &(top, ino, at) in nameless {
+        let r = done.entry(top).or_insert_with(|| match fs.reconnect(top) {
+            Ok(name) => Ok(format!("/lost+found/{}", String::from_utf8_lossy(&name))),
+            Err(e) => Err(e.to_string()),
+        });
+        match (r.clone(), top == ino) {
+            (Ok(path), true) => report.problems[at].message += &format!("; named {path}"),
+            (Ok(path), false) => report.problems[at].message += &format!("; now below {path}"),
+            (Err(why), _) => unrepaired(report, at, why),
+        }
+    }
+    if let Err(e) = fs.unmount() {
+        report.problems.push(Problem {
+            structure: "device".into(),
+            addr: 0,
+            message: format!("unmount after naming in /lost+found: {e}"),
+            repaired: false,
+        });
     }
 }
 

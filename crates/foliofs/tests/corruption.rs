@@ -252,6 +252,30 @@ impl Raw {
         d.encode(slot, &self.uuid);
     }
 
+    /// Remove `name` from directory `dir`'s inline entries.
+    fn drop_entry(&mut self, dir: u64, name: &[u8]) {
+        use foliofs::format::inode::Fork;
+        let iblk = self.geo.inode_loc(dir).0;
+        self.edit(dir, |d| {
+            let Fork::Inline(mut entries) = d.decode_fork(iblk).unwrap() else {
+                panic!("directory {dir} is not inline");
+            };
+            let n = entries.len();
+            entries
+                .retain(|(k, v)| foliofs::format::dirent::decode(dir, *k, v).unwrap().name != name);
+            assert_eq!(entries.len() + 1, n, "no entry {name:?}");
+            d.literal.fill(0);
+            let mut at = 0;
+            for (k, v) in &entries {
+                d.literal[at..at + 8].copy_from_slice(&k.to_le_bytes());
+                d.literal[at + 8..at + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
+                d.literal[at + 10..at + 10 + v.len()].copy_from_slice(v);
+                at += 10 + v.len();
+            }
+            d.fork_count = entries.len() as u16;
+        });
+    }
+
     /// Empty the orphan list under its inodes (its block leaks).
     fn empty_list(&mut self) {
         use foliofs::format::ag_header::AgHeader;
@@ -323,7 +347,7 @@ fn unlinked_inodes_off_the_orphan_list_are_named() {
     names_inode(&img.bytes, "flagged orphan but not on the orphan list");
     // And its flag cleared too: nothing would ever free it.
     img.edit(a, |d| d.flags &= !FLAG_ORPHAN);
-    names_inode(&img.bytes, "has no links and is not on the orphan list");
+    names_inode(&img.bytes, "has no links and no orphan flag");
 }
 
 /// fsck --repair frees an inode that nothing would free, flagged or not,
@@ -355,8 +379,9 @@ fn a_repair_frees_inodes_that_nothing_would_free() {
 }
 
 /// An orphan list that names an inode with links is damaged: fsck says
-/// so, the mount takes the inode off the list instead of freeing the
-/// file, and a repair does the same.
+/// so, and the mount takes the inode off the list instead of freeing the
+/// file. A repair, of the image or of the mounted one, names the file in
+/// /lost+found.
 #[test]
 fn an_orphan_list_naming_a_linked_inode_frees_nothing() {
     let (mut img, a, _) = orphaned();
@@ -370,31 +395,121 @@ fn an_orphan_list_naming_a_linked_inode_frees_nothing() {
         "{:?}",
         r.problems
     );
-    for dev in [dev.clone(), repaired_but_lost(&img.bytes, a)] {
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_ones(&fs, a);
+    fs.unmount().unwrap();
+    // Off the list: only its missing name is left to report.
+    let r = fsck_of(&dev, false);
+    assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+    assert!(r.problems[0].message.contains("but 0 directory entries"));
+    for bytes in [img.bytes, dev.image()] {
+        let (r, dev) = repaired(&bytes);
+        let name = format!("#{a}");
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message.ends_with(&format!("named /lost+found/{name}"))),
+            "{:?}",
+            r.problems
+        );
         let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-        let mut buf = [0u8; 4096];
-        assert_eq!(fs.read(a, 0, &mut buf).unwrap(), 4096);
-        assert!(buf.iter().all(|&b| b == 1), "the file's data is gone");
+        let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap();
+        assert_eq!(
+            (lf.kind, lf.perm & 0o7777, lf.nlink),
+            (FileType::Dir, 0o700, 2)
+        );
+        let at = fs.lookup(lf.ino, name.as_bytes()).unwrap();
+        assert_eq!((at.ino, at.nlink), (a, 1));
+        assert_ones(&fs, a);
+        fs.unlink(lf.ino, name.as_bytes()).unwrap();
         fs.unmount().unwrap();
-        // Off the list: only its missing name is left to report.
-        let r = fsck_of(&dev, false);
-        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
-        assert!(r.problems[0].message.contains("but 0 directory entries"));
+        assert!(fsck_of(&dev, false).is_clean());
     }
 }
 
-/// `fsck --repair` of `bytes`, which leaves only inode `a`'s missing
-/// name (fsck has no lost+found to give it one).
-fn repaired_but_lost(bytes: &[u8], a: u64) -> Arc<MemDevice> {
-    let dev = Arc::new(MemDevice::from_image(bytes.to_vec()));
-    let r = fsck_of(&dev, true);
-    assert_eq!(r.exit_code(), 4, "{:?}", r.problems);
-    let left: Vec<_> = r.problems.iter().filter(|p| !p.repaired).collect();
-    assert_eq!(left.len(), 1, "{:?}", r.problems);
-    assert!(left[0]
-        .message
-        .starts_with(&format!("inode {a}: link count 1")));
-    dev
+/// An orphan list entry for an unlinked inode whose orphan flag is lost
+/// (damage): fsck names it, and the mount frees the inode and empties
+/// the list all the same (its second look finds the slot free).
+#[test]
+fn a_listed_inode_without_its_orphan_flag_is_freed_all_the_same() {
+    use foliofs::format::inode::FLAG_ORPHAN;
+    let (mut img, a, free_before) = orphaned();
+    img.edit(a, |d| d.flags &= !FLAG_ORPHAN);
+    let dev = Arc::new(MemDevice::from_image(img.bytes));
+    let r = fsck_of(&dev, false);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == format!("lists inode {a}, which is not flagged orphan")),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(free_counts(&dev), free_before);
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// File `a` of `orphaned` still holds its 4 KiB of 1s.
+fn assert_ones(fs: &Fs, a: u64) {
+    let mut buf = [0u8; 4096];
+    assert_eq!(fs.read(a, 0, &mut buf).unwrap(), 4096);
+    assert!(buf.iter().all(|&b| b == 1), "the file's data is gone");
+}
+
+/// A directory that lost its entry, and everything below it, is not
+/// reachable from the root: a repair names it in /lost+found, where the
+/// tree below it is whole again.
+#[test]
+fn a_repair_names_a_lost_directory_in_lost_found() {
+    let (dev, fs, free_before) = fresh_fs();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(d, b"e", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(e, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[3; 8192]).unwrap();
+    fs.unmount().unwrap();
+    let mut img = Raw::of(dev.image());
+    img.drop_entry(root, b"d");
+    let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
+    for ino in [d, e] {
+        let message = format!("directory {ino} is not reachable from the root");
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message == message && !p.repaired),
+            "{:?}",
+            r.problems
+        );
+    }
+    let (r, dev) = repaired(&img.bytes);
+    let named = format!("directory {d} is not reachable from the root; named /lost+found/#{d}");
+    let below = format!("directory {e} is not reachable from the root; now below /lost+found/#{d}");
+    for message in [named, below] {
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message == message && p.repaired),
+            "{message}: {:?}",
+            r.problems
+        );
+    }
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
+    let name = format!("#{d}");
+    assert_eq!(fs.lookup(lf, name.as_bytes()).unwrap().ino, d);
+    assert_eq!(fs.lookup(d, b"..").unwrap().ino, lf);
+    assert_eq!(fs.getattr(lf).unwrap().nlink, 3);
+    assert_eq!(fs.getattr(root).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(e, b"f").unwrap().ino, f);
+    let mut buf = [0u8; 8192];
+    assert_eq!(fs.read(f, 0, &mut buf).unwrap(), 8192);
+    assert!(buf.iter().all(|&b| b == 3));
+    fs.unlink(e, b"f").unwrap();
+    fs.rmdir(d, b"e").unwrap();
+    fs.rmdir(lf, name.as_bytes()).unwrap();
+    fs.rmdir(root, b"lost+found").unwrap();
+    fs.unmount().unwrap();
+    assert_eq!(free_counts(&dev), free_before);
+    assert!(fsck_of(&dev, false).is_clean());
 }
 
 /// fsck --repair sets a link count from the directory entries, for a

@@ -11,6 +11,9 @@ pub use crate::format::dirent::{
 };
 use crate::fs::state::Ctx;
 
+/// Where fsck's repair names what lost its name (`Fs::reconnect`).
+pub const LOST_FOUND: &[u8] = b"lost+found";
+
 pub fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {

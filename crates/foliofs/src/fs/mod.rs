@@ -508,6 +508,12 @@ impl Fs {
         self.mutate(|g| g.link(ino, parent, name))
     }
 
+    /// Name `ino`, which no entry names, in /lost+found (fsck's repair);
+    /// returns the name.
+    pub(crate) fn reconnect(&self, ino: u64) -> Result<Vec<u8>> {
+        self.mutate(|g| g.reconnect(ino))
+    }
+
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.mutate(|g| g.unlink(parent, name, false))
     }

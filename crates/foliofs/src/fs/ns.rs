@@ -1,7 +1,7 @@
 //! Namespace operations.
 
 use super::acl;
-use super::dir::{check_name, cookie_of, COOKIE_DOT, COOKIE_DOTDOT};
+use super::dir::{check_name, cookie_of, COOKIE_DOT, COOKIE_DOTDOT, LOST_FOUND};
 use super::inode::Fork;
 use super::types::*;
 use super::xattr::XATTR_CREATE;
@@ -361,6 +361,44 @@ impl Inner {
         ip.touch_ctime();
         ip.store(&mut cx)?;
         self.getattr(ino)
+    }
+
+    /// Name `ino`, which no directory entry names, `#<ino>` in
+    /// /lost+found, made (root's, mode 0700, as e2fsck makes it) if
+    /// missing: fsck's repair of a file or directory that lost its name.
+    /// A file's link count becomes 1; a directory keeps its own and takes
+    /// lost+found as its parent.
+    pub fn reconnect(&mut self, ino: u64) -> Result<Vec<u8>> {
+        let root = self.meta.sb.root_ino;
+        let lf = match self.lookup(root, LOST_FOUND) {
+            Ok(a) if a.kind == FileType::Dir => a.ino,
+            Ok(_) => return Err(Error::Invalid("/lost+found is not a directory".into())),
+            Err(Error::NotFound) => {
+                self.create(root, LOST_FOUND, FileType::Dir, 0o700, 0, 0, 0, 0, None)?
+                    .ino
+            }
+            Err(e) => return Err(e),
+        };
+        let name = format!("#{ino}").into_bytes();
+        let kind = self.with(ino)?.0.kind();
+        let (pp, mut cx) = self.with(lf)?;
+        if kind == FileType::Dir && pp.d.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        pp.dir_add(&mut cx, &name, ino, kind)?;
+        if kind == FileType::Dir {
+            pp.d.nlink += 1;
+        }
+        pp.touch_mtime();
+        pp.store(&mut cx)?;
+        let (ip, mut cx) = self.with(ino)?;
+        match kind {
+            FileType::Dir => ip.d.parent = lf,
+            _ => ip.d.nlink = 1,
+        }
+        ip.touch_ctime();
+        ip.store(&mut cx)?;
+        Ok(name)
     }
 
     /// Drop one link to `ino` (a directory loses both of its own). At zero
