@@ -89,8 +89,9 @@ enum Cmd {
     Fsck {
         image: PathBuf,
         /// Fix what is safe to fix (bitmaps, counters, link counts, the orphan
-        /// list, inodes nothing reaches or frees; files and directories that
-        /// lost their names go to /lost+found); replays the journal in place.
+        /// list, inodes nothing reaches or frees, entries naming free inodes;
+        /// files and directories that lost their names go to /lost+found);
+        /// replays the journal in place.
         #[arg(long)]
         repair: bool,
         /// Also verify every data block's checksum.

@@ -27,9 +27,9 @@ use std::sync::Arc;
 pub struct FsckOptions {
     /// Fix what is safe to fix: bitmaps, counters, link counts, the
     /// orphan list, and inodes that nothing reaches and nothing would
-    /// ever free (they are freed). A file with links but no name, and a
-    /// directory that no entry names, get the name `#<ino>` in
-    /// /lost+found.
+    /// ever free (they are freed), entries that name free inodes (they
+    /// are removed). A file with links but no name, and a directory that
+    /// no entry names, get the name `#<ino>` in /lost+found.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -88,10 +88,9 @@ struct Checker {
     unlinked: Vec<u64>,
     /// The orphan tree's blocks.
     orphan_blocks: Vec<u64>,
-    /// Inodes with links that no entry names, to be named in
-    /// /lost+found, and the problems that naming each fixes: (inode to
-    /// name, inode of the problem, index of the problem).
-    nameless: Vec<(u64, u64, usize)>,
+    /// Repairs of directory entries, made through a mount once the rest
+    /// is repaired, each with the index of the problem it fixes.
+    entry_fixes: Vec<(EntryFix, usize)>,
     /// Runs of written data blocks: (first block, count, inode).
     written: Vec<(u64, u64, u64)>,
     used: Vec<u64>,
@@ -135,14 +134,12 @@ impl Checker {
         self.push(structure, addr, message, self.repair);
     }
 
-    /// A problem that naming `ino` in /lost+found fixes (`reconnect`):
-    /// `ino` has links but no entry names it, or is below such a
-    /// directory.
-    fn nameless(&mut self, structure: &str, blk: u64, ino: u64, top: u64, message: String) {
+    /// A problem that `fix` repairs through a mount (`fix_entries`).
+    fn entry_fix(&mut self, structure: &str, addr: u64, message: String, fix: EntryFix) {
         if self.repair {
-            self.nameless.push((top, ino, self.report.problems.len()));
+            self.entry_fixes.push((fix, self.report.problems.len()));
         }
-        self.fixed(structure, blk, message);
+        self.fixed(structure, addr, message);
     }
 
     fn is_used(&self, b: u64) -> bool {
@@ -235,7 +232,7 @@ pub fn fsck(
         freed: HashSet::new(),
         unlinked: Vec::new(),
         orphan_blocks: Vec::new(),
-        nameless: Vec::new(),
+        entry_fixes: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -294,9 +291,9 @@ pub fn fsck(
     if opts.repair && c.report.problems.iter().any(|p| p.repaired) {
         c.meta.commit()?;
         c.meta.checkpoint()?;
-        if !c.nameless.is_empty() {
+        if !c.entry_fixes.is_empty() {
             drop(c.meta);
-            reconnect(dev, &c.nameless, &mut c.report);
+            fix_entries(dev, &mut c.entry_fixes, &mut c.report);
         }
     }
     Ok(c.report)
@@ -510,15 +507,25 @@ fn check_tree_and_links(c: &mut Checker) {
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
     for (dir, de) in &dirents {
         match c.inodes.get(&de.ino) {
-            None => c.problem(
-                "directory entry",
-                *dir,
-                format!(
+            None => {
+                let message = format!(
                     "directory {dir}: {:?} points to free inode {}",
                     String::from_utf8_lossy(&de.name),
                     de.ino
-                ),
-            ),
+                );
+                let fix = EntryFix::Remove {
+                    dir: *dir,
+                    name: de.name.clone(),
+                };
+                c.entry_fix("directory entry", *dir, message, fix);
+                if de.kind == FileType::Dir && c.repair {
+                    // The directory's link count is set without it.
+                    if let Some(n) = c.subdirs.get_mut(dir) {
+                        *n -= 1;
+                    }
+                }
+                continue;
+            }
             Some((kind, ..)) if *kind != de.kind => c.problem(
                 "directory entry",
                 *dir,
@@ -580,7 +587,9 @@ fn check_tree_and_links(c: &mut Checker) {
                 // Reachable again once the directory above it that no
                 // entry names is named in /lost+found.
                 match detached_top(c, ino) {
-                    Some(top) => c.nameless("directory", blk, ino, top, message),
+                    Some(top) => {
+                        c.entry_fix("directory", blk, message, EntryFix::Name { ino, top })
+                    }
                     None => c.problem("directory", blk, message),
                 }
             }
@@ -627,7 +636,7 @@ fn check_tree_and_links(c: &mut Checker) {
             let message = format!("inode {ino}: link count {nlink}, but {found} directory entries");
             if found == 0 {
                 // A file with no name: named in /lost+found.
-                c.nameless("inode", blk, ino, ino, message);
+                c.entry_fix("inode", blk, message, EntryFix::Name { ino, top: ino });
             } else {
                 c.fixed("inode", blk, message);
                 edit_inode(c, ino, |d| d.nlink = found);
@@ -654,42 +663,67 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
     }
 }
 
-/// Name each of `nameless` in /lost+found through a mount of the
-/// repaired image: the engine's own directory code adds the entries and
-/// makes lost+found if it is missing. A failure leaves its problem
+/// A repair of directory entries, made through a mount of the repaired
+/// image by the engine's own directory code.
+enum EntryFix {
+    /// Remove entry `name` of `dir`: it points to a free inode.
+    Remove { dir: u64, name: Vec<u8> },
+    /// `ino` is reachable again once `top` (`ino` itself, or a directory
+    /// above it), which has links but no entry, is named `#<top>` in
+    /// /lost+found.
+    Name { ino: u64, top: u64 },
+}
+
+/// Make `fixes` through a mount of the repaired image: stale entries go
+/// first (one may be lost+found's), then what lost its name is named in
+/// /lost+found, made if missing. A failure leaves its problem
 /// unrepaired, with the reason.
-fn reconnect(dev: Arc<dyn Device>, nameless: &[(u64, u64, usize)], report: &mut Report) {
+fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &mut Report) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
         let p = &mut report.problems[at];
         p.repaired = false;
-        p.message += &format!("; not named in /lost+found: {why}");
+        p.message += &format!("; left: {why}");
     };
     let fs = match Fs::mount(dev, MountOptions::default()) {
         Ok(fs) => fs,
         Err(e) => {
-            for &(_, _, at) in nameless {
-                unrepaired(report, at, format!("the mount failed: {e}"));
+            for &(_, at) in fixes.iter() {
+                unrepaired(report, at, format!("the mount to repair it failed: {e}"));
             }
             return;
         }
     };
-    let mut done: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
-    for &(top, ino, at) in nameless {
-        let r = done.entry(top).or_insert_with(|| match fs.reconnect(top) {
-            Ok(name) => Ok(format!("/lost+found/{}", String::from_utf8_lossy(&name))),
-            Err(e) => Err(e.to_string()),
-        });
-        match (r.clone(), top == ino) {
-            (Ok(path), true) => report.problems[at].message += &format!("; named {path}"),
-            (Ok(path), false) => report.problems[at].message += &format!("; now below {path}"),
-            (Err(why), _) => unrepaired(report, at, why),
+    fixes.sort_by_key(|(fix, _)| matches!(fix, EntryFix::Name { .. }));
+    let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
+    for (fix, at) in fixes.iter() {
+        let r = match fix {
+            EntryFix::Remove { dir, name } => fs
+                .remove_stale_entry(*dir, name)
+                .map(|()| "; removed".to_string())
+                .map_err(|e| e.to_string()),
+            EntryFix::Name { ino, top } => {
+                let path = named.entry(*top).or_insert_with(|| {
+                    fs.reconnect(*top)
+                        .map(|name| format!("/lost+found/{}", String::from_utf8_lossy(&name)))
+                        .map_err(|e| e.to_string())
+                });
+                match (path.clone(), ino == top) {
+                    (Ok(path), true) => Ok(format!("; named {path}")),
+                    (Ok(path), false) => Ok(format!("; now below {path}")),
+                    (Err(why), _) => Err(why),
+                }
+            }
+        };
+        match r {
+            Ok(done) => report.problems[*at].message += &done,
+            Err(why) => unrepaired(report, *at, why),
         }
     }
     if let Err(e) = fs.unmount() {
         report.problems.push(Problem {
             structure: "device".into(),
             addr: 0,
-            message: format!("unmount after naming in /lost+found: {e}"),
+            message: format!("unmount after repairing directory entries: {e}"),
             repaired: false,
         });
     }

@@ -252,6 +252,13 @@ impl Raw {
         d.encode(slot, &self.uuid);
     }
 
+    /// Blank inode `ino`'s slot, as if it had been freed.
+    fn blank(&mut self, ino: u64) {
+        let (iblk, ioff) = self.geo.inode_loc(ino);
+        let at = (iblk * 4096) as usize + ioff;
+        self.bytes[at..at + INODE_SIZE].fill(0);
+    }
+
     /// Remove `name` from directory `dir`'s inline entries.
     fn drop_entry(&mut self, dir: u64, name: &[u8]) {
         use foliofs::format::inode::Fork;
@@ -537,4 +544,44 @@ fn a_repair_sets_link_counts_from_the_entries() {
     fs.unmount().unwrap();
     assert_eq!(free_counts(&dev), free_before);
     assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// Entries whose inodes are gone (a file's and a directory's): a repair
+/// removes them, sets the directory's link count without them, and gives
+/// back the inodes and the blocks that were left marked in use.
+#[test]
+fn a_repair_removes_entries_that_point_to_free_inodes() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write(a, 0, &[1; 4096]).unwrap();
+    fs.unmount().unwrap();
+    let with_a = free_counts(&dev);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let b = fs.create(root, b"b", 0o644, 0, 0).unwrap().ino;
+    fs.write(b, 0, &[2; 8192]).unwrap();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut img = Raw::of(dev.image());
+    img.blank(b);
+    img.blank(d);
+    let (r, dev) = repaired(&img.bytes);
+    for (name, ino) in [("b", b), ("d", d)] {
+        let message = format!("directory {root}: {name:?} points to free inode {ino}; removed");
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message == message && p.repaired),
+            "{message}: {:?}",
+            r.problems
+        );
+    }
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for name in [b"b", b"d"] {
+        assert!(matches!(fs.lookup(root, name), Err(Error::NotFound)));
+    }
+    assert_eq!(fs.getattr(root).unwrap().nlink, 2);
+    assert_ones(&fs, a);
+    fs.unmount().unwrap();
+    assert_eq!(free_counts(&dev), with_a);
 }

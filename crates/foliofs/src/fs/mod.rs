@@ -514,6 +514,12 @@ impl Fs {
         self.mutate(|g| g.reconnect(ino))
     }
 
+    /// Remove entry `name` of `dir`, which points to a free inode
+    /// (fsck's repair).
+    pub(crate) fn remove_stale_entry(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.mutate(|g| g.remove_stale_entry(dir, name))
+    }
+
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.mutate(|g| g.unlink(parent, name, false))
     }

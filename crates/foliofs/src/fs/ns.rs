@@ -401,6 +401,29 @@ impl Inner {
         Ok(name)
     }
 
+    /// Remove entry `name` of `dir`, which points to a free inode (fsck's
+    /// repair). Nothing else changes: fsck has set the directory's link
+    /// count without it.
+    pub fn remove_stale_entry(&mut self, dir: u64, name: &[u8]) -> Result<()> {
+        self.dir_of(dir)?;
+        let (dp, mut cx) = self.with(dir)?;
+        let de = dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        match self.with(de.ino) {
+            Err(Error::NotFound) => {}
+            Ok(_) => {
+                return Err(Error::Invalid(format!(
+                    "the entry names inode {}, which is in use",
+                    de.ino
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+        let (dp, mut cx) = self.with(dir)?;
+        dp.dir_remove(&mut cx, name)?;
+        dp.touch_mtime();
+        dp.store(&mut cx)
+    }
+
     /// Drop one link to `ino` (a directory loses both of its own). At zero
     /// links the inode is freed now, or if open or held it goes on the
     /// orphan list until its last close.
