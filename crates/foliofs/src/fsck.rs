@@ -28,7 +28,7 @@ pub struct FsckOptions {
     /// Fix what is safe to fix: bitmaps, counters, link counts, the
     /// orphan list, and inodes that nothing reaches and nothing would
     /// ever free (they are freed), entries that name free inodes (they
-    /// are removed). A file with links but no name, and a directory that
+    /// are removed) or have the wrong type. A file with links but no name, and a directory that
     /// no entry names, get the name `#<ino>` in /lost+found.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
@@ -526,17 +526,35 @@ fn check_tree_and_links(c: &mut Checker) {
                 }
                 continue;
             }
-            Some((kind, ..)) if *kind != de.kind => c.problem(
-                "directory entry",
-                *dir,
-                format!(
+            Some(&(kind, ..)) if kind != de.kind => {
+                let message = format!(
                     "directory {dir}: {:?} has type {:?}, inode {} is {:?}",
                     String::from_utf8_lossy(&de.name),
                     de.kind,
                     de.ino,
                     kind
-                ),
-            ),
+                );
+                // A directory's entry is given its type only if it is the
+                // directory's one name.
+                let only_name = c.links.get(&de.ino) == Some(&1);
+                if kind == FileType::Dir && !only_name {
+                    c.problem("directory entry", *dir, message);
+                } else {
+                    let fix = EntryFix::Retype {
+                        dir: *dir,
+                        name: de.name.clone(),
+                    };
+                    c.entry_fix("directory entry", *dir, message, fix);
+                    if c.repair {
+                        // Counted as the repair leaves it.
+                        retyped(c, *dir, de.ino, de.kind, kind);
+                        if kind == FileType::Dir {
+                            children.entry(*dir).or_default().push(de.ino);
+                        }
+                        continue;
+                    }
+                }
+            }
             Some(_) => {}
         }
         if de.kind == FileType::Dir {
@@ -645,6 +663,24 @@ fn check_tree_and_links(c: &mut Checker) {
     }
 }
 
+/// Directory `dir`'s entry for `ino`, counted as a `was`, is to become a
+/// `kind` (a repair): its directory counts and parent as the repair
+/// leaves them.
+fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
+    if was == FileType::Dir {
+        if let Some(n) = c.subdirs.get_mut(&dir) {
+            *n -= 1;
+        }
+        if c.parent_seen.get(&ino) == Some(&dir) {
+            c.parent_seen.remove(&ino);
+        }
+    }
+    if kind == FileType::Dir {
+        *c.subdirs.entry(dir).or_default() += 1;
+        c.parent_seen.insert(ino, dir);
+    }
+}
+
 /// The directory above unreachable directory `d` that no entry names
 /// (`d` itself, if none names it), with links: naming it in /lost+found
 /// makes `d` reachable. None when the way up loops or ends elsewhere.
@@ -668,6 +704,8 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
 enum EntryFix {
     /// Remove entry `name` of `dir`: it points to a free inode.
     Remove { dir: u64, name: Vec<u8> },
+    /// Give entry `name` of `dir` the type of the inode it names.
+    Retype { dir: u64, name: Vec<u8> },
     /// `ino` is reachable again once `top` (`ino` itself, or a directory
     /// above it), which has links but no entry, is named `#<top>` in
     /// /lost+found.
@@ -700,6 +738,10 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             EntryFix::Remove { dir, name } => fs
                 .remove_stale_entry(*dir, name)
                 .map(|()| "; removed".to_string())
+                .map_err(|e| e.to_string()),
+            EntryFix::Retype { dir, name } => fs
+                .retype_entry(*dir, name)
+                .map(|()| "; given the inode's".to_string())
                 .map_err(|e| e.to_string()),
             EntryFix::Name { ino, top } => {
                 let path = named.entry(*top).or_insert_with(|| {

@@ -261,16 +261,36 @@ impl Raw {
 
     /// Remove `name` from directory `dir`'s inline entries.
     fn drop_entry(&mut self, dir: u64, name: &[u8]) {
+        self.edit_entries(dir, |entries| {
+            let n = entries.len();
+            entries
+                .retain(|(k, v)| foliofs::format::dirent::decode(dir, *k, v).unwrap().name != name);
+            assert_eq!(entries.len() + 1, n, "no entry {name:?}");
+        });
+    }
+
+    /// Give entry `name` of directory `dir` (inline) the type `kind`.
+    fn set_entry_type(&mut self, dir: u64, name: &[u8], kind: FileType) {
+        use foliofs::format::dirent;
+        self.edit_entries(dir, |entries| {
+            let (k, v) = entries
+                .iter_mut()
+                .find(|(k, v)| dirent::decode(dir, *k, v).unwrap().name == name)
+                .expect("no such entry");
+            let ino = dirent::decode(dir, *k, v).unwrap().ino;
+            *v = dirent::encode(ino, kind, name);
+        });
+    }
+
+    /// Rewrite directory `dir`'s inline entries through `f`.
+    fn edit_entries(&mut self, dir: u64, f: impl FnOnce(&mut Vec<(u64, Vec<u8>)>)) {
         use foliofs::format::inode::Fork;
         let iblk = self.geo.inode_loc(dir).0;
         self.edit(dir, |d| {
             let Fork::Inline(mut entries) = d.decode_fork(iblk).unwrap() else {
                 panic!("directory {dir} is not inline");
             };
-            let n = entries.len();
-            entries
-                .retain(|(k, v)| foliofs::format::dirent::decode(dir, *k, v).unwrap().name != name);
-            assert_eq!(entries.len() + 1, n, "no entry {name:?}");
+            f(&mut entries);
             d.literal.fill(0);
             let mut at = 0;
             for (k, v) in &entries {
@@ -584,4 +604,51 @@ fn a_repair_removes_entries_that_point_to_free_inodes() {
     assert_ones(&fs, a);
     fs.unmount().unwrap();
     assert_eq!(free_counts(&dev), with_a);
+}
+
+/// Entries whose type disagrees with their inode's (a file's entry says
+/// directory, a directory's says file): a repair gives each the inode's
+/// type and sets the parent's link count to match.
+#[test]
+fn a_repair_gives_entries_their_inodes_types() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut img = Raw::of(dev.image());
+    img.set_entry_type(root, b"a", FileType::Dir);
+    img.set_entry_type(root, b"d", FileType::File);
+    let (r, dev) = repaired(&img.bytes);
+    for (name, was, ino, is) in [("a", "Dir", a, "File"), ("d", "File", d, "Dir")] {
+        let message = format!(
+            "directory {root}: {name:?} has type {was}, inode {ino} is {is}; given the inode's"
+        );
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message == message && p.repaired),
+            "{message}: {:?}",
+            r.problems
+        );
+    }
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let mut kinds: Vec<_> = fs
+        .readdir(root, 0, 10)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| (e.name, e.kind))
+        .collect();
+    kinds.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        kinds,
+        [
+            (b"a".to_vec(), FileType::File),
+            (b"d".to_vec(), FileType::Dir)
+        ]
+    );
+    assert_eq!(fs.getattr(root).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(d, b"..").unwrap().ino, root);
+    fs.unmount().unwrap();
 }

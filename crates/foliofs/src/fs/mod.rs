@@ -520,6 +520,12 @@ impl Fs {
         self.mutate(|g| g.remove_stale_entry(dir, name))
     }
 
+    /// Give entry `name` of `dir` the type of the inode it names (fsck's
+    /// repair).
+    pub(crate) fn retype_entry(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.mutate(|g| g.retype_entry(dir, name))
+    }
+
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.mutate(|g| g.unlink(parent, name, false))
     }

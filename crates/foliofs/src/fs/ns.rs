@@ -424,6 +424,20 @@ impl Inner {
         dp.store(&mut cx)
     }
 
+    /// Give entry `name` of `dir` the type of the inode it names (fsck's
+    /// repair; fsck has set the link counts and parents as the types
+    /// will be).
+    pub fn retype_entry(&mut self, dir: u64, name: &[u8]) -> Result<()> {
+        self.dir_of(dir)?;
+        let (dp, mut cx) = self.with(dir)?;
+        let de = dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        let kind = self.with(de.ino)?.0.kind();
+        let (dp, mut cx) = self.with(dir)?;
+        dp.dir_replace(&mut cx, name, de.ino, kind)?;
+        dp.touch_mtime();
+        dp.store(&mut cx)
+    }
+
     /// Drop one link to `ino` (a directory loses both of its own). At zero
     /// links the inode is freed now, or if open or held it goes on the
     /// orphan list until its last close.
