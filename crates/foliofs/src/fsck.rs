@@ -683,7 +683,8 @@ fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
 
 /// The directory above unreachable directory `d` that no entry names
 /// (`d` itself, if none names it), with links: naming it in /lost+found
-/// makes `d` reachable. None when the way up loops or ends elsewhere.
+/// makes `d` reachable. None when the way up loops or ends elsewhere, or
+/// when the root is below it (a damaged root number).
 fn detached_top(c: &Checker, d: u64) -> Option<u64> {
     let mut at = d;
     let mut visited = HashSet::new();
@@ -693,8 +694,18 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
         }
         at = p;
     }
+    let root = c.meta.sb.root_ino;
+    // Named under the root, a directory above the root would close a loop.
+    let mut up = root;
+    let mut seen = HashSet::from([root]);
+    while let Some(&p) = c.parent_seen.get(&up) {
+        if p == at || !seen.insert(p) {
+            return None;
+        }
+        up = p;
+    }
     match c.inodes.get(&at) {
-        Some((FileType::Dir, nlink, ..)) if *nlink > 0 && at != c.meta.sb.root_ino => Some(at),
+        Some((FileType::Dir, nlink, ..)) if *nlink > 0 && at != root => Some(at),
         _ => None,
     }
 }

@@ -197,6 +197,35 @@ fn flipped_data_byte_is_eio_and_counted() {
     let _ = dev.len();
 }
 
+/// Superblock generations come from the disk: at u64::MAX the next write
+/// wraps to 0, and the slot a step ahead still wins (before, the
+/// addition overflowed, and the higher number would have won).
+#[test]
+fn superblock_generations_wrap() {
+    use foliofs::format::superblock::Superblock;
+    let mut bytes = build().bytes;
+    for (slot, generation) in [(0u64, u64::MAX - 1), (1, u64::MAX)] {
+        let at = (slot * 4096) as usize;
+        let mut sb = Superblock::decode(&bytes[at..at + 4096], slot).unwrap();
+        sb.generation = generation;
+        sb.encode(&mut bytes[at..at + 4096], slot);
+    }
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    assert_eq!(
+        foliofs::meta::read_superblock(&*dev).unwrap().generation,
+        u64::MAX
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    fs.create(fs.root_ino(), b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    let sb = foliofs::meta::read_superblock(&*dev).unwrap();
+    assert!(sb.generation < 16, "generation {}", sb.generation);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert!(fs.resolve("/after").is_ok());
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
 /// A fresh 32 MiB file system, mounted, and its free blocks and inodes.
 fn fresh_fs() -> (Arc<MemDevice>, Fs, (u64, u64)) {
     let dev = Arc::new(MemDevice::new(32 << 20));
@@ -651,4 +680,41 @@ fn a_repair_gives_entries_their_inodes_types() {
     assert_eq!(fs.getattr(root).unwrap().nlink, 3);
     assert_eq!(fs.lookup(d, b"..").unwrap().ino, root);
     fs.unmount().unwrap();
+}
+
+/// A superblock whose root number names a subdirectory (damage): the real
+/// root and the rest of the tree are unreachable from it, but naming
+/// them in /lost+found below it would close a loop, so a repair leaves
+/// them, reported.
+#[test]
+fn a_repair_never_names_a_directory_above_the_root_below_it() {
+    use foliofs::format::superblock::Superblock;
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.mkdir(root, b"e", 0o755, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    let mut bytes = Raw::of(dev.image()).bytes;
+    for slot in 0..2u64 {
+        let at = (slot * 4096) as usize;
+        let mut sb = Superblock::decode(&bytes[at..at + 4096], slot).unwrap();
+        sb.root_ino = d;
+        sb.encode(&mut bytes[at..at + 4096], slot);
+    }
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    let r = fsck_of(&dev, true);
+    let message = format!("directory {root} is not reachable from the root");
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == message && !p.repaired),
+        "{:?}",
+        r.problems
+    );
+    let after = fsck_of(&dev, false);
+    assert!(
+        !after.problems.iter().any(|p| p.message.contains("loop")),
+        "{:?}",
+        after.problems
+    );
 }

@@ -413,7 +413,9 @@ impl Meta {
 /// Write the superblock to the slot after the current one and flush. The
 /// two slots alternate, so a torn write leaves the other one intact.
 pub fn write_superblock(dev: &dyn Device, sb: &mut Superblock) -> Result<()> {
-    sb.generation += 1;
+    // From the disk, so any value: past u64::MAX it wraps, and the newer
+    // slot is still the one a step ahead (`newer`).
+    sb.generation = sb.generation.wrapping_add(1);
     let bs = sb.block_size as usize;
     let slot = sb.generation % 2;
     let mut buf = AlignedBuf::zeroed(bs);
@@ -423,7 +425,14 @@ pub fn write_superblock(dev: &dyn Device, sb: &mut Superblock) -> Result<()> {
     Ok(())
 }
 
-/// Read both superblock slots; the valid one with the higher generation
+/// Whether generation `a` is later than `b`, as serial numbers: at most
+/// half the range ahead (the two slots' generations differ by one, across
+/// a wrap too).
+fn newer(a: u64, b: u64) -> bool {
+    (a.wrapping_sub(b) as i64) > 0
+}
+
+/// Read both superblock slots; the valid one with the later generation
 /// wins. Both invalid is an error naming the first slot's problem.
 pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     let mut first = AlignedBuf::zeroed(512);
@@ -449,7 +458,10 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
             dev.read_at(&mut buf, slot * bs)?;
             match Superblock::decode(&buf, slot) {
                 Ok(sb) if sb.block_size as u64 == bs => {
-                    if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| newer(sb.generation, b.generation))
+                    {
                         best = Some(sb);
                     }
                 }
