@@ -744,7 +744,15 @@ fn permissions_for_another_user() {
 /// writes and truncates each checked.
 #[test]
 fn suid_sgid_and_capabilities_go_on_write_truncate_and_chown() {
-    if !fuse_ready(&["runuser", "setfattr", "getfattr", "dd", "fallocate"]) {
+    if !fuse_ready(&[
+        "runuser",
+        "setfattr",
+        "getfattr",
+        "dd",
+        "fallocate",
+        "mkfifo",
+        "mknod",
+    ]) {
         return;
     }
     let mut m = Mounted::new("killpriv", "");
@@ -808,6 +816,16 @@ fn suid_sgid_and_capabilities_go_on_write_truncate_and_chown() {
     assert_eq!(mode("chowned"), 0o6775);
     std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
     assert_eq!(mode("chowned"), 0o0775);
+    // And from a FIFO or a device node, as Linux's chown takes them from
+    // any file but a directory (pjdfstest chown/00.t).
+    for (f, make) in [("fifo", "mkfifo {p}"), ("null", "mknod {p} c 1 3")] {
+        let p = m.path(f);
+        sh(&m.dir, &make.replace("{p}", &p.display().to_string()));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6775)).unwrap();
+        assert_eq!(mode(f), 0o6775, "{f}");
+        std::os::unix::fs::chown(&p, Some(65534), Some(65533)).unwrap();
+        assert_eq!(mode(f), 0o0775, "{f}: set-ID bits after chown");
+    }
     m.unmount_and_check();
 }
 

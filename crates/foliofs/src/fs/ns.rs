@@ -123,15 +123,16 @@ impl Inner {
         self.getattr(ino)
     }
 
-    /// Take from a regular file what a write, truncate or chown takes on
-    /// Linux: set-user-ID, set-group-ID when group-executable, and the
-    /// file capability (`security.capability`). With nothing to take,
-    /// nothing changes. True when the mode changed. Set-group-ID also
-    /// goes when the caller is not in the file's group (`in_group`, asked
-    /// only then), as Linux's setattr_should_drop_sgid has it.
+    /// Take from a file what a write, truncate or chown takes on Linux:
+    /// set-user-ID, set-group-ID when group-executable, and the file
+    /// capability (`security.capability`); from any file but a directory,
+    /// as chown takes them from a FIFO or a device node too. With nothing
+    /// to take, nothing changes. True when the mode changed. Set-group-ID
+    /// also goes when the caller is not in the file's group (`in_group`,
+    /// asked only then), as Linux's setattr_should_drop_sgid has it.
     pub fn kill_priv(&mut self, ino: u64, in_group: impl FnOnce(u32) -> bool) -> Result<bool> {
         let (ip, mut cx) = self.with(ino)?;
-        if ip.kind() != FileType::File {
+        if matches!(ip.kind(), FileType::Dir | FileType::Symlink) {
             return Ok(false);
         }
         let m = ip.d.mode;
