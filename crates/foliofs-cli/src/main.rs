@@ -89,8 +89,8 @@ enum Cmd {
     Fsck {
         image: PathBuf,
         /// Fix what is safe to fix (bitmaps, counters, link counts, the orphan
-        /// list, inodes nothing reaches or frees, entries naming free inodes
-        /// or of the wrong type;
+        /// list, inodes nothing reaches or frees, directory entries naming
+        /// free inodes, a second name or a loop, or of the wrong type;
         /// files and directories that lost their names go to /lost+found);
         /// replays the journal in place.
         #[arg(long)]

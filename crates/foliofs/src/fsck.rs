@@ -20,16 +20,18 @@ use crate::format::{bitmap, csum, data_crc, magic};
 use crate::meta::{self, Meta};
 use crate::{Fs, MountOptions};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 #[derive(Clone, Debug, Default)]
 pub struct FsckOptions {
     /// Fix what is safe to fix: bitmaps, counters, link counts, the
-    /// orphan list, and inodes that nothing reaches and nothing would
-    /// ever free (they are freed), entries that name free inodes (they
-    /// are removed) or have the wrong type. A file with links but no name, and a directory that
-    /// no entry names, get the name `#<ino>` in /lost+found.
+    /// orphan list, inodes that nothing reaches and nothing would ever
+    /// free (they are freed), and directory entries: one naming a free
+    /// inode, a directory's second name, the entry closing a loop (each
+    /// removed), one of the wrong type. A file with links but no name, and
+    /// a directory that no entry names, get the name `#<ino>` in
+    /// /lost+found.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -410,13 +412,8 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                     *c.links.entry(de.ino).or_default() += 1;
                     if de.kind == FileType::Dir {
                         *c.subdirs.entry(ino).or_default() += 1;
-                        if let Some(prev) = c.parent_seen.insert(de.ino, ino) {
-                            c.problem(
-                                "directory",
-                                ino,
-                                format!("directory {} has entries in {prev} and {ino}", de.ino),
-                            );
-                        }
+                        // A second name is the tree check's to report.
+                        c.parent_seen.entry(de.ino).or_insert(ino);
                     }
                     c.dirents.push((ino, de));
                 }
@@ -504,7 +501,9 @@ fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]
 fn check_tree_and_links(c: &mut Checker) {
     let dirents = std::mem::take(&mut c.dirents);
     let has_entries: HashSet<u64> = dirents.iter().map(|(dir, _)| *dir).collect();
-    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    let root = c.meta.sb.root_ino;
+    // The directory entries of each inode: (directory, name).
+    let mut named: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
     for (dir, de) in &dirents {
         match c.inodes.get(&de.ino) {
             None => {
@@ -516,6 +515,7 @@ fn check_tree_and_links(c: &mut Checker) {
                 let fix = EntryFix::Remove {
                     dir: *dir,
                     name: de.name.clone(),
+                    ino: de.ino,
                 };
                 c.entry_fix("directory entry", *dir, message, fix);
                 if de.kind == FileType::Dir && c.repair {
@@ -549,7 +549,10 @@ fn check_tree_and_links(c: &mut Checker) {
                         // Counted as the repair leaves it.
                         retyped(c, *dir, de.ino, de.kind, kind);
                         if kind == FileType::Dir {
-                            children.entry(*dir).or_default().push(de.ino);
+                            named
+                                .entry(de.ino)
+                                .or_default()
+                                .push((*dir, de.name.clone()));
                         }
                         continue;
                     }
@@ -558,10 +561,23 @@ fn check_tree_and_links(c: &mut Checker) {
             Some(_) => {}
         }
         if de.kind == FileType::Dir {
-            children.entry(*dir).or_default().push(de.ino);
+            named
+                .entry(de.ino)
+                .or_default()
+                .push((*dir, de.name.clone()));
         }
     }
-    let root = c.meta.sb.root_ino;
+    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    for (child, mut entries) in named {
+        if matches!(c.inodes.get(&child), Some((FileType::Dir, ..)))
+            && (entries.len() > 1 || child == root)
+        {
+            one_name(c, child, &mut entries);
+        }
+        for (dir, _) in entries {
+            children.entry(dir).or_default().push(child);
+        }
+    }
     // Every directory reachable from the root, each exactly once.
     let mut seen: HashMap<u64, ()> = HashMap::new();
     let mut q = VecDeque::from([root]);
@@ -578,6 +594,7 @@ fn check_tree_and_links(c: &mut Checker) {
             q.push_back(ch);
         }
     }
+    cut_loops(c, &seen, &dirents);
     let geo = c.meta.geo.clone();
     let inodes: Vec<(u64, (FileType, u32, u64, u32))> =
         c.inodes.iter().map(|(k, v)| (*k, *v)).collect();
@@ -663,6 +680,129 @@ fn check_tree_and_links(c: &mut Checker) {
     }
 }
 
+/// Directory `child` has `entries` (more than one, or any for the root): a
+/// directory has one name, the root none. A repair keeps the entry in the
+/// parent the directory records (or the first) and removes the others,
+/// leaving `entries` as the repair leaves them; a check keeps them all.
+fn one_name(c: &mut Checker, child: u64, entries: &mut Vec<(u64, Vec<u8>)>) {
+    let root = c.meta.sb.root_ino;
+    let dirs: Vec<String> = entries.iter().map(|(d, _)| d.to_string()).collect();
+    let at = c.meta.geo.inode_loc(child).0;
+    let message = match child == root {
+        true => format!(
+            "the root directory {root} has entries in {}",
+            dirs.join(", ")
+        ),
+        false => format!("directory {child} has entries in {}", dirs.join(", ")),
+    };
+    if !c.repair {
+        return c.problem("directory", at, message);
+    }
+    let recorded = c.inodes.get(&child).map(|i| i.2);
+    let keep = (child != root).then(|| {
+        entries
+            .iter()
+            .position(|(d, _)| Some(*d) == recorded)
+            .unwrap_or(0)
+    });
+    let problem = c.report.problems.len();
+    c.fixed("directory", at, message);
+    let kept = keep.map(|k| entries.swap_remove(k));
+    for (dir, name) in entries.drain(..) {
+        unentered(c, dir, child);
+        let fix = EntryFix::Remove {
+            dir,
+            name,
+            ino: child,
+        };
+        c.entry_fixes.push((fix, problem));
+    }
+    match kept {
+        Some((dir, name)) => {
+            c.parent_seen.insert(child, dir);
+            entries.push((dir, name));
+        }
+        None => {
+            c.parent_seen.remove(&child);
+        }
+    }
+}
+
+/// Directory `dir`'s entry for directory `child` is to be removed (a
+/// repair): counted without it.
+fn unentered(c: &mut Checker, dir: u64, child: u64) {
+    if let Some(n) = c.subdirs.get_mut(&dir) {
+        *n = n.saturating_sub(1);
+    }
+    if let Some(n) = c.links.get_mut(&child) {
+        *n = n.saturating_sub(1);
+    }
+}
+
+/// Directories that the root does not reach and that reach only each
+/// other, each the parent of the next: a repair removes the entry of the
+/// lowest-numbered one, which then has no name and is named in
+/// /lost+found with the others below it.
+fn cut_loops(c: &mut Checker, seen: &HashMap<u64, ()>, dirents: &[(u64, dir::Dirent)]) {
+    let root = c.meta.sb.root_ino;
+    let mut lost: Vec<u64> = c
+        .inodes
+        .iter()
+        .filter(|(ino, (kind, nlink, ..))| {
+            *kind == FileType::Dir && *nlink > 0 && **ino != root && !seen.contains_key(ino)
+        })
+        .map(|(ino, _)| *ino)
+        .collect();
+    lost.sort_unstable();
+    // Directories whose way up has been followed: each is walked once.
+    let mut walked = HashSet::new();
+    for d in lost {
+        // Up from `d` until the way ends, meets one walked before, or
+        // comes round.
+        let mut path = vec![d];
+        let mut on_path = HashSet::from([d]);
+        let cycle = loop {
+            if !walked.insert(path[path.len() - 1]) {
+                break None;
+            }
+            let Some(&p) = c.parent_seen.get(&path[path.len() - 1]) else {
+                break None;
+            };
+            if !on_path.insert(p) {
+                let from = path.iter().position(|&x| x == p).unwrap_or(0);
+                break Some(path[from..].to_vec());
+            }
+            path.push(p);
+        };
+        let Some(mut cycle) = cycle else { continue };
+        cycle.sort_unstable();
+        let m = cycle[0];
+        let dirs: Vec<String> = cycle.iter().map(|d| d.to_string()).collect();
+        let message = format!(
+            "directories {} reach only each other (a loop)",
+            dirs.join(", ")
+        );
+        let at = c.meta.geo.inode_loc(m).0;
+        let parent = c.parent_seen[&m];
+        let entry = dirents
+            .iter()
+            .find(|(dir, de)| *dir == parent && de.ino == m && de.kind == FileType::Dir);
+        match entry {
+            Some((_, de)) if c.repair => {
+                let fix = EntryFix::Remove {
+                    dir: parent,
+                    name: de.name.clone(),
+                    ino: m,
+                };
+                c.entry_fix("directory", at, message, fix);
+                unentered(c, parent, m);
+                c.parent_seen.remove(&m);
+            }
+            _ => c.problem("directory", at, message),
+        }
+    }
+}
+
 /// Directory `dir`'s entry for `ino`, counted as a `was`, is to become a
 /// `kind` (a repair): its directory counts and parent as the repair
 /// leaves them.
@@ -683,8 +823,9 @@ fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
 
 /// The directory above unreachable directory `d` that no entry names
 /// (`d` itself, if none names it), with links: naming it in /lost+found
-/// makes `d` reachable. None when the way up loops or ends elsewhere, or
-/// when the root is below it (a damaged root number).
+/// makes `d` reachable. None when the way up loops or ends elsewhere.
+/// (The root is below no directory once a repair has removed every entry
+/// naming it, `one_name`.)
 fn detached_top(c: &Checker, d: u64) -> Option<u64> {
     let mut at = d;
     let mut visited = HashSet::new();
@@ -695,15 +836,6 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
         at = p;
     }
     let root = c.meta.sb.root_ino;
-    // Named under the root, a directory above the root would close a loop.
-    let mut up = root;
-    let mut seen = HashSet::from([root]);
-    while let Some(&p) = c.parent_seen.get(&up) {
-        if p == at || !seen.insert(p) {
-            return None;
-        }
-        up = p;
-    }
     match c.inodes.get(&at) {
         Some((FileType::Dir, nlink, ..)) if *nlink > 0 && at != root => Some(at),
         _ => None,
@@ -713,8 +845,9 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
 /// A repair of directory entries, made through a mount of the repaired
 /// image by the engine's own directory code.
 enum EntryFix {
-    /// Remove entry `name` of `dir`: it points to a free inode.
-    Remove { dir: u64, name: Vec<u8> },
+    /// Remove entry `name` of `dir`, which names `ino`: a free inode, a
+    /// directory's second name, or the entry that closes a loop.
+    Remove { dir: u64, name: Vec<u8>, ino: u64 },
     /// Give entry `name` of `dir` the type of the inode it names.
     Retype { dir: u64, name: Vec<u8> },
     /// `ino` is reachable again once `top` (`ino` itself, or a directory
@@ -746,9 +879,9 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
     let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
     for (fix, at) in fixes.iter() {
         let r = match fix {
-            EntryFix::Remove { dir, name } => fs
-                .remove_stale_entry(*dir, name)
-                .map(|()| "; removed".to_string())
+            EntryFix::Remove { dir, name, ino } => fs
+                .drop_entry(*dir, name, *ino)
+                .map(|()| format!("; {:?} removed from {dir}", String::from_utf8_lossy(name)))
                 .map_err(|e| e.to_string()),
             EntryFix::Retype { dir, name } => fs
                 .retype_entry(*dir, name)

@@ -298,6 +298,18 @@ impl Raw {
         });
     }
 
+    /// Add entry `name` for directory `ino` to directory `dir` (inline).
+    fn add_dir_entry(&mut self, dir: u64, name: &[u8], ino: u64) {
+        use foliofs::format::dirent;
+        self.edit_entries(dir, |entries| {
+            entries.push((
+                dirent::name_key(name),
+                dirent::encode(ino, FileType::Dir, name),
+            ));
+            entries.sort_by_key(|(k, _)| *k);
+        });
+    }
+
     /// Give entry `name` of directory `dir` (inline) the type `kind`.
     fn set_entry_type(&mut self, dir: u64, name: &[u8], kind: FileType) {
         use foliofs::format::dirent;
@@ -616,7 +628,9 @@ fn a_repair_removes_entries_that_point_to_free_inodes() {
     img.blank(d);
     let (r, dev) = repaired(&img.bytes);
     for (name, ino) in [("b", b), ("d", d)] {
-        let message = format!("directory {root}: {name:?} points to free inode {ino}; removed");
+        let message = format!(
+            "directory {root}: {name:?} points to free inode {ino}; {name:?} removed from {root}"
+        );
         assert!(
             r.problems
                 .iter()
@@ -682,17 +696,18 @@ fn a_repair_gives_entries_their_inodes_types() {
     fs.unmount().unwrap();
 }
 
-/// A superblock whose root number names a subdirectory (damage): the real
-/// root and the rest of the tree are unreachable from it, but naming
-/// them in /lost+found below it would close a loop, so a repair leaves
-/// them, reported.
+/// A superblock whose root number names a subdirectory (damage): the
+/// root can have no name, so a repair removes its entry, and the old root,
+/// now nameless, goes to /lost+found below it with the rest of the tree.
+/// Nothing is lost and no loop is made (naming the old root first would
+/// have closed one through the entry left naming the root).
 #[test]
-fn a_repair_never_names_a_directory_above_the_root_below_it() {
+fn a_repair_of_a_root_with_a_name_makes_no_loop() {
     use foliofs::format::superblock::Superblock;
     let (dev, fs, _) = fresh_fs();
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
-    fs.mkdir(root, b"e", 0o755, 0, 0).unwrap();
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
     fs.unmount().unwrap();
     let mut bytes = Raw::of(dev.image()).bytes;
     for slot in 0..2u64 {
@@ -701,9 +716,75 @@ fn a_repair_never_names_a_directory_above_the_root_below_it() {
         sb.root_ino = d;
         sb.encode(&mut bytes[at..at + 4096], slot);
     }
-    let dev = Arc::new(MemDevice::from_image(bytes));
-    let r = fsck_of(&dev, true);
-    let message = format!("directory {root} is not reachable from the root");
+    let (r, dev) = repaired(&bytes);
+    let message =
+        format!("the root directory {d} has entries in {root}; \"d\" removed from {root}");
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == message && p.repaired),
+        "{:?}",
+        r.problems
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.root_ino(), d);
+    let old = fs.resolve(&format!("/lost+found/#{root}")).unwrap();
+    assert_eq!(old, root);
+    assert_eq!(fs.lookup(old, b"e").unwrap().ino, e);
+    assert!(matches!(fs.lookup(old, b"d"), Err(Error::NotFound)));
+    fs.unmount().unwrap();
+}
+
+/// A directory named in two directories: a repair keeps the name in the
+/// directory it records as its parent and removes the other.
+#[test]
+fn a_repair_leaves_a_directory_one_name() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut img = Raw::of(dev.image());
+    img.add_dir_entry(d, b"e2", e);
+    let message = format!("directory {e} has entries in {root}, {d}");
+    let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
+    assert!(
+        r.problems.iter().any(|p| p.message == message),
+        "{:?}",
+        r.problems
+    );
+    let (r, dev) = repaired(&img.bytes);
+    let message = format!("{message}; \"e2\" removed from {d}");
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == message && p.repaired),
+        "{message}: {:?}",
+        r.problems
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert!(matches!(fs.lookup(d, b"e2"), Err(Error::NotFound)));
+    assert_eq!(fs.lookup(root, b"e").unwrap().ino, e);
+    assert_eq!(fs.getattr(d).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(root).unwrap().nlink, 4);
+    fs.unmount().unwrap();
+}
+
+/// Two directories, each named only in the other, that the root does not
+/// reach: a repair removes the entry of the lower-numbered one and names
+/// it in /lost+found, the other below it.
+#[test]
+fn a_repair_cuts_a_loop_of_directories() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let a = fs.mkdir(root, b"a", 0o755, 0, 0).unwrap().ino;
+    let b = fs.mkdir(a, b"b", 0o755, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut img = Raw::of(dev.image());
+    img.drop_entry(root, b"a");
+    img.add_dir_entry(b, b"a", a);
+    let message = format!("directories {a}, {b} reach only each other (a loop)");
+    let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
     assert!(
         r.problems
             .iter()
@@ -711,10 +792,22 @@ fn a_repair_never_names_a_directory_above_the_root_below_it() {
         "{:?}",
         r.problems
     );
-    let after = fsck_of(&dev, false);
+    let (r, dev) = repaired(&img.bytes);
+    let message = format!("{message}; \"a\" removed from {b}");
     assert!(
-        !after.problems.iter().any(|p| p.message.contains("loop")),
-        "{:?}",
-        after.problems
+        r.problems
+            .iter()
+            .any(|p| p.message == message && p.repaired),
+        "{message}: {:?}",
+        r.problems
     );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
+    assert_eq!(fs.lookup(lf, format!("#{a}").as_bytes()).unwrap().ino, a);
+    assert_eq!(fs.lookup(a, b"..").unwrap().ino, lf);
+    assert_eq!(fs.lookup(a, b"b").unwrap().ino, b);
+    assert!(matches!(fs.lookup(b, b"a"), Err(Error::NotFound)));
+    assert_eq!(fs.getattr(b).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(a).unwrap().nlink, 3);
+    fs.unmount().unwrap();
 }

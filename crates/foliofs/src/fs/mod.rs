@@ -514,10 +514,10 @@ impl Fs {
         self.mutate(|g| g.reconnect(ino))
     }
 
-    /// Remove entry `name` of `dir`, which points to a free inode
+    /// Remove entry `name` of `dir`, which names `ino`, and nothing else
     /// (fsck's repair).
-    pub(crate) fn remove_stale_entry(&self, dir: u64, name: &[u8]) -> Result<()> {
-        self.mutate(|g| g.remove_stale_entry(dir, name))
+    pub(crate) fn drop_entry(&self, dir: u64, name: &[u8], ino: u64) -> Result<()> {
+        self.mutate(|g| g.drop_entry(dir, name, ino))
     }
 
     /// Give entry `name` of `dir` the type of the inode it names (fsck's

@@ -402,24 +402,20 @@ impl Inner {
         Ok(name)
     }
 
-    /// Remove entry `name` of `dir`, which points to a free inode (fsck's
-    /// repair). Nothing else changes: fsck has set the directory's link
-    /// count without it.
-    pub fn remove_stale_entry(&mut self, dir: u64, name: &[u8]) -> Result<()> {
+    /// Remove entry `name` of `dir`, which names `ino` (fsck's repair: an
+    /// entry for a free inode, a directory's second name, the entry that
+    /// closes a loop). Nothing else changes: fsck has set the link counts
+    /// as they are without it.
+    pub fn drop_entry(&mut self, dir: u64, name: &[u8], ino: u64) -> Result<()> {
         self.dir_of(dir)?;
         let (dp, mut cx) = self.with(dir)?;
         let de = dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
-        match self.with(de.ino) {
-            Err(Error::NotFound) => {}
-            Ok(_) => {
-                return Err(Error::Invalid(format!(
-                    "the entry names inode {}, which is in use",
-                    de.ino
-                )))
-            }
-            Err(e) => return Err(e),
+        if de.ino != ino {
+            return Err(Error::Invalid(format!(
+                "the entry names inode {}, not {ino}",
+                de.ino
+            )));
         }
-        let (dp, mut cx) = self.with(dir)?;
         dp.dir_remove(&mut cx, name)?;
         dp.touch_mtime();
         dp.store(&mut cx)
