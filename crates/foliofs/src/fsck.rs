@@ -519,10 +519,7 @@ fn check_tree_and_links(c: &mut Checker) {
                 };
                 c.entry_fix("directory entry", *dir, message, fix);
                 if de.kind == FileType::Dir && c.repair {
-                    // The directory's link count is set without it.
-                    if let Some(n) = c.subdirs.get_mut(dir) {
-                        *n -= 1;
-                    }
+                    unentered(c, *dir, de.ino);
                 }
                 continue;
             }
@@ -783,7 +780,9 @@ fn cut_loops(c: &mut Checker, seen: &HashMap<u64, ()>, dirents: &[(u64, dir::Dir
             dirs.join(", ")
         );
         let at = c.meta.geo.inode_loc(m).0;
-        let parent = c.parent_seen[&m];
+        let Some(&parent) = c.parent_seen.get(&m) else {
+            continue;
+        };
         let entry = dirents
             .iter()
             .find(|(dir, de)| *dir == parent && de.ino == m && de.kind == FileType::Dir);
@@ -809,7 +808,7 @@ fn cut_loops(c: &mut Checker, seen: &HashMap<u64, ()>, dirents: &[(u64, dir::Dir
 fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
     if was == FileType::Dir {
         if let Some(n) = c.subdirs.get_mut(&dir) {
-            *n -= 1;
+            *n = n.saturating_sub(1);
         }
         if c.parent_seen.get(&ino) == Some(&dir) {
             c.parent_seen.remove(&ino);
@@ -856,9 +855,9 @@ enum EntryFix {
     Name { ino: u64, top: u64 },
 }
 
-/// Make `fixes` through a mount of the repaired image: stale entries go
-/// first (one may be lost+found's), then what lost its name is named in
-/// /lost+found, made if missing. A failure leaves its problem
+/// Make `fixes` through a mount of the repaired image: entries are removed
+/// and retyped first (a removed one may be lost+found's), then what lost
+/// its name is named in /lost+found, made if missing. A failure leaves its problem
 /// unrepaired, with the reason.
 fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &mut Report) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
