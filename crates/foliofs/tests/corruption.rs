@@ -202,14 +202,8 @@ fn flipped_data_byte_is_eio_and_counted() {
 /// addition overflowed, and the higher number would have won).
 #[test]
 fn superblock_generations_wrap() {
-    use foliofs::format::superblock::Superblock;
     let mut bytes = build().bytes;
-    for (slot, generation) in [(0u64, u64::MAX - 1), (1, u64::MAX)] {
-        let at = (slot * 4096) as usize;
-        let mut sb = Superblock::decode(&bytes[at..at + 4096], slot).unwrap();
-        sb.generation = generation;
-        sb.encode(&mut bytes[at..at + 4096], slot);
-    }
+    edit_superblocks(&mut bytes, |slot, sb| sb.generation = u64::MAX - 1 + slot);
     let dev = Arc::new(MemDevice::from_image(bytes));
     assert_eq!(
         foliofs::meta::read_superblock(&*dev).unwrap().generation,
@@ -224,6 +218,32 @@ fn superblock_generations_wrap() {
     assert!(fs.resolve("/after").is_ok());
     fs.unmount().unwrap();
     assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// `r` names a problem with exactly `message`, repaired or not as
+/// `repaired` says.
+fn assert_names(r: &foliofs::fsck::Report, message: &str, repaired: bool) {
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.message == message && p.repaired == repaired),
+        "{message}: {:?}",
+        r.problems
+    );
+}
+
+/// Rewrite both superblock slots of image `bytes` through `f`.
+fn edit_superblocks(
+    bytes: &mut [u8],
+    f: impl Fn(u64, &mut foliofs::format::superblock::Superblock),
+) {
+    use foliofs::format::superblock::Superblock;
+    for slot in 0..2u64 {
+        let at = (slot * 4096) as usize;
+        let mut sb = Superblock::decode(&bytes[at..at + 4096], slot).unwrap();
+        f(slot, &mut sb);
+        sb.encode(&mut bytes[at..at + 4096], slot);
+    }
 }
 
 /// A fresh 32 MiB file system, mounted, and its free blocks and inodes.
@@ -540,25 +560,13 @@ fn a_repair_names_a_lost_directory_in_lost_found() {
     let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
     for ino in [d, e] {
         let message = format!("directory {ino} is not reachable from the root");
-        assert!(
-            r.problems
-                .iter()
-                .any(|p| p.message == message && !p.repaired),
-            "{:?}",
-            r.problems
-        );
+        assert_names(&r, &message, false);
     }
     let (r, dev) = repaired(&img.bytes);
     let named = format!("directory {d} is not reachable from the root; named /lost+found/#{d}");
     let below = format!("directory {e} is not reachable from the root; now below /lost+found/#{d}");
     for message in [named, below] {
-        assert!(
-            r.problems
-                .iter()
-                .any(|p| p.message == message && p.repaired),
-            "{message}: {:?}",
-            r.problems
-        );
+        assert_names(&r, &message, true);
     }
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let lf = fs.lookup(root, b"lost+found").unwrap().ino;
@@ -631,13 +639,7 @@ fn a_repair_removes_entries_that_point_to_free_inodes() {
         let message = format!(
             "directory {root}: {name:?} points to free inode {ino}; {name:?} removed from {root}"
         );
-        assert!(
-            r.problems
-                .iter()
-                .any(|p| p.message == message && p.repaired),
-            "{message}: {:?}",
-            r.problems
-        );
+        assert_names(&r, &message, true);
     }
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     for name in [b"b", b"d"] {
@@ -667,13 +669,7 @@ fn a_repair_gives_entries_their_inodes_types() {
         let message = format!(
             "directory {root}: {name:?} has type {was}, inode {ino} is {is}; given the inode's"
         );
-        assert!(
-            r.problems
-                .iter()
-                .any(|p| p.message == message && p.repaired),
-            "{message}: {:?}",
-            r.problems
-        );
+        assert_names(&r, &message, true);
     }
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let mut kinds: Vec<_> = fs
@@ -703,29 +699,13 @@ fn a_repair_gives_entries_their_inodes_types() {
 /// have closed one through the entry left naming the root).
 #[test]
 fn a_repair_of_a_root_with_a_name_makes_no_loop() {
-    use foliofs::format::superblock::Superblock;
-    let (dev, fs, _) = fresh_fs();
-    let root = fs.root_ino();
-    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
-    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
-    fs.unmount().unwrap();
-    let mut bytes = Raw::of(dev.image()).bytes;
-    for slot in 0..2u64 {
-        let at = (slot * 4096) as usize;
-        let mut sb = Superblock::decode(&bytes[at..at + 4096], slot).unwrap();
-        sb.root_ino = d;
-        sb.encode(&mut bytes[at..at + 4096], slot);
-    }
+    let (img, root, d, e) = two_dirs();
+    let mut bytes = img.bytes;
+    edit_superblocks(&mut bytes, |_, sb| sb.root_ino = d);
     let (r, dev) = repaired(&bytes);
     let message =
         format!("the root directory {d} has entries in {root}; \"d\" removed from {root}");
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.message == message && p.repaired),
-        "{:?}",
-        r.problems
-    );
+    assert_names(&r, &message, true);
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     assert_eq!(fs.root_ino(), d);
     let old = fs.resolve(&format!("/lost+found/#{root}")).unwrap();
@@ -735,16 +715,22 @@ fn a_repair_of_a_root_with_a_name_makes_no_loop() {
     fs.unmount().unwrap();
 }
 
-/// A directory named in two directories: a repair keeps the name in the
-/// directory it records as its parent and removes the other.
-#[test]
-fn a_repair_leaves_a_directory_one_name() {
+/// A fresh file system with directories d and e in its root, unmounted:
+/// its image, the root, d and e.
+fn two_dirs() -> (Raw, u64, u64, u64) {
     let (dev, fs, _) = fresh_fs();
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
     let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
     fs.unmount().unwrap();
-    let mut img = Raw::of(dev.image());
+    (Raw::of(dev.image()), root, d, e)
+}
+
+/// A directory named in two directories: a repair keeps the name in the
+/// directory it records as its parent and removes the other.
+#[test]
+fn a_repair_leaves_a_directory_one_name() {
+    let (mut img, root, d, e) = two_dirs();
     img.add_dir_entry(d, b"e2", e);
     let message = format!("directory {e} has entries in {root}, {d}");
     let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
@@ -755,13 +741,7 @@ fn a_repair_leaves_a_directory_one_name() {
     );
     let (r, dev) = repaired(&img.bytes);
     let message = format!("{message}; \"e2\" removed from {d}");
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.message == message && p.repaired),
-        "{message}: {:?}",
-        r.problems
-    );
+    assert_names(&r, &message, true);
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     assert!(matches!(fs.lookup(d, b"e2"), Err(Error::NotFound)));
     assert_eq!(fs.lookup(root, b"e").unwrap().ino, e);
@@ -785,22 +765,10 @@ fn a_repair_cuts_a_loop_of_directories() {
     img.add_dir_entry(b, b"a", a);
     let message = format!("directories {a}, {b} reach only each other (a loop)");
     let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.message == message && !p.repaired),
-        "{:?}",
-        r.problems
-    );
+    assert_names(&r, &message, false);
     let (r, dev) = repaired(&img.bytes);
     let message = format!("{message}; \"a\" removed from {b}");
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.message == message && p.repaired),
-        "{message}: {:?}",
-        r.problems
-    );
+    assert_names(&r, &message, true);
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let lf = fs.lookup(root, b"lost+found").unwrap().ino;
     assert_eq!(fs.lookup(lf, format!("#{a}").as_bytes()).unwrap().ino, a);
