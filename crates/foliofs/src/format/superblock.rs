@@ -1,5 +1,6 @@
 //! The superblock. Blocks 0 and 1 of AG 0 are two slots written alternately
-//! (the higher valid `generation` wins), so a torn superblock write never
+//! (the later valid `generation` wins, as a serial number), so a torn
+//! superblock write never
 //! loses the journal position. Blocks 0 and 1 of every other AG hold copies
 //! written by mkfs.
 //!
