@@ -1,8 +1,7 @@
 //! The superblock. Blocks 0 and 1 of AG 0 are two slots written alternately
 //! (the later valid `generation` wins, as a serial number), so a torn
-//! superblock write never
-//! loses the journal position. Blocks 0 and 1 of every other AG hold copies
-//! written by mkfs.
+//! superblock write never loses the journal position. Blocks 0 and 1 of
+//! every other AG hold copies written by mkfs.
 //!
 //! ```text
 //! 0   header        48    magic FOLS, owner 0
