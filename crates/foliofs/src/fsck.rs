@@ -614,11 +614,13 @@ fn check_tree_and_links(c: &mut Checker) {
                 }
                 continue;
             }
-            if ino != root && !seen.contains_key(&ino) {
+            // Unreachable, and reachable again once the directory above
+            // it that no entry names is named in /lost+found.
+            let unreachable = ino != root && !seen.contains_key(&ino);
+            let top = unreachable.then(|| detached_top(c, ino)).flatten();
+            if unreachable {
                 let message = format!("directory {ino} is not reachable from the root");
-                // Reachable again once the directory above it that no
-                // entry names is named in /lost+found.
-                match detached_top(c, ino) {
+                match top {
                     Some(top) => {
                         c.entry_fix("directory", blk, message, EntryFix::Name { ino, top })
                     }
@@ -645,7 +647,7 @@ fn check_tree_and_links(c: &mut Checker) {
                 if real_parent == 0 {
                     // One that a repair names in /lost+found (named above)
                     // takes lost+found as its parent.
-                    if detached_top(c, ino) != Some(ino) {
+                    if top != Some(ino) {
                         c.problem("inode", blk, message);
                     }
                 } else {

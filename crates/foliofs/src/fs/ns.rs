@@ -1,13 +1,14 @@
 //! Namespace operations.
 
 use super::acl;
+use super::dir::Dirent;
 use super::dir::{check_name, cookie_of, COOKIE_DOT, COOKIE_DOTDOT, LOST_FOUND};
-use super::inode::Fork;
+use super::inode::{Fork, Inode};
 use super::types::*;
 use super::xattr::XATTR_CREATE;
 use crate::error::{Error, Result};
 use crate::format::inode::{FLAG_ORPHAN, LITERAL_SIZE};
-use crate::fs::state::Inner;
+use crate::fs::state::{Ctx, Inner};
 
 const LINK_MAX: u32 = 65000;
 
@@ -194,13 +195,7 @@ impl Inner {
             }
         }
         let ino = self.new_node(parent, kind, perm, umask, uid, gid, rdev, target)?;
-        let (pp, mut cx) = self.with(parent)?;
-        pp.dir_add(&mut cx, name, ino, kind)?;
-        if kind == FileType::Dir {
-            pp.d.nlink += 1;
-        }
-        pp.touch_mtime();
-        pp.store(&mut cx)?;
+        self.enter(parent, name, ino, kind)?;
         self.getattr(ino)
     }
 
@@ -343,13 +338,10 @@ impl Inner {
             }
             ip.kind()
         };
-        let (pp, mut cx) = self.with(parent)?;
-        if pp.d.nlink == 0 {
+        if self.with(parent)?.0.d.nlink == 0 {
             return Err(Error::NotFound);
         }
-        pp.dir_add(&mut cx, name, ino, kind)?;
-        pp.touch_mtime();
-        pp.store(&mut cx)?;
+        self.enter(parent, name, ino, kind)?;
         if self.with(ino)?.0.d.nlink == 0 {
             // A tmpfile's first name: off the orphan list, once only.
             self.orphan_remove(ino)?;
@@ -382,23 +374,15 @@ impl Inner {
         };
         let name = format!("#{ino}").into_bytes();
         let kind = self.with(ino)?.0.kind();
-        let (pp, mut cx) = self.with(lf)?;
-        if kind == FileType::Dir && pp.d.nlink >= LINK_MAX {
+        let is_dir = kind == FileType::Dir;
+        if is_dir && self.with(lf)?.0.d.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
-        pp.dir_add(&mut cx, &name, ino, kind)?;
-        if kind == FileType::Dir {
-            pp.d.nlink += 1;
+        self.enter(lf, &name, ino, kind)?;
+        if !is_dir {
+            self.with(ino)?.0.d.nlink = 1;
         }
-        pp.touch_mtime();
-        pp.store(&mut cx)?;
-        let (ip, mut cx) = self.with(ino)?;
-        match kind {
-            FileType::Dir => ip.d.parent = lf,
-            _ => ip.d.nlink = 1,
-        }
-        ip.touch_ctime();
-        ip.store(&mut cx)?;
+        self.set_parent(ino, lf, is_dir)?;
         Ok(name)
     }
 
@@ -407,32 +391,54 @@ impl Inner {
     /// closes a loop). Nothing else changes: fsck has set the link counts
     /// as they are without it.
     pub fn drop_entry(&mut self, dir: u64, name: &[u8], ino: u64) -> Result<()> {
-        self.dir_of(dir)?;
-        let (dp, mut cx) = self.with(dir)?;
-        let de = dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
+        let de = self.entry(dir, name)?;
         if de.ino != ino {
             return Err(Error::Invalid(format!(
                 "the entry names inode {}, not {ino}",
                 de.ino
             )));
         }
-        dp.dir_remove(&mut cx, name)?;
-        dp.touch_mtime();
-        dp.store(&mut cx)
+        self.edit_entries(dir, |dp, cx| dp.dir_remove(cx, name).map(drop))
     }
 
     /// Give entry `name` of `dir` the type of the inode it names (fsck's
     /// repair; fsck has set the link counts and parents as the types
     /// will be).
     pub fn retype_entry(&mut self, dir: u64, name: &[u8]) -> Result<()> {
+        let de = self.entry(dir, name)?;
+        let kind = self.with(de.ino)?.0.kind();
+        self.edit_entries(dir, |dp, cx| dp.dir_replace(cx, name, de.ino, kind))
+    }
+
+    /// Entry `name` of directory `dir`.
+    fn entry(&mut self, dir: u64, name: &[u8]) -> Result<Dirent> {
         self.dir_of(dir)?;
         let (dp, mut cx) = self.with(dir)?;
-        let de = dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)?;
-        let kind = self.with(de.ino)?.0.kind();
+        dp.dir_lookup(&mut cx, name)?.ok_or(Error::NotFound)
+    }
+
+    /// Change directory `dir`'s entries through `f`, and stamp its mtime.
+    fn edit_entries(
+        &mut self,
+        dir: u64,
+        f: impl FnOnce(&mut Inode, &mut Ctx) -> Result<()>,
+    ) -> Result<()> {
         let (dp, mut cx) = self.with(dir)?;
-        dp.dir_replace(&mut cx, name, de.ino, kind)?;
+        f(dp, &mut cx)?;
         dp.touch_mtime();
         dp.store(&mut cx)
+    }
+
+    /// Add entry `name` for `ino`, a `kind`, to directory `parent`, which
+    /// gains a link for a subdirectory.
+    fn enter(&mut self, parent: u64, name: &[u8], ino: u64, kind: FileType) -> Result<()> {
+        self.edit_entries(parent, |pp, cx| {
+            pp.dir_add(cx, name, ino, kind)?;
+            if kind == FileType::Dir {
+                pp.d.nlink += 1;
+            }
+            Ok(())
+        })
     }
 
     /// Drop one link to `ino` (a directory loses both of its own). At zero
@@ -567,18 +573,8 @@ impl Inner {
                     "cannot move a directory below itself".into(),
                 ));
             }
-            {
-                let (pp, mut cx) = self.with(p)?;
-                pp.dir_replace(&mut cx, name, d.ino, d.kind)?;
-                pp.touch_mtime();
-                pp.store(&mut cx)?;
-            }
-            {
-                let (pp, mut cx) = self.with(np)?;
-                pp.dir_replace(&mut cx, nname, src.ino, src.kind)?;
-                pp.touch_mtime();
-                pp.store(&mut cx)?;
-            }
+            self.edit_entries(p, |pp, cx| pp.dir_replace(cx, name, d.ino, d.kind))?;
+            self.edit_entries(np, |pp, cx| pp.dir_replace(cx, nname, src.ino, src.kind))?;
             if p != np && src_dir != dst_dir {
                 let (into_np, into_p) = if src_dir { (1i64, -1i64) } else { (-1, 1) };
                 self.adjust_nlink(np, into_np)?;
@@ -597,22 +593,11 @@ impl Inner {
                 _ => {}
             }
         }
-        {
-            let (pp, mut cx) = self.with(p)?;
-            pp.dir_remove(&mut cx, name)?;
-            pp.touch_mtime();
-            pp.store(&mut cx)?;
-        }
-        {
-            let (pp, mut cx) = self.with(np)?;
-            if dst.is_some() {
-                pp.dir_replace(&mut cx, nname, src.ino, src.kind)?;
-            } else {
-                pp.dir_add(&mut cx, nname, src.ino, src.kind)?;
-            }
-            pp.touch_mtime();
-            pp.store(&mut cx)?;
-        }
+        self.edit_entries(p, |pp, cx| pp.dir_remove(cx, name).map(drop))?;
+        self.edit_entries(np, |pp, cx| match dst {
+            Some(_) => pp.dir_replace(cx, nname, src.ino, src.kind),
+            None => pp.dir_add(cx, nname, src.ino, src.kind),
+        })?;
         if src_dir && p != np {
             self.adjust_nlink(p, -1)?;
             self.adjust_nlink(np, 1)?;
