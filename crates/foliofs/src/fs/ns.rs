@@ -482,13 +482,13 @@ impl Inner {
                 _ => {}
             }
         }
-        let (pp, mut cx) = self.with(parent)?;
-        pp.dir_remove(&mut cx, name)?;
-        if rmdir {
-            pp.d.nlink -= 1;
-        }
-        pp.touch_mtime();
-        pp.store(&mut cx)?;
+        self.edit_entries(parent, |pp, cx| {
+            pp.dir_remove(cx, name)?;
+            if rmdir {
+                pp.d.nlink -= 1;
+            }
+            Ok(())
+        })?;
         self.drop_link(d.ino)
     }
 
