@@ -599,21 +599,20 @@ fn check_tree_and_links(c: &mut Checker) {
         let blk = geo.inode_loc(ino).0;
         let found = c.links.get(&ino).copied().unwrap_or(0);
         if kind == FileType::Dir {
-            if nlink == 0 {
-                // Removed while open, so empty: one with entries is left.
-                let empty = !has_entries.contains(&ino);
-                if empty {
-                    c.unlinked.push(ino);
-                }
+            if nlink == 0 && found == 0 && !has_entries.contains(&ino) {
+                // Removed while open: empty, and freed at its last close
+                // or by the next mount, if it is on the orphan list.
+                c.unlinked.push(ino);
                 if flags & FLAG_ORPHAN == 0 {
                     let message = format!("directory {ino} has no links and no orphan flag");
-                    match empty {
-                        true => c.fixed("inode", blk, message),
-                        false => c.problem("inode", blk, message),
-                    }
+                    c.fixed("inode", blk, message);
                 }
                 continue;
             }
+            // One with no links that is named or has entries is a live
+            // directory with a wrong count (freeing it would lose its
+            // tree): the count is set below and the orphan flag, if any,
+            // goes with the orphan list's repair.
             // Unreachable, and reachable again once the directory above
             // it that no entry names is named in /lost+found.
             let unreachable = ino != root && !seen.contains_key(&ino);
@@ -823,8 +822,9 @@ fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
 }
 
 /// The directory above unreachable directory `d` that no entry names
-/// (`d` itself, if none names it), with links: naming it in /lost+found
-/// makes `d` reachable. None when the way up loops or ends elsewhere.
+/// (`d` itself, if none names it): naming it in /lost+found makes `d`
+/// reachable. None when the way up loops or ends elsewhere. (Its link
+/// count may be 0: a directory with entries is live all the same.)
 /// (The root is below no directory once a repair has removed every entry
 /// naming it, `one_name`.)
 fn detached_top(c: &Checker, d: u64) -> Option<u64> {
@@ -838,7 +838,7 @@ fn detached_top(c: &Checker, d: u64) -> Option<u64> {
     }
     let root = c.meta.sb.root_ino;
     match c.inodes.get(&at) {
-        Some((FileType::Dir, nlink, ..)) if *nlink > 0 && at != root => Some(at),
+        Some((FileType::Dir, ..)) if at != root => Some(at),
         _ => None,
     }
 }

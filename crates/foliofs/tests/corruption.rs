@@ -779,3 +779,79 @@ fn a_repair_cuts_a_loop_of_directories() {
     assert_eq!(fs.getattr(a).unwrap().nlink, 3);
     fs.unmount().unwrap();
 }
+
+/// A directory with no links that is named, or that has entries, is a
+/// live directory with a wrong count, not a removed one (rmdir takes only
+/// an empty directory): the mount does not free one from the orphan
+/// list, and a repair sets its count and names it if nothing does, its
+/// tree whole.
+#[test]
+fn a_directory_with_no_links_but_a_name_or_entries_is_kept() {
+    use foliofs::format::inode::FLAG_ORPHAN;
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().ino;
+    let y = fs.mkdir(e, b"y", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(y, b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[5; 4096]).unwrap();
+    // x: removed while open, on the orphan list.
+    let x = fs.mkdir(root, b"x", 0o755, 0, 0).unwrap().ino;
+    fs.open(x).unwrap();
+    fs.rmdir(root, b"x").unwrap();
+    fs.sync().unwrap();
+    let image = dev.image();
+    drop(fs);
+    let mut img = Raw::of(image);
+    // d: named, empty, count 0. x: y moved into it from e.
+    img.edit(d, |i| i.nlink = 0);
+    img.drop_entry(e, b"y");
+    img.edit(e, |i| i.nlink = 2);
+    img.add_dir_entry(x, b"y", y);
+    img.edit(y, |i| i.parent = x);
+    img.edit(x, |i| i.nlink = 0);
+    assert_ne!(inode_flags(&img, x) & FLAG_ORPHAN, 0);
+    let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
+    for message in [
+        format!("directory {d}: link count 0, should be 2"),
+        format!("directory {x}: link count 0, should be 3"),
+    ] {
+        assert_names(&r, &message, false);
+    }
+    // The mount leaves x (and y below it) alone: off the list, not freed.
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.lookup(x, b"y").unwrap().ino, y);
+    fs.unmount().unwrap();
+    for bytes in [img.bytes.clone(), dev.image()] {
+        let (r, dev) = repaired(&bytes);
+        let named = format!("directory {x} is not reachable from the root; named /lost+found/#{x}");
+        assert_names(&r, &named, true);
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        assert_eq!(fs.lookup(root, b"d").unwrap().ino, d);
+        assert_eq!(fs.getattr(d).unwrap().nlink, 2);
+        let lf = fs.lookup(root, b"lost+found").unwrap().ino;
+        assert_eq!(fs.lookup(lf, format!("#{x}").as_bytes()).unwrap().ino, x);
+        assert_eq!(fs.getattr(x).unwrap().nlink, 3);
+        assert_eq!(fs.lookup(x, b"y").unwrap().ino, y);
+        assert_eq!(fs.lookup(y, b"..").unwrap().ino, x);
+        let mut buf = [0u8; 4096];
+        assert_eq!(
+            fs.read(fs.lookup(y, b"f").unwrap().ino, 0, &mut buf)
+                .unwrap(),
+            4096
+        );
+        assert!(buf.iter().all(|&b| b == 5));
+        fs.rmdir(root, b"d").unwrap();
+        fs.unmount().unwrap();
+        assert!(fsck_of(&dev, false).is_clean());
+    }
+}
+
+fn inode_flags(img: &Raw, ino: u64) -> u32 {
+    let (iblk, ioff) = img.geo.inode_loc(ino);
+    let at = (iblk * 4096) as usize + ioff;
+    DiskInode::decode(&img.bytes[at..at + INODE_SIZE], ino, iblk, &img.uuid)
+        .unwrap()
+        .flags
+}

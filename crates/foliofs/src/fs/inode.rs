@@ -519,18 +519,28 @@ impl Inner {
         Ok(())
     }
 
-    /// An inode with links found on the orphan list: the list is damaged
-    /// (a name takes an inode off it in the same transaction), and the
-    /// file is not freed. It leaves the list and loses its orphan flag.
-    fn unlist_linked(&mut self, ino: u64) -> Result<()> {
+    /// An inode on the orphan list that must not be freed: one with links,
+    /// or a directory with entries (rmdir takes only an empty one, and
+    /// freeing it would lose its tree). The list is damaged (a name takes
+    /// an inode off it in the same transaction): it leaves the list and
+    /// loses its orphan flag, for fsck to report.
+    fn unlist_kept(&mut self, ino: u64) -> Result<()> {
         let (ip, mut cx) = self.with(ino)?;
         log::warn!(
-            "inode {ino} is on the orphan list but has {} links: taken off the list, not freed",
-            ip.d.nlink
+            "inode {ino} is on the orphan list but has {} links{}: taken off the list, not freed",
+            ip.d.nlink,
+            if ip.d.nlink == 0 { " and entries" } else { "" }
         );
         ip.d.flags &= !FLAG_ORPHAN;
         ip.store(&mut cx)?;
         self.orphan_remove(ino)
+    }
+
+    /// Whether orphan `ino` (loaded) has links, or is a directory with
+    /// entries.
+    fn kept(&mut self, ino: u64) -> Result<bool> {
+        let (ip, mut cx) = self.with(ino)?;
+        Ok(ip.d.nlink > 0 || (ip.kind() == FileType::Dir && !ip.dir_is_empty(&mut cx)?))
     }
 
     /// Finish inodes that were unlinked while open when the system stopped.
@@ -543,7 +553,7 @@ impl Inner {
             }
             for (ino, _) in batch {
                 match self.load_inode(ino) {
-                    Ok(()) if self.with(ino)?.0.d.nlink > 0 => self.unlist_linked(ino)?,
+                    Ok(()) if self.kept(ino)? => self.unlist_kept(ino)?,
                     Ok(()) => self.destroy_inode(ino)?,
                     Err(Error::NotFound) => self.orphan_remove(ino)?,
                     Err(e) => return Err(e),
