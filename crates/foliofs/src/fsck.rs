@@ -504,6 +504,8 @@ fn check_tree_and_links(c: &mut Checker) {
     let root = c.meta.sb.root_ino;
     // The directory entries of each inode: (directory, name).
     let mut named: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    // A repair's entries of another type naming a directory: their problems.
+    let mut mistyped: HashMap<(u64, Vec<u8>), usize> = HashMap::new();
     for (dir, de) in &dirents {
         match c.inodes.get(&de.ino) {
             None => {
@@ -531,28 +533,28 @@ fn check_tree_and_links(c: &mut Checker) {
                     de.ino,
                     kind
                 );
-                // A directory's entry is given its type only if it is the
-                // directory's one name.
-                let only_name = c.links.get(&de.ino) == Some(&1);
-                if kind == FileType::Dir && !only_name {
-                    c.problem("directory entry", *dir, message);
-                } else {
-                    let fix = EntryFix::Retype {
-                        dir: *dir,
-                        name: de.name.clone(),
-                    };
-                    c.entry_fix("directory entry", *dir, message, fix);
-                    if c.repair {
-                        // Counted as the repair leaves it.
-                        retyped(c, *dir, de.ino, de.kind, kind);
-                        if kind == FileType::Dir {
-                            named
-                                .entry(de.ino)
-                                .or_default()
-                                .push((*dir, de.name.clone()));
-                        }
-                        continue;
-                    }
+                if kind == FileType::Dir && c.repair {
+                    // Counted as a directory's entry: below, the
+                    // directory keeps one name, and this entry is given
+                    // its type if it is the one kept, else removed.
+                    mistyped.insert((*dir, de.name.clone()), c.report.problems.len());
+                    c.fixed("directory entry", *dir, message);
+                    retyped(c, *dir, de.ino, de.kind, kind);
+                    named
+                        .entry(de.ino)
+                        .or_default()
+                        .push((*dir, de.name.clone()));
+                    continue;
+                }
+                let fix = EntryFix::Retype {
+                    dir: *dir,
+                    name: de.name.clone(),
+                };
+                c.entry_fix("directory entry", *dir, message, fix);
+                if c.repair {
+                    // Counted as the repair leaves it.
+                    retyped(c, *dir, de.ino, de.kind, kind);
+                    continue;
                 }
             }
             Some(_) => {}
@@ -569,9 +571,13 @@ fn check_tree_and_links(c: &mut Checker) {
         if matches!(c.inodes.get(&child), Some((FileType::Dir, ..)))
             && (entries.len() > 1 || child == root)
         {
-            one_name(c, child, &mut entries);
+            one_name(c, child, &mut entries, &mistyped);
         }
-        for (dir, _) in entries {
+        for (dir, name) in entries {
+            if let Some(&problem) = mistyped.get(&(dir, name.clone())) {
+                c.entry_fixes
+                    .push((EntryFix::Retype { dir, name }, problem));
+            }
             children.entry(dir).or_default().push(child);
         }
     }
@@ -682,7 +688,14 @@ fn check_tree_and_links(c: &mut Checker) {
 /// directory has one name, the root none. A repair keeps the entry in the
 /// parent the directory records (or the first) and removes the others,
 /// leaving `entries` as the repair leaves them; a check keeps them all.
-fn one_name(c: &mut Checker, child: u64, entries: &mut Vec<(u64, Vec<u8>)>) {
+/// An entry of the wrong type that is removed is its own problem's
+/// repair (`mistyped`).
+fn one_name(
+    c: &mut Checker,
+    child: u64,
+    entries: &mut Vec<(u64, Vec<u8>)>,
+    mistyped: &HashMap<(u64, Vec<u8>), usize>,
+) {
     let root = c.meta.sb.root_ino;
     let dirs: Vec<String> = entries.iter().map(|(d, _)| d.to_string()).collect();
     let at = c.meta.geo.inode_loc(child).0;
@@ -708,6 +721,10 @@ fn one_name(c: &mut Checker, child: u64, entries: &mut Vec<(u64, Vec<u8>)>) {
     let kept = keep.map(|k| entries.swap_remove(k));
     for (dir, name) in entries.drain(..) {
         unentered(c, dir, child);
+        let problem = match mistyped.get(&(dir, name.clone())) {
+            Some(&own) => own,
+            None => problem,
+        };
         let fix = EntryFix::Remove {
             dir,
             name,

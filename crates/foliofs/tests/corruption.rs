@@ -750,6 +750,52 @@ fn a_repair_leaves_a_directory_one_name() {
     fs.unmount().unwrap();
 }
 
+/// An entry of another type naming a directory that has a second name:
+/// the directory keeps the entry in the parent it records, given its type
+/// if it was the wrong one, and the other is removed, whichever type it
+/// had.
+#[test]
+fn a_repair_of_a_mistyped_second_name_keeps_the_recorded_one() {
+    for recorded_mistyped in [false, true] {
+        let (mut img, root, d, e) = two_dirs();
+        img.add_dir_entry(d, b"e2", e);
+        let (dir, name) = match recorded_mistyped {
+            false => (d, "e2"),
+            true => (root, "e"),
+        };
+        img.set_entry_type(dir, name.as_bytes(), FileType::File);
+        let mistyped = format!("directory {dir}: {name:?} has type File, inode {e} is Dir");
+        let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
+        assert_names(&r, &mistyped, false);
+        let (r, dev) = repaired(&img.bytes);
+        let removed = format!("; \"e2\" removed from {d}");
+        match recorded_mistyped {
+            false => assert_names(&r, &format!("{mistyped}{removed}"), true),
+            true => {
+                assert_names(&r, &format!("{mistyped}; given the inode's"), true);
+                let two = format!("directory {e} has entries in {root}, {d}{removed}");
+                assert_names(&r, &two, true);
+            }
+        }
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        assert!(matches!(fs.lookup(d, b"e2"), Err(Error::NotFound)));
+        let at = fs.lookup(root, b"e").unwrap();
+        assert_eq!((at.ino, at.kind), (e, FileType::Dir));
+        let kinds: Vec<_> = fs
+            .readdir(root, 0, 10)
+            .unwrap()
+            .into_iter()
+            .filter(|x| x.name == b"e")
+            .map(|x| x.kind)
+            .collect();
+        assert_eq!(kinds, [FileType::Dir]);
+        assert_eq!(fs.getattr(d).unwrap().nlink, 2);
+        assert_eq!(fs.getattr(root).unwrap().nlink, 4);
+        assert_eq!(fs.lookup(e, b"..").unwrap().ino, root);
+        fs.unmount().unwrap();
+    }
+}
+
 /// Two directories, each named only in the other, that the root does not
 /// reach: a repair removes the entry of the lower-numbered one and names
 /// it in /lost+found, the other below it.
