@@ -291,14 +291,20 @@ impl Raw {
         }
     }
 
-    /// Rewrite inode `ino` through `f`.
-    fn edit(&mut self, ino: u64, f: impl FnOnce(&mut DiskInode)) {
+    /// Inode `ino`'s record.
+    fn inode(&self, ino: u64) -> DiskInode {
         let (iblk, ioff) = self.geo.inode_loc(ino);
         let at = (iblk * 4096) as usize + ioff;
-        let slot = &mut self.bytes[at..at + INODE_SIZE];
-        let mut d = DiskInode::decode(slot, ino, iblk, &self.uuid).unwrap();
+        DiskInode::decode(&self.bytes[at..at + INODE_SIZE], ino, iblk, &self.uuid).unwrap()
+    }
+
+    /// Rewrite inode `ino` through `f`.
+    fn edit(&mut self, ino: u64, f: impl FnOnce(&mut DiskInode)) {
+        let mut d = self.inode(ino);
         f(&mut d);
-        d.encode(slot, &self.uuid);
+        let (iblk, ioff) = self.geo.inode_loc(ino);
+        let at = (iblk * 4096) as usize + ioff;
+        d.encode(&mut self.bytes[at..at + INODE_SIZE], &self.uuid);
     }
 
     /// Blank inode `ino`'s slot, as if it had been freed.
@@ -856,7 +862,7 @@ fn a_directory_with_no_links_but_a_name_or_entries_is_kept() {
     img.add_dir_entry(x, b"y", y);
     img.edit(y, |i| i.parent = x);
     img.edit(x, |i| i.nlink = 0);
-    assert_ne!(inode_flags(&img, x) & FLAG_ORPHAN, 0);
+    assert_ne!(img.inode(x).flags & FLAG_ORPHAN, 0);
     let r = fsck_of(&Arc::new(MemDevice::from_image(img.bytes.clone())), false);
     for message in [
         format!("directory {d}: link count 0, should be 2"),
@@ -892,12 +898,4 @@ fn a_directory_with_no_links_but_a_name_or_entries_is_kept() {
         fs.unmount().unwrap();
         assert!(fsck_of(&dev, false).is_clean());
     }
-}
-
-fn inode_flags(img: &Raw, ino: u64) -> u32 {
-    let (iblk, ioff) = img.geo.inode_loc(ino);
-    let at = (iblk * 4096) as usize + ioff;
-    DiskInode::decode(&img.bytes[at..at + INODE_SIZE], ino, iblk, &img.uuid)
-        .unwrap()
-        .flags
 }
