@@ -2354,16 +2354,43 @@ fn chattr_immutable_and_append_only_through_the_mount() {
         let e = r.err().unwrap_or_else(|| panic!("{what}: allowed"));
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{what}: {e}");
     };
+    use std::os::unix::fs::FileExt;
     let (imm, app) = (foliofs::fs::FL_IMMUTABLE, foliofs::fs::FL_APPEND);
     let mut m = Mounted::new("chattr", "");
     let f = m.path("f");
     std::fs::write(&f, b"before").unwrap();
     // A write the kernel caches, then +i while it is still cached.
     let mut w = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    let old = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     w.write_all(b", cached").unwrap();
     inode_flags(&f, Some(imm)).unwrap();
     assert_eq!(inode_flags(&f, None).unwrap() & (imm | app), imm);
     drop(w);
+    // A write through a description open before +i: refused, if not at
+    // once (the kernel caches it without knowing the flag), then at its
+    // writeback, which fsync reports; either way the file does not
+    // change, and readers do not see the refused bytes.
+    // (A reader open throughout reads the kernel's pages.)
+    let reader = std::fs::File::open(&f).unwrap();
+    if old.write_at(b"X", 0).is_ok() {
+        eperm(old.sync_all(), "fsync of a write after +i");
+    }
+    drop(old);
+    let want = b"before, cached";
+    let read = || {
+        let mut buf = vec![0; 64];
+        let n = reader.read_at(&mut buf, 0).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let mut tries = 0;
+    while read() != want && tries < 100 {
+        std::thread::sleep(Duration::from_millis(20));
+        tries += 1;
+    }
+    assert_eq!(read(), want);
+    drop(reader);
+    assert_eq!(std::fs::read(&f).unwrap(), want);
     let open_w = |append: bool| {
         std::fs::OpenOptions::new()
             .write(true)

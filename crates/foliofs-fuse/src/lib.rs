@@ -736,12 +736,24 @@ impl FuseFs {
     /// goes on, its reply unlocks the page, and the invalidation finishes
     /// after it.
     fn kernel_drop(&self, ino: u64, off: i64, len: i64) {
-        let Some(n) = self.notifier.get() else {
-            return;
-        };
         let Some(_slot) = self.drops.enter(ino) else {
             return;
         };
+        if let Some(wait) = self.queue_drop(ino, off, len) {
+            if wait.recv_timeout(INVAL_WAIT).is_err() {
+                log::warn!(
+                    "inode {ino}: the kernel's invalidation waits on a page this request fills; \
+                     going on"
+                );
+            }
+        }
+    }
+
+    /// `kernel_drop` without waiting for it: the invalidation thread runs
+    /// it, after this request's reply if it waits on pages the reply
+    /// releases. Returns what tells when it is done, if it was queued.
+    fn queue_drop(&self, ino: u64, off: i64, len: i64) -> Option<std::sync::mpsc::Receiver<()>> {
+        let n = self.notifier.get()?;
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         let job = InvalJob {
             notifier: n.clone(),
@@ -750,18 +762,12 @@ impl FuseFs {
             len,
             done,
         };
-        let sent = self
-            .inval
+        self.inval
             .get_or_init(|| spawn_invalidator(self.drops.clone(), self.uring_on.clone()))
             .lock()
             .send(job)
-            .is_ok();
-        if sent && wait.recv_timeout(INVAL_WAIT).is_err() {
-            log::warn!(
-                "inode {ino}: the kernel's invalidation waits on a page this request fills; \
-                 going on"
-            );
-        }
+            .is_ok()
+            .then_some(wait)
     }
 
     /// Let the kernel enforce POSIX ACLs (FUSE_POSIX_ACL) and leave the
@@ -1536,7 +1542,20 @@ impl Filesystem for FuseFs {
             });
         match r {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => {
+                // A refused writeback of a file made immutable after the
+                // kernel cached this write (through a description open
+                // before chattr +i, or a shared mapping): the writer
+                // learns of it at fsync or close, as of any writeback
+                // error, and the kernel's pages, which hold what the file
+                // does not, are dropped once the reply has ended their
+                // writeback (which waits for the reply: not here), so
+                // that readers see the file.
+                if from_cache && matches!(e, foliofs::Error::NotPermitted(_)) {
+                    self.queue_drop(ino, offset as i64, data.len() as i64);
+                }
+                reply.error(errno(e));
+            }
         }
     }
 
