@@ -983,3 +983,17 @@ fn has_journal_work(dev: &dyn Device, sb: &Superblock) -> Result<bool> {
         Ok(h) if h.lsn == sb.tail_seq
     ))
 }
+
+/// For the crate's own tests: a fresh 64 MiB file system in memory,
+/// mounted without periodic writeback (nothing is written back unless a
+/// test asks).
+#[cfg(test)]
+pub(crate) fn quiet_test_fs() -> Fs {
+    let dev = std::sync::Arc::new(crate::device::MemDevice::new(64 << 20));
+    mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let o = MountOptions {
+        writeback_interval_ms: 0,
+        ..Default::default()
+    };
+    Fs::mount(dev, o).unwrap()
+}

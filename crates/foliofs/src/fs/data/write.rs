@@ -474,10 +474,7 @@ pub(in crate::fs) fn drive<H: Held>(
 #[cfg(test)]
 mod tests {
     use super::WriteStep;
-    use crate::device::MemDevice;
-    use crate::fs::{mkfs, MkfsOptions, MountOptions};
-    use crate::Fs;
-    use std::sync::Arc;
+    use crate::fs::quiet_test_fs;
 
     /// Writeback takes blocks while a write has let go of the lock between
     /// two of its steps: the later step must not count them as holes from
@@ -487,13 +484,7 @@ mod tests {
     /// writeback takes them from.
     #[test]
     fn a_step_after_writeback_mapped_its_blocks_reserves_no_holes() {
-        let dev = Arc::new(MemDevice::new(64 << 20));
-        mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-        let o = MountOptions {
-            writeback_interval_ms: 0,
-            ..Default::default()
-        };
-        let fs = Fs::mount(dev, o).unwrap();
+        let fs = quiet_test_fs();
         let ino = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
         let bs = 4096u64;
         // Blocks 16..32 past EOF: dirty in the speculative range.

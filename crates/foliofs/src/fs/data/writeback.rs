@@ -861,10 +861,7 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::MemDevice;
-    use crate::fs::{mkfs, MkfsOptions, MountOptions};
-    use crate::Fs;
-    use std::sync::Arc;
+    use crate::fs::quiet_test_fs;
 
     /// A writeback context picks its inodes, then lets go of the lock to
     /// write: one freed meanwhile (unlinked and closed) has nothing left
@@ -872,13 +869,7 @@ mod tests {
     /// same (it failed with NotFound, logged as an error).
     #[test]
     fn an_inode_freed_after_it_was_picked_is_clean() {
-        let dev = Arc::new(MemDevice::new(64 << 20));
-        mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-        let o = MountOptions {
-            writeback_interval_ms: 0,
-            ..Default::default()
-        };
-        let fs = Fs::mount(dev, o).unwrap();
+        let fs = quiet_test_fs();
         let root = fs.root_ino();
         let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
         let b = fs.create(root, b"b", 0o644, 0, 0).unwrap().ino;
