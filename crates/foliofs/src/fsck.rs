@@ -502,10 +502,8 @@ fn check_tree_and_links(c: &mut Checker) {
     let dirents = std::mem::take(&mut c.dirents);
     let has_entries: HashSet<u64> = dirents.iter().map(|(dir, _)| *dir).collect();
     let root = c.meta.sb.root_ino;
-    // The directory entries of each inode: (directory, name).
-    let mut named: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
-    // A repair's entries of another type naming a directory: their problems.
-    let mut mistyped: HashMap<(u64, Vec<u8>), usize> = HashMap::new();
+    // The directory entries naming each directory.
+    let mut named: BTreeMap<u64, Vec<DirName>> = BTreeMap::new();
     for (dir, de) in &dirents {
         match c.inodes.get(&de.ino) {
             None => {
@@ -537,13 +535,14 @@ fn check_tree_and_links(c: &mut Checker) {
                     // Counted as a directory's entry: below, the
                     // directory keeps one name, and this entry is given
                     // its type if it is the one kept, else removed.
-                    mistyped.insert((*dir, de.name.clone()), c.report.problems.len());
+                    let mistyped = Some(c.report.problems.len());
                     c.fixed("directory entry", *dir, message);
                     retyped(c, *dir, de.ino, de.kind, kind);
-                    named
-                        .entry(de.ino)
-                        .or_default()
-                        .push((*dir, de.name.clone()));
+                    named.entry(de.ino).or_default().push(DirName {
+                        dir: *dir,
+                        name: de.name.clone(),
+                        mistyped,
+                    });
                     continue;
                 }
                 let fix = EntryFix::Retype {
@@ -560,10 +559,11 @@ fn check_tree_and_links(c: &mut Checker) {
             Some(_) => {}
         }
         if de.kind == FileType::Dir {
-            named
-                .entry(de.ino)
-                .or_default()
-                .push((*dir, de.name.clone()));
+            named.entry(de.ino).or_default().push(DirName {
+                dir: *dir,
+                name: de.name.clone(),
+                mistyped: None,
+            });
         }
     }
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
@@ -571,10 +571,15 @@ fn check_tree_and_links(c: &mut Checker) {
         if matches!(c.inodes.get(&child), Some((FileType::Dir, ..)))
             && (entries.len() > 1 || child == root)
         {
-            one_name(c, child, &mut entries, &mistyped);
+            one_name(c, child, &mut entries);
         }
-        for (dir, name) in entries {
-            if let Some(&problem) = mistyped.get(&(dir, name.clone())) {
+        for DirName {
+            dir,
+            name,
+            mistyped,
+        } in entries
+        {
+            if let Some(problem) = mistyped {
                 c.entry_fixes
                     .push((EntryFix::Retype { dir, name }, problem));
             }
@@ -617,10 +622,10 @@ fn check_tree_and_links(c: &mut Checker) {
             }
             // One with no links that is named or has entries is a live
             // directory with a wrong count (freeing it would lose its
-            // tree): the count is set below and the orphan flag, if any,
-            // goes with the orphan list's repair.
-            // Unreachable, and reachable again once the directory above
-            // it that no entry names is named in /lost+found.
+            // tree): its count is set below, and its orphan flag, if any,
+            // goes with the orphan list's repair. An unreachable one is
+            // reachable again once the directory above it that no entry
+            // names is named in /lost+found.
             let unreachable = ino != root && !seen.contains_key(&ino);
             let top = unreachable.then(|| detached_top(c, ino)).flatten();
             if unreachable {
@@ -684,20 +689,24 @@ fn check_tree_and_links(c: &mut Checker) {
     }
 }
 
+/// An entry naming a directory: in `dir`, as `name`; for a repair, the
+/// problem it is if it has another type (the directory keeps one name,
+/// given its type if it is this one, `one_name`).
+struct DirName {
+    dir: u64,
+    name: Vec<u8>,
+    mistyped: Option<usize>,
+}
+
 /// Directory `child` has `entries` (more than one, or any for the root): a
 /// directory has one name, the root none. A repair keeps the entry in the
 /// parent the directory records (or the first) and removes the others,
 /// leaving `entries` as the repair leaves them; a check keeps them all.
 /// An entry of the wrong type that is removed is its own problem's
-/// repair (`mistyped`).
-fn one_name(
-    c: &mut Checker,
-    child: u64,
-    entries: &mut Vec<(u64, Vec<u8>)>,
-    mistyped: &HashMap<(u64, Vec<u8>), usize>,
-) {
+/// repair.
+fn one_name(c: &mut Checker, child: u64, entries: &mut Vec<DirName>) {
     let root = c.meta.sb.root_ino;
-    let dirs: Vec<String> = entries.iter().map(|(d, _)| d.to_string()).collect();
+    let dirs: Vec<String> = entries.iter().map(|e| e.dir.to_string()).collect();
     let at = c.meta.geo.inode_loc(child).0;
     let message = match child == root {
         true => format!(
@@ -713,29 +722,25 @@ fn one_name(
     let keep = (child != root).then(|| {
         entries
             .iter()
-            .position(|(d, _)| Some(*d) == recorded)
+            .position(|e| Some(e.dir) == recorded)
             .unwrap_or(0)
     });
     let problem = c.report.problems.len();
     c.fixed("directory", at, message);
     let kept = keep.map(|k| entries.swap_remove(k));
-    for (dir, name) in entries.drain(..) {
-        unentered(c, dir, child);
-        let problem = match mistyped.get(&(dir, name.clone())) {
-            Some(&own) => own,
-            None => problem,
-        };
+    for e in entries.drain(..) {
+        unentered(c, e.dir, child);
         let fix = EntryFix::Remove {
-            dir,
-            name,
+            dir: e.dir,
+            name: e.name,
             ino: child,
         };
-        c.entry_fixes.push((fix, problem));
+        c.entry_fixes.push((fix, e.mistyped.unwrap_or(problem)));
     }
     match kept {
-        Some((dir, name)) => {
-            c.parent_seen.insert(child, dir);
-            entries.push((dir, name));
+        Some(e) => {
+            c.parent_seen.insert(child, e.dir);
+            entries.push(e);
         }
         None => {
             c.parent_seen.remove(&child);
