@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # stress-ng's file system stressors (Debian's package) over a foliofs FUSE
-# mount: all at once as root (those whose errors the io stressor's syncfs
-# would report, though not ours, apart), then a set as another user, each
-# checking its own results (--verify). Fails if any stressor fails or the daemon
-# logs an error; fsck --data afterwards. Found: writes refused after
+# mount: all at once as root (apart, those whose errors, not ours, the io
+# stressor's syncfs would report), then a set as another user, each
+# checking its own results (--verify). Fails if any stressor fails or the
+# daemon logs an error; fsck --data afterwards. Found: writes refused after
 # chattr +i left readable in the kernel's pages (iomix), and a writeback
 # error logged for a file freed under it (hdd as a user).
 # Left out: iomix (it toggles chattr +i under writers: with the kernel's
@@ -63,7 +63,8 @@ run() { # LOG DIR USER STRESSORS...
     echo "stress-ng as $user: exit $status" >&2
     grep -E ' fail: |error:' "$log" >&2 || tail -20 "$log" >&2
     echo "daemon log, last warnings and errors:" >&2
-    grep -E ' foliofs\[[0-9]+\] (warn|error): ' "$tmp/daemon.log" | tail -20 >&2 || true
+    grep -E ' foliofs\[[0-9]+\] (warn|error): ' "$tmp/daemon.log" |
+      tail -20 >&2 || true
     exit 1
   fi
   grep -E 'successful run|passed:' "$log" || true
