@@ -115,7 +115,7 @@ enum Cmd {
         /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
         /// noatime, strictatime, nodiratime, sync, dirsync, threads=N, no_writeback_cache (the
         /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
-        /// negative_timeout=S, max_background=N, uncached_below=SIZE (files opened for writing with less free go uncached, so ENOSPC reaches write; default 256M), readdirplus, io_uring=on|off (FUSE over
+        /// negative_timeout=S, max_background=N, cache_floor=auto|SIZE (space kept for the kernel's cached writes: with less free, files opened for writing go uncached and cached writes fail with ENOSPC; auto: the kernel's dirty limit for the mount, about 70M with 24G RAM), readdirplus, io_uring=on|off (FUSE over
         /// io_uring where the kernel offers it, on by default), ring_depth=N,
         /// no_default_permissions, log=FILE, log_level=LEVEL.
         #[arg(short = 'o')]

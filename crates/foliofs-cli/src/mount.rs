@@ -25,7 +25,7 @@ use foliofs::device::lock;
 use foliofs::device::{DeviceOptions, FileDevice};
 use foliofs::fs::ENGINE_OPTIONS;
 use foliofs::{Fs, MountOptions};
-use foliofs_fuse::{CacheOptions, FuseFs};
+use foliofs_fuse::{CacheFloor, CacheOptions, FuseFs};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -153,9 +153,12 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("entry_timeout", Some(v)) => o.cache.entry_timeout = seconds(k, v)?,
             ("negative_timeout", Some(v)) => o.cache.negative_timeout = seconds(k, v)?,
             ("max_background", Some(v)) => o.cache.max_background = number(k, v, 1..=u16::MAX)?,
-            ("uncached_below", Some(v)) => {
-                o.cache.uncached_below =
-                    foliofs::fs::parse_size(v).map_err(|e| anyhow::anyhow!("-o {k}={v}: {e}"))?
+            // `uncached_below`, its name before it also sized the floor.
+            ("cache_floor" | "uncached_below", Some("auto")) => o.cache.cache_floor = CacheFloor::Auto,
+            ("cache_floor" | "uncached_below", Some(v)) => {
+                o.cache.cache_floor = CacheFloor::Bytes(
+                    foliofs::fs::parse_size(v).map_err(|e| anyhow::anyhow!("-o {k}={v}: {e}"))?,
+                )
             }
             ("threads", Some(v)) => o.threads = number(k, v, 1..=256)?,
             (k, None) if IGNORED.contains(&k) => {}
@@ -165,7 +168,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, uncached_below=SIZE, threads=N, log=FILE, \
+                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
         }
@@ -337,6 +340,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         cfg.n_threads = Some(o.threads);
         cfg.clone_fd = true;
         let fuse = FuseFs::new(fs.clone(), o.cache.clone())
+            .with_mount_point(dir)
             .with_posix_acl(o.default_permissions)
             .with_workers(o.threads, o.ring_depth)
             .with_io_uring(o.io_uring);

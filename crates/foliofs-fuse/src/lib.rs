@@ -14,8 +14,9 @@
 //! it does; its writeback reaches the engine as large writes. O_DIRECT opens get
 //! FOPEN_DIRECT_IO and reach the engine's direct path as the caller made
 //! them (checksummed, overwrites in parallel under a shared inode lock).
-//! So do opens for writing while space is low (`uncached_below`), through
-//! the engine's page cache, so that ENOSPC reaches write(2).
+//! So do opens for writing while the free space does not cover what the
+//! kernel may cache (`space`), through the engine's page cache, so that
+//! ENOSPC reaches write(2); descriptions opened before are gated there.
 //! Where a file is open both ways, the adapter keeps the two coherent as
 //! the kernel does for its own file systems: before a direct request it
 //! has the kernel write back and drop its pages of the file (while a
@@ -47,7 +48,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod space;
 pub mod uring;
+
+pub use space::CacheFloor;
+use space::SpaceGate;
 
 /// The virtual xattr on the root that returns the counters as JSON.
 pub const COUNTERS_XATTR: &str = "foliofs.counters";
@@ -398,16 +403,16 @@ pub struct CacheOptions {
     /// makes a cold `ls -lR` 1.4x faster but a warm one 0.64x and a plain
     /// listing 0.75x.
     pub readdirplus: bool,
-    /// With the writeback cache, a file opened for writing while the
-    /// engine has fewer free bytes than this is served uncached
-    /// (FOPEN_DIRECT_IO, through the engine's own cache), so that a write
-    /// the file system has no room for fails in write(2) with ENOSPC, as
-    /// on a kernel file system. The kernel's cache takes writes without
-    /// asking and reports a failed writeback only at fsync or close; a
-    /// loop writing to a full mount never heard of it. The kernel holds at
-    /// most its dirty limit for this mount (`/sys/class/bdi/*/max_bytes`,
-    /// 1% of the dirty threshold: 43 MB here). 0: never.
-    pub uncached_below: u64,
+    /// With the writeback cache, the space kept free for the kernel's
+    /// cached writes while files are open for writing through it
+    /// (`space`): a file opened for writing when the free space does not
+    /// cover it is served uncached (FOPEN_DIRECT_IO, through the engine's
+    /// own cache), so that a write the file system has no room for fails
+    /// in write(2) with ENOSPC, as on a kernel file system, and writes
+    /// through descriptions opened before fail there too once a
+    /// writeback has taken part of it. `Auto`: from the kernel's dirty
+    /// limit for the mount.
+    pub cache_floor: CacheFloor,
 }
 
 impl Default for CacheOptions {
@@ -420,7 +425,7 @@ impl Default for CacheOptions {
             negative_timeout: day,
             max_background: 64,
             readdirplus: false,
-            uncached_below: 256 << 20,
+            cache_floor: CacheFloor::Auto,
         }
     }
 }
@@ -442,7 +447,7 @@ struct Uncached {
 struct Handle {
     ino: u64,
     /// Not cached by the kernel (FOPEN_DIRECT_IO): opened with O_DIRECT,
-    /// or for writing while space was low (`CacheOptions::uncached_below`).
+    /// or for writing while space was low (`CacheOptions::cache_floor`).
     uncached: bool,
     /// Opened with O_DIRECT: reads and writes take the engine's direct
     /// path (the others its page cache).
@@ -493,6 +498,9 @@ impl Handles {
 
 pub struct FuseFs {
     fs: Arc<Fs>,
+    /// The space kept for the kernel's cached writes, and the gate that
+    /// refuses them when it runs short.
+    space: SpaceGate,
     handles: Mutex<Handles>,
     next_fh: AtomicU64,
     cache: CacheOptions,
@@ -608,13 +616,15 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, cache: CacheOptions) -> Self {
+        let notifier = Arc::new(OnceLock::new());
         FuseFs {
+            space: SpaceGate::new(fs.clone(), cache.cache_floor, None, notifier.clone()),
             fs,
             handles: Mutex::new(Handles::default()),
             next_fh: AtomicU64::new(1),
             cache,
             posix_acl: false,
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
             drops: Arc::new(Drops::new(1, 1, 0, SpawnSlot::default())),
             inval: OnceLock::new(),
             io_uring: false,
@@ -624,6 +634,18 @@ impl FuseFs {
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
         }
+    }
+
+    /// Where the mount is: the kernel's dirty limit for it sizes the space
+    /// kept for its cached writes (`CacheFloor::Auto`).
+    pub fn with_mount_point(mut self, dir: &Path) -> Self {
+        self.space = SpaceGate::new(
+            self.fs.clone(),
+            self.cache.cache_floor,
+            Some(dir.to_path_buf()),
+            self.notifier.clone(),
+        );
+        self
     }
 
     /// Ask the kernel for FUSE over io_uring (it offers it when the
@@ -688,11 +710,6 @@ impl FuseFs {
         };
         hs.tidy(ino);
         Some(u)
-    }
-
-    /// Whether writes may reserve fewer bytes than `uncached_below`.
-    fn space_low(&self) -> bool {
-        self.cache.uncached_below > 0 && self.fs.reservable_bytes() < self.cache.uncached_below
     }
 
     /// Before a request that works on the engine's copy of a file from
@@ -790,12 +807,15 @@ impl FuseFs {
     /// times, say) stays until then.
     fn entry(&self, r: foliofs::Result<Attr>, reply: ReplyEntry) {
         match r.and_then(|a| self.fs.hold(a.ino).map(|()| a)) {
-            Ok(a) => reply.entry_with_ttls(
-                &self.cache.attr_timeout,
-                &self.cache.entry_timeout,
-                &file_attr(&a),
-                Generation(a.generation as u64),
-            ),
+            Ok(a) => {
+                reply.entry_with_ttls(
+                    &self.cache.attr_timeout,
+                    &self.cache.entry_timeout,
+                    &file_attr(&a),
+                    Generation(a.generation as u64),
+                );
+                self.space.after_attr_reply(a.ino);
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -827,7 +847,10 @@ impl FuseFs {
 
     fn attr_reply(&self, r: foliofs::Result<Attr>, reply: ReplyAttr) {
         match r {
-            Ok(a) => reply.attr(&self.cache.attr_timeout, &file_attr(&a)),
+            Ok(a) => {
+                reply.attr(&self.cache.attr_timeout, &file_attr(&a));
+                self.space.after_attr_reply(a.ino);
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -835,8 +858,9 @@ impl FuseFs {
     /// A new description of `ino` and the open flags the kernel gets for
     /// it. O_DIRECT: FOPEN_DIRECT_IO, so requests come as the caller made
     /// them, writes in parallel (the kernel serializes them itself while
-    /// a cached description is open). Opened for writing while space is
-    /// low (`space_low`): FOPEN_DIRECT_IO too, through the engine's page
+    /// a cached description is open). Opened for writing while the free
+    /// space does not cover the kernel's cached writes (`SpaceGate::
+    /// room_for_cache`): FOPEN_DIRECT_IO too, through the engine's page
     /// cache, so ENOSPC reaches write(2). The kernel keeps its cached
     /// pages of the file unless they may be stale: data written around
     /// them since the last open.
@@ -844,12 +868,13 @@ impl FuseFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let odirect = flags & libc::O_DIRECT != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let low = !odirect && writable && self.cache.writeback_cache && self.space_low();
+        let low =
+            !odirect && writable && self.cache.writeback_cache && !self.space.room_for_cache();
         if low && self.uncached_opens.fetch_add(1, Ordering::Relaxed) == 0 {
             log::info!(
                 "less than {} MiB free: files opened for writing now bypass the kernel's \
                  cache, so that ENOSPC reaches write()",
-                self.cache.uncached_below >> 20
+                self.space.floor() >> 20
             );
         }
         // chattr +S: every write must reach the engine, which makes it
@@ -884,6 +909,9 @@ impl FuseFs {
         if !h.uncached {
             f.cached += 1;
             f.cached_writable += h.writable as u32;
+            if h.writable && self.cache.writeback_cache {
+                self.space.writer_opened(ino);
+            }
         }
         hs.tidy(ino);
         hs.by_fh.insert(fh, Arc::new(h));
@@ -1025,6 +1053,7 @@ impl FuseFs {
                 "fuse_uncached_opens".into(),
                 self.uncached_opens.load(Ordering::Relaxed).into(),
             );
+            m.insert("fuse_enospc_gated".into(), self.space.refused().into());
             m.insert(
                 "fuse_kernel_drops".into(),
                 self.drops.had.load(Ordering::Relaxed).into(),
@@ -1182,8 +1211,19 @@ impl Filesystem for FuseFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.attr_reply(self.fs.getattr(self.ino(ino)), reply)
+    /// A GETATTR naming a description comes from the kernel's own
+    /// refresh before a read or write through it; one through a cached
+    /// writable description while the space kept for the kernel's cached
+    /// writes is short is a write to refuse (`space`).
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ino = self.ino(ino);
+        let cached_writer = fh
+            .and_then(|fh| self.handle(fh))
+            .is_some_and(|h| h.writable && !h.uncached);
+        if cached_writer && self.cache.writeback_cache && !self.space.check_write(ino) {
+            return reply.error(Errno::ENOSPC);
+        }
+        self.attr_reply(self.fs.getattr(ino), reply)
     }
 
     /// statx asking for the birth time: the attributes and the inode's
@@ -1199,7 +1239,10 @@ impl Filesystem for FuseFs {
         reply: ReplyStatx,
     ) {
         match self.fs.getattr(self.ino(ino)) {
-            Ok(a) => reply.statx(&self.cache.attr_timeout, &file_attr(&a)),
+            Ok(a) => {
+                reply.statx(&self.cache.attr_timeout, &file_attr(&a));
+                self.space.after_attr_reply(a.ino);
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -1523,35 +1566,49 @@ impl Filesystem for FuseFs {
             }
         }
         self.direct_writeback(ino, uncached);
-        let r = self
-            .write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
-            .and_then(|n| {
-                // The kernel's cached pages of the range are stale now:
-                // those of a description open now, or open during the
-                // write (xfstests generic/451: buffered readers racing
-                // direct writes read old data after the write returned).
-                if uncached.is_some() && n > 0 && self.bypass_done(ino) {
-                    self.kernel_drop(ino, offset as i64, n as i64);
-                }
-                // O_SYNC / O_DSYNC: durable before the reply (after its
-                // own writeback the kernel asks for an fsync itself).
-                if !from_cache && flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
-                    self.fsync_fh(ino, fh, flags.0 & libc::O_SYNC == 0)?;
-                }
-                Ok(n)
-            });
+        let r = if from_cache {
+            // The kernel takes its writeback as done whatever count comes
+            // back: all of it goes in, or an error.
+            let r = self.fs.write_cached(ino, offset, data).map(|()| data.len());
+            self.space.after_writeback();
+            r
+        } else {
+            self.write_at(ino, uncached.is_some_and(|u| u.odirect), offset, data)
+        };
+        let r = r.and_then(|n| {
+            // The kernel's cached pages of the range are stale now:
+            // those of a description open now, or open during the
+            // write (xfstests generic/451: buffered readers racing
+            // direct writes read old data after the write returned).
+            if uncached.is_some() && n > 0 && self.bypass_done(ino) {
+                self.kernel_drop(ino, offset as i64, n as i64);
+            }
+            // O_SYNC / O_DSYNC: durable before the reply (after its
+            // own writeback the kernel asks for an fsync itself).
+            if !from_cache && flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+                self.fsync_fh(ino, fh, flags.0 & libc::O_SYNC == 0)?;
+            }
+            Ok(n)
+        });
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => {
-                // A refused writeback of a file made immutable after the
-                // kernel cached this write (through a description open
-                // before chattr +i, or a shared mapping): the writer
-                // learns of it at fsync or close, as of any writeback
-                // error, and the kernel's pages, which hold what the file
-                // does not, are dropped once the reply has ended their
-                // writeback (which waits for the reply: not here), so
-                // that readers see the file.
-                if from_cache && matches!(e, foliofs::Error::NotPermitted(_)) {
+                // A refused writeback (no room, a device error, a file
+                // made immutable after the kernel cached the write): the
+                // writer learns of it at its next fsync or close, as of
+                // any writeback error (the kernel's errseq, once per
+                // description), and the kernel's pages, which hold what
+                // the file does not, are dropped once the reply has ended
+                // their writeback (which waits for the reply: not here),
+                // so that readers see what the file holds.
+                if from_cache {
+                    if !matches!(e, foliofs::Error::NotPermitted(_)) {
+                        log::warn!(
+                            "inode {ino}: the kernel's writeback of {} bytes at offset {offset} \
+                             failed: {e}; reported at the next fsync of each open description",
+                            data.len()
+                        );
+                    }
                     self.queue_drop(ino, offset as i64, data.len() as i64);
                 }
                 reply.error(errno(e));
@@ -1592,6 +1649,9 @@ impl Filesystem for FuseFs {
                 f.cached -= 1;
                 f.cached_writable -= h.writable as u32;
                 hs.tidy(h.ino);
+                if h.writable && self.cache.writeback_cache {
+                    self.space.writer_closed(h.ino);
+                }
             }
             h
         };

@@ -47,6 +47,11 @@ pub struct Alloc {
     /// Blocks kept back for metadata (tree splits, journal-driven needs) so
     /// that data reservations can never starve the writeback that honours them.
     pub meta_reserve: u64,
+    /// Blocks kept back for writes a client has cached before the engine
+    /// sees them (the kernel's page cache over FUSE, `Fs::set_cache_reserve`):
+    /// ordinary reservations leave them, `reserve_cached` may take them.
+    /// A floor, not a reservation: what frees up refills it by itself.
+    pub cache_floor: u64,
     pub dir_rotor: u32,
 }
 
@@ -193,6 +198,7 @@ impl Alloc {
             reserved: 0,
             speculative: 0,
             meta_reserve,
+            cache_floor: 0,
             dir_rotor: 0,
         })
     }
@@ -203,13 +209,50 @@ impl Alloc {
 
     /// Blocks a new reservation may still take.
     pub fn available(&self) -> u64 {
+        self.available_to_cache().saturating_sub(self.cache_floor)
+    }
+
+    /// Blocks a write from a client's cache may still take: the cache
+    /// floor too.
+    pub fn available_to_cache(&self) -> u64 {
         self.free_blocks()
             .saturating_sub(self.reserved + self.meta_reserve)
     }
 
+    /// Whether the free space no longer covers the cache floor: a write
+    /// from the client's cache has taken part of it, and the client must
+    /// stop taking writes it has no room for.
+    pub fn cache_short(&self) -> bool {
+        self.cache_floor > 0 && self.available_to_cache() < self.cache_floor
+    }
+
+    /// Whether a change that may take metadata blocks may start: more
+    /// than half of `meta_reserve` is free beside every reservation and
+    /// the cache floor (`Ctx::meta_room`).
+    pub fn meta_room(&self) -> bool {
+        self.free_blocks()
+            .saturating_sub(self.reserved + self.cache_floor)
+            > self.meta_reserve / 2
+    }
+
     /// Reserve `n` blocks for delayed allocation. ENOSPC now, never later.
     pub fn reserve(&mut self, n: u64) -> Result<()> {
-        if self.available() < n {
+        self.reserve_from(n, false)
+    }
+
+    /// `reserve` for a write from a client's cache, which may take the
+    /// cache floor.
+    pub fn reserve_cached(&mut self, n: u64) -> Result<()> {
+        self.reserve_from(n, true)
+    }
+
+    fn reserve_from(&mut self, n: u64, cached: bool) -> Result<()> {
+        let avail = if cached {
+            self.available_to_cache()
+        } else {
+            self.available()
+        };
+        if avail < n {
             return Err(Error::NoSpace);
         }
         self.reserved += n;

@@ -359,6 +359,16 @@ impl Fs {
         self.settle(g, r)
     }
 
+    /// `mutate` for a change that may take metadata blocks: refused with
+    /// ENOSPC before anything changes when the space kept for metadata
+    /// runs low (`Ctx::meta_room`).
+    fn grow<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+        self.mutate(|g| {
+            g.split().1.meta_room()?;
+            f(g)
+        })
+    }
+
     /// After a change, its outcome `r`: commit if the running transaction
     /// is large, and before returning if the change must be synchronous
     /// (the `sync` mount option; an inode or directory with chattr +S or
@@ -439,7 +449,7 @@ impl Fs {
         gid: u32,
         rdev: u32,
     ) -> Result<Attr> {
-        self.mutate(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None))
+        self.grow(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None))
     }
 
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
@@ -458,7 +468,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<(Attr, OpenFile)> {
-        let attr = self.mutate(|g| {
+        let attr = self.grow(|g| {
             let a = g.tmpfile(parent, perm, umask, uid, gid)?;
             g.inodes.get_mut(&a.ino).expect("just made").open += 1;
             Ok(a)
@@ -485,7 +495,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        self.mutate(|g| {
+        self.grow(|g| {
             g.create(
                 parent,
                 name,
@@ -505,13 +515,13 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.mutate(|g| g.link(ino, parent, name))
+        self.grow(|g| g.link(ino, parent, name))
     }
 
     /// Name `ino`, which no entry names, in /lost+found (fsck's repair);
     /// returns the name.
     pub(crate) fn reconnect(&self, ino: u64) -> Result<Vec<u8>> {
-        self.mutate(|g| g.reconnect(ino))
+        self.grow(|g| g.reconnect(ino))
     }
 
     /// Remove entry `name` of `dir`, which names `ino`, and nothing else
@@ -543,7 +553,7 @@ impl Fs {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        self.mutate(|g| g.rename(parent, name, new_parent, new_name, flags, None))
+        self.grow(|g| g.rename(parent, name, new_parent, new_name, flags, None))
     }
 
     /// rename(2) with RENAME_WHITEOUT (and RENAME_NOREPLACE if asked):
@@ -558,7 +568,7 @@ impl Fs {
         flags: u32,
         owner: (u32, u32),
     ) -> Result<()> {
-        self.mutate(|g| g.rename(from.0, from.1, to.0, to.1, flags, Some(owner)))
+        self.grow(|g| g.rename(from.0, from.1, to.0, to.1, flags, Some(owner)))
     }
 
     /// Directory entries after `cookie` (0 to start), "." and ".." first.
@@ -766,18 +776,76 @@ impl Fs {
     /// the metadata lock (the folio pinned), so writers of different files
     /// copy in parallel.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_at(ino, Some(offset), data).map(|(_, n)| n)
+        self.write_at(ino, Some(offset), data, false)
+            .map(|(_, n)| n)
+    }
+
+    /// A buffered write of data a client cached before the engine saw it
+    /// (the kernel's page cache over FUSE, writing back): all of it or,
+    /// for lack of space or any other error, an error, never a short
+    /// count, since the client takes its writeback as done or failed
+    /// (the FUSE kernel ignores a short reply's count). Its space comes
+    /// from the free space and then from the cache floor
+    /// (`set_cache_reserve`), and is reserved before anything changes,
+    /// so one that finds no room changes nothing.
+    pub fn write_cached(&self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let (_, n) = self.write_at(ino, Some(offset), data, true)?;
+        debug_assert_eq!(n, data.len(), "a whole write came back short");
+        Ok(())
+    }
+
+    /// Keep `bytes` of free space back for a client that caches writes
+    /// before it hands them over (`write_cached`): at least as much as
+    /// it may hold unwritten at once. Ordinary reservations (writes,
+    /// direct writes, fallocate) leave that space, and `statfs` counts it
+    /// as unavailable; 0 gives it back. A floor, not a reservation:
+    /// space freed later refills it by itself.
+    pub fn set_cache_reserve(&self, bytes: u64) {
+        let mut g = self.s.inner.lock();
+        g.alloc.cache_floor = bytes.div_ceil(g.meta.geo.block_size);
+    }
+
+    /// Bytes a write from the client's cache may still reserve: the free
+    /// space less every reservation and the metadata's share, the cache
+    /// floor included. Frees waiting for a checkpoint are taken back
+    /// first when that is below the floor.
+    pub fn cache_reservable_bytes(&self) -> u64 {
+        let mut g = self.s.inner.lock();
+        let bs = g.meta.geo.block_size;
+        let (_, mut cx, _) = g.split();
+        cx.alloc.take_freed(cx.meta);
+        if cx.alloc.available_to_cache() < cx.alloc.cache_floor.max(1) && cx.reclaimable() {
+            // A failed reclaim shuts the file system down; the space
+            // stays as it was.
+            let _ = cx.reclaim();
+        }
+        cx.alloc.available_to_cache() * bs
+    }
+
+    /// Whether the free space no longer covers the cache floor
+    /// (`set_cache_reserve`): writes from the client's cache have taken
+    /// part of it, and it should take no more writes it has no room for.
+    pub fn cache_reserve_short(&self) -> bool {
+        let floor = self.s.inner.lock().alloc.cache_floor;
+        floor > 0 && self.cache_reservable_bytes() < floor * self.block_size()
     }
 
     /// A buffered write at the end of the file, as with O_APPEND: the
     /// offset is the size under the inode's lock, so appends by many
     /// threads never overlap. Returns the offset written at and the count.
     pub fn append(&self, ino: u64, data: &[u8]) -> Result<(u64, usize)> {
-        self.write_at(ino, None, data)
+        self.write_at(ino, None, data, false)
     }
 
-    /// `write` at `offset`, or at the end of the file when None.
-    fn write_at(&self, ino: u64, offset: Option<u64>, data: &[u8]) -> Result<(u64, usize)> {
+    /// `write` at `offset`, or at the end of the file when None; `whole`
+    /// as `write_cached`.
+    fn write_at(
+        &self,
+        ino: u64,
+        offset: Option<u64>,
+        data: &[u8],
+        whole: bool,
+    ) -> Result<(u64, usize)> {
         let (r, over, sync, offset) = {
             let _io = self.s.iolocks.lock(ino, Mode::Exclusive, &self.s.counters);
             let mut g = self.s.inner.lock();
@@ -793,7 +861,7 @@ impl Fs {
                 self.s.wait_wb_idle(&mut g, ino);
             }
             let mut h = Locked { g, s: &self.s };
-            let r = data::drive(&mut h, ino, offset, data).map(|(n, behind)| {
+            let r = data::drive(&mut h, ino, offset, data, whole).map(|(n, behind)| {
                 if behind {
                     self.s.wb_kick.notify_all();
                 }
@@ -924,7 +992,7 @@ impl Fs {
         flags: u32,
         in_group: impl FnOnce(u32) -> bool,
     ) -> Result<()> {
-        self.mutate(|g| g.setxattr(ino, name, value, flags, in_group))
+        self.grow(|g| g.setxattr(ino, name, value, flags, in_group))
     }
 
     /// Take from a regular file what a write, truncate or chown takes on

@@ -593,11 +593,14 @@ impl Inner {
                 _ => {}
             }
         }
-        self.edit_entries(p, |pp, cx| pp.dir_remove(cx, name).map(drop))?;
+        // The new name first: adding one is what may fail (a directory
+        // that must grow, a full hash bucket), and it then fails before
+        // anything changed.
         self.edit_entries(np, |pp, cx| match dst {
             Some(_) => pp.dir_replace(cx, nname, src.ino, src.kind),
             None => pp.dir_add(cx, nname, src.ino, src.kind),
         })?;
+        self.edit_entries(p, |pp, cx| pp.dir_remove(cx, name).map(drop))?;
         if src_dir && p != np {
             self.adjust_nlink(p, -1)?;
             self.adjust_nlink(np, 1)?;
@@ -684,7 +687,9 @@ impl Inner {
             block_size: geo.block_size as u32,
             blocks: data_blocks,
             blocks_free: free.saturating_sub(self.alloc.reserved),
-            blocks_avail: free.saturating_sub(self.alloc.reserved + self.alloc.meta_reserve),
+            blocks_avail: free.saturating_sub(
+                self.alloc.reserved + self.alloc.meta_reserve + self.alloc.cache_floor,
+            ),
             files: geo.max_ino(),
             files_free,
             name_max: NAME_MAX as u32,

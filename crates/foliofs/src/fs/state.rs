@@ -63,11 +63,47 @@ impl Ctx<'_> {
 
     /// Reserve blocks for dirty data, reclaiming first if that helps.
     pub fn reserve(&mut self, n: u64) -> Result<()> {
+        self.reserve_from(n, false)
+    }
+
+    /// Before a change that may take metadata blocks (a name, a
+    /// symlink's target, an xattr block): ENOSPC, before anything
+    /// changes, unless more than half of the blocks kept for metadata
+    /// are free, reclaiming first if that helps. The other half is for
+    /// what must not fail: writeback's extent and checksum records for
+    /// data already reserved, and removals. One change takes a few blocks
+    /// at most (a split per tree level), so one that starts never runs
+    /// out half way (a rename did: its old name went, and the new one
+    /// found no block).
+    pub fn meta_room(&mut self) -> Result<()> {
         self.alloc.take_freed(self.meta);
-        match self.alloc.reserve(n) {
+        if !self.alloc.meta_room() && self.reclaimable() {
+            self.reclaim()?;
+        }
+        match self.alloc.meta_room() {
+            true => Ok(()),
+            false => Err(Error::NoSpace),
+        }
+    }
+
+    /// `reserve` for a write from a client's cache (`Alloc::reserve_cached`).
+    pub fn reserve_cached(&mut self, n: u64) -> Result<()> {
+        self.reserve_from(n, true)
+    }
+
+    fn reserve_from(&mut self, n: u64, cached: bool) -> Result<()> {
+        let try_once = |a: &mut Alloc| {
+            if cached {
+                a.reserve_cached(n)
+            } else {
+                a.reserve(n)
+            }
+        };
+        self.alloc.take_freed(self.meta);
+        match try_once(self.alloc) {
             Err(Error::NoSpace) if self.reclaimable() => {
                 self.reclaim()?;
-                self.alloc.reserve(n)
+                try_once(self.alloc)
             }
             r => r,
         }
@@ -242,7 +278,8 @@ impl Inner {
         let before = self.meta.changes();
         let r = f(self);
         if let Err(e) = &r {
-            if matches!(e, Error::Io(_) | Error::Corrupted { .. }) && self.meta.changes() != before
+            if matches!(e, Error::Io(_) | Error::Corrupted { .. } | Error::NoSpace)
+                && self.meta.changes() != before
             {
                 log::error!("shutting down: an operation failed half way: {e}");
                 self.meta

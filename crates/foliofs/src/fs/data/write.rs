@@ -41,6 +41,10 @@ pub(in crate::fs) struct WriteOp {
     /// wrote back is neither dirty nor preallocated any more), and a
     /// stale lookup would count them as holes to reserve.
     mapping_gen: u64,
+    /// A write from a client's cache (`Fs::write_cached`): the blocks
+    /// reserved for its holes before it began, not yet taken by a step;
+    /// None for an ordinary write, which reserves step by step.
+    credit: Option<u64>,
     /// Bytes copied so far.
     pub done: usize,
     new_dirty: u64,
@@ -92,11 +96,19 @@ impl Inner {
     /// run without the metadata lock. The caller has waited for the
     /// inode's writeback when `offset` is past EOF (the tail block may be
     /// under writeback, and must not change under it).
+    ///
+    /// `whole`: a write from a client's cache, which must go in whole or
+    /// not at all (the kernel takes a short reply to its writeback as
+    /// complete): the space for every block of the range that is neither
+    /// mapped nor dirty is reserved here, from the cache floor too
+    /// (`Alloc::reserve_cached`), or the write fails with ENOSPC having
+    /// changed nothing.
     pub(in crate::fs) fn write_begin(
         &mut self,
         ino: u64,
         offset: u64,
         len: usize,
+        whole: bool,
     ) -> Result<WriteOp> {
         let bs = self.meta.geo.block_size;
         let end = offset.checked_add(len as u64).ok_or(Error::FileTooBig)?;
@@ -110,18 +122,25 @@ impl Inner {
             }
             ip.size
         };
+        let end_blk = end.div_ceil(bs);
+        let credit = match whole && len > 0 {
+            true => Some(self.reserve_whole(ino, offset / bs, end_blk)?),
+            false => None,
+        };
         if offset > size && len > 0 {
-            self.zero_eof_tail(ino, size)?;
+            if let Err(e) = self.zero_eof_tail(ino, size) {
+                self.alloc.unreserve(credit.unwrap_or(0));
+                return Err(e);
+            }
         }
         // ENOSPC pressure: speculative reservations go before a write
         // that might need the space fails.
         if self.alloc.speculative > 0
-            && self.alloc.available() < end.div_ceil(bs) - offset / bs + PREALLOC_MIN
+            && self.alloc.available() < end_blk - offset / bs + PREALLOC_MIN
         {
             self.release_all_prealloc();
         }
         let by_length = self.opts.map_by_write_length;
-        let end_blk = end.div_ceil(bs);
         // A large write extending the file (a streaming writer) makes its
         // last folio a whole max-size one, past the write into the blocks
         // beyond EOF, which the next write fills: the writer gets one 2 MiB
@@ -148,6 +167,7 @@ impl Inner {
             speculate: !self.opts.no_prealloc && (!by_length || len as u64 >= bs),
             mapping: None,
             mapping_gen: 0,
+            credit,
             done: 0,
             new_dirty: 0,
             result: Ok(()),
@@ -157,11 +177,49 @@ impl Inner {
         if by_length && len > 0 {
             bump(&cx.counters.mapping_lookups, 1);
             let from = offset / bs;
-            w.mapping = Some((from, end_blk, ip.ext_range(&mut cx, from, end_blk)?));
+            match ip.ext_range(&mut cx, from, end_blk) {
+                Ok(m) => w.mapping = Some((from, end_blk, m)),
+                Err(e) => {
+                    cx.alloc.unreserve(w.credit.unwrap_or(0));
+                    return Err(e);
+                }
+            }
             w.mapping_gen = ip.map_gen;
         }
         ip.open += 1;
         Ok(w)
+    }
+
+    /// Reserve, for a whole write of blocks [from, to), every block there
+    /// that is neither dirty (a dirty block holds its space already) nor
+    /// mapped (an overwrite needs none: a large one that finds no room
+    /// elsewhere at writeback is logged instead), giving up speculative
+    /// ranges first if that makes room. Blocks in the inode's own range
+    /// count too: another write under ENOSPC pressure may give the range
+    /// up while this one lets go of the lock. Returns the blocks reserved.
+    fn reserve_whole(&mut self, ino: u64, from: u64, to: u64) -> Result<u64> {
+        let need = {
+            let (ip, mut cx) = self.with(ino)?;
+            bump(&cx.counters.mapping_lookups, 1);
+            let mapped = ip.ext_range(&mut cx, from, to)?;
+            let mut dirty = ip.cache.dirty_blocks(from, to).peekable();
+            let mut ext = mapped.iter().peekable();
+            let mut need = 0;
+            for l in from..to {
+                while dirty.next_if(|&d| d < l).is_some() {}
+                while ext.next_if(|e| e.end() <= l).is_some() {}
+                let is_dirty = dirty.peek() == Some(&l);
+                let is_mapped = ext.peek().is_some_and(|e| e.lblk <= l);
+                need += u64::from(!is_dirty && !is_mapped);
+            }
+            need
+        };
+        if self.alloc.speculative > 0 && self.alloc.available_to_cache() < need {
+            self.release_all_prealloc();
+        }
+        let (_, mut cx) = self.with(ino)?;
+        cx.reserve_cached(need)?;
+        Ok(need)
     }
 
     /// The next step of a write: the write's bytes in one folio (from
@@ -250,7 +308,13 @@ impl Inner {
             }
             holes += 1;
         }
-        cx.reserve(holes)?;
+        // A whole write reserved its holes before it began.
+        let credited = w.credit.as_mut().map_or(0, |c| {
+            let k = holes.min(*c);
+            *c -= k;
+            k
+        });
+        cx.reserve(holes - credited)?;
         ip.delalloc += holes;
         // Partial blocks (and, whole-folio, the rest of the folio) are
         // read or zeroed before they turn dirty. Blocks wholly past EOF
@@ -322,6 +386,10 @@ impl Inner {
         if let Some(b) = w.spare.take() {
             self.pool.put(b);
         }
+        let whole = w.credit.is_some();
+        if let Some(c) = w.credit.take() {
+            self.alloc.unreserve(c);
+        }
         let threshold = self.opts.write_behind_bytes;
         let held = self.held.contains_key(&ino);
         let (ip, cx) = self.with(ino)?;
@@ -352,7 +420,7 @@ impl Inner {
         }
         self.maybe_evict();
         match w.result {
-            Err(e) if w.done == 0 => Err(e),
+            Err(e) if w.done == 0 || whole => Err(e),
             _ => Ok((w.done, behind)),
         }
     }
@@ -364,7 +432,7 @@ impl Inner {
     /// the lock.
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
         let mut inner = self;
-        drive(&mut inner, ino, offset, data).map(|(n, _)| n)
+        drive(&mut inner, ino, offset, data, false).map(|(n, _)| n)
     }
 }
 
@@ -437,14 +505,16 @@ impl Held for Locked<'_> {
 /// The buffered-write driver, the one loop: begin, then a step per folio
 /// (copying, waiting or mapping memory as the step asks), then end.
 /// Returns the bytes written and whether write-behind should be kicked.
+/// `whole`: all of `data` or nothing for lack of space (`write_begin`).
 #[inline]
 pub(in crate::fs) fn drive<H: Held>(
     h: &mut H,
     ino: u64,
     offset: u64,
     data: &[u8],
+    whole: bool,
 ) -> Result<(usize, bool)> {
-    let mut w = h.step(|g| g.write_begin(ino, offset, data.len()))?;
+    let mut w = h.step(|g| g.write_begin(ino, offset, data.len(), whole))?;
     loop {
         let src = &data[w.done..];
         let r = match h.step(|g| g.write_step(ino, &mut w, src)) {
@@ -493,7 +563,7 @@ mod tests {
         // looks up the mapping of the whole write (nothing mapped yet).
         let src = vec![2u8; 16 * 4096];
         let mut g = fs.s.inner.lock();
-        let mut w = g.write_begin(ino, 8 * bs, src.len()).unwrap();
+        let mut w = g.write_begin(ino, 8 * bs, src.len(), false).unwrap();
         let mut steps = 0;
         loop {
             let done = w.done;
