@@ -63,6 +63,10 @@ pub struct Options {
     pub dev: bool,
     pub suid: bool,
     pub noexec: bool,
+    /// `-o fault_injection` (tests): the image under a device whose
+    /// writes, flushes or reads root can make fail while mounted, through
+    /// the `foliofs.fault` xattr of the mount's root.
+    pub fault_injection: bool,
 }
 
 impl Options {
@@ -111,6 +115,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         dev: false,
         suid: false,
         noexec: false,
+        fault_injection: false,
     };
     for opt in list
         .iter()
@@ -138,6 +143,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("nosuid", None) => o.suid = false,
             ("exec", None) => o.noexec = false,
             ("noexec", None) => o.noexec = true,
+            ("fault_injection", None) => o.fault_injection = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
@@ -168,7 +174,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, log=FILE, \
+                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
         }
@@ -293,8 +299,16 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             },
         )
         .map_err(|e| crate::open_error(&image, e))?;
+        let (dev, faults): (Arc<dyn foliofs::device::Device>, _) = if o.fault_injection {
+            let d = foliofs::device::FaultDevice::new(Arc::new(dev));
+            let f = d.faults();
+            log::warn!("fault injection on: root may make the device fail (foliofs.fault)");
+            (Arc::new(d), Some(f))
+        } else {
+            (Arc::new(dev), None)
+        };
         let fs = Arc::new(
-            Fs::mount(Arc::new(dev), o.engine.clone())
+            Fs::mount(dev, o.engine.clone())
                 .with_context(|| format!("cannot mount {}", image.display()))?,
         );
         let mut cfg = Config::default();
@@ -341,6 +355,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         cfg.clone_fd = true;
         let fuse = FuseFs::new(fs.clone(), o.cache.clone())
             .with_mount_point(dir)
+            .with_faults(faults)
             .with_posix_acl(o.default_permissions)
             .with_workers(o.threads, o.ring_depth)
             .with_io_uring(o.io_uring);

@@ -319,14 +319,15 @@ fn namespace_through_system_calls() {
     m.unmount_and_check();
 }
 
-/// (blocks, free blocks) of the file system at `dir`.
-fn statvfs(dir: &Path) -> std::io::Result<(u64, u64)> {
+/// (blocks, free blocks, blocks ordinary writes may still take) of the
+/// file system at `dir`.
+fn statvfs(dir: &Path) -> std::io::Result<(u64, u64, u64)> {
     let p = cstr(dir);
     // SAFETY: zeroed statvfs is a valid out-parameter.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: p is NUL-terminated, s is writable.
     match unsafe { libc::statvfs(p.as_ptr(), &mut s) } {
-        0 => Ok((s.f_blocks, s.f_bfree)),
+        0 => Ok((s.f_blocks, s.f_bfree, s.f_bavail)),
         _ => Err(std::io::Error::last_os_error()),
     }
 }
@@ -535,6 +536,40 @@ fn fsx_through_the_mount_against_a_model() {
         .arg(&m.dir));
     assert!(out.contains("20000 operations"), "{out}");
     m.remount("");
+    m.unmount_and_check();
+}
+
+/// fsx on a nearly full mount: a description open for writing through
+/// the kernel's cache keeps space back for it, and the free space left
+/// beside that (12 MiB) is less than the space kept, so fsx's files are
+/// opened uncached (the low-space path) on buffered and O_DIRECT
+/// descriptions alike; every read still matches the model and no write
+/// fails for lack of room it was promised.
+#[test]
+fn fsx_through_a_nearly_full_mount() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("fsx-full", "");
+    let held = std::fs::File::create(m.path("held")).unwrap();
+    let avail = statvfs(&m.dir).unwrap().2 * 4096;
+    ballast(&m.path("ballast"), avail - (12 << 20));
+    let out = run(Command::new(BIN)
+        .args([
+            "torture",
+            "fsx",
+            "--ops",
+            "5000",
+            "--threads",
+            "4",
+            "--seed",
+            "61",
+            "--target",
+        ])
+        .arg(&m.dir));
+    assert!(out.contains("20000 operations"), "{out}");
+    assert!(counters(&m.dir)["fuse_uncached_opens"].as_u64().unwrap() >= 4);
+    drop(held);
     m.unmount_and_check();
 }
 
@@ -2189,22 +2224,23 @@ fn a_user_who_may_not_open_dev_fuse_is_told_why() {
 /// A write the file system has no room for fails in write(2), as on a
 /// kernel file system, not only at fsync or close: the kernel's write
 /// cache takes writes without asking, and a loop writing to a full mount
-/// used to go on for ever. Files opened for writing while less than
-/// `uncached_below` (256 MiB) is free bypass the kernel's cache.
+/// used to go on for ever. Files opened for writing while the free space
+/// does not cover what the kernel may cache (`cache_floor`) bypass the
+/// kernel's cache.
 #[test]
 fn enospc_reaches_write_when_the_mount_is_full() {
     use std::io::Write;
     if !fuse_ready(&["fallocate"]) {
         return;
     }
-    let mut m = Mounted::new("enospc", "");
-    let d = m.dir.display().to_string();
+    // A floor set here, so the file opened below is opened uncached
+    // whatever the kernel's dirty limit on this machine.
+    let mut m = Mounted::new("enospc", "cache_floor=256M");
     std::fs::write(m.path("early"), b"plenty of room").unwrap();
     assert_eq!(counters(&m.dir)["fuse_uncached_opens"], 0);
     // Leave about 150 MiB of the 1 GiB.
-    let (blocks, _) = statvfs(&m.dir).unwrap();
-    let fill = blocks * 4096 - (150 << 20);
-    sh(&m.dir, &format!("fallocate -l {fill} {d}/fill"));
+    let (blocks, _, _) = statvfs(&m.dir).unwrap();
+    ballast(&m.path("fill"), blocks * 4096 - (150 << 20));
     let mut f = std::fs::File::create(m.path("last")).unwrap();
     let chunk = vec![7u8; 1 << 20];
     let mut written = 0u64;
@@ -2231,6 +2267,77 @@ fn enospc_reaches_write_when_the_mount_is_full() {
     assert_eq!(back.len() as u64, written);
     assert!(back.iter().all(|&b| b == 7));
     m.unmount_and_check();
+}
+
+/// A file opened for writing while space was plentiful keeps the
+/// kernel's write cache; when the disk fills, its write(2) fails with
+/// ENOSPC (the gate at the GETATTR the kernel sends first), and every
+/// byte a write(2) took is there after fsync and a remount. Before, the
+/// writeback that found room for part of a request replied with a short
+/// count, which the kernel takes as all written: fsync returned 0 and the
+/// rest was gone after the remount (SQLite's database came back
+/// malformed).
+#[test]
+fn a_full_disk_fails_cached_writes_in_write_and_loses_nothing() {
+    use std::io::Write;
+    if !fuse_ready(&["fallocate"]) {
+        return;
+    }
+    let mut m = Mounted::new("full-cached", "");
+    let mut f = std::fs::File::create(m.path("f")).unwrap();
+    assert_eq!(counters(&m.dir)["fuse_uncached_opens"], 0);
+    // 40 MiB left for ordinary writes beside the space kept for the
+    // kernel's cache.
+    let avail = statvfs(&m.dir).unwrap().2 * 4096;
+    ballast(&m.path("ballast"), avail - (40 << 20));
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let mut written = 0u64;
+    let err = loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 1 << 30, "wrote {written} bytes to a full mount");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(written >= 40 << 20, "only {written} bytes before ENOSPC");
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(counters(&m.dir)["fuse_enospc_gated"].as_u64().unwrap() >= 1);
+    assert_eq!(counters(&m.dir)["fuse_uncached_opens"], 0);
+    m.remount("");
+    let back = std::fs::read(m.path("f")).unwrap();
+    assert_eq!(back.len() as u64, written, "bytes write(2) took are gone");
+    for (i, c) in back.chunks(1 << 20).enumerate() {
+        assert!(c == &chunk[..c.len()], "MiB {i} differs");
+    }
+    // Freed space lets writing go on without a remount.
+    std::fs::remove_file(m.path("ballast")).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("f"))
+        .unwrap();
+    f.write_all(&chunk).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    m.unmount_and_check();
+}
+
+/// A file of `len` allocated bytes at `path`, made through an O_DIRECT
+/// description: not one the kernel caches writes for, which would have
+/// the mount keep space for them beside it (`cache_floor`).
+fn ballast(path: &Path, len: u64) {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    // SAFETY: a valid descriptor; fallocate has no memory arguments.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as i64) };
+    assert_eq!(r, 0, "fallocate {len}: {}", std::io::Error::last_os_error());
 }
 
 /// linkat(2) of an open file by its /proc/self/fd link, as programs name
@@ -2297,7 +2404,7 @@ fn o_tmpfile_is_unnamed_until_linked_and_goes_with_its_last_close() {
     let mut f = tmp(false);
     f.write_all(&vec![6u8; 64 << 20]).unwrap();
     f.sync_all().unwrap();
-    let (_, during) = statvfs(&m.dir).unwrap();
+    let (_, during, _) = statvfs(&m.dir).unwrap();
     drop(f);
     wait_for("the closed tmpfile's 64 MiB back", || {
         statvfs(&m.dir).unwrap().1 > during + (60 << 20) / 4096

@@ -57,6 +57,11 @@ use space::SpaceGate;
 /// The virtual xattr on the root that returns the counters as JSON.
 pub const COUNTERS_XATTR: &str = "foliofs.counters";
 
+/// The virtual xattr on the root that makes the device fail from now on,
+/// on a mount made with `-o fault_injection` (tests; root only): a
+/// comma-separated list of `reads`, `writes`, `flushes`, or `none`.
+pub const FAULT_XATTR: &str = "foliofs.fault";
+
 /// `ioctl(fd, FOLIOFS_IOC_SYNC)` on any file or directory of the mount
 /// (`_IO(0xb7, 1)`, no argument): the daemon writes back and commits
 /// everything, as a disk file system does at syncfs. Linux sends
@@ -525,6 +530,8 @@ pub struct FuseFs {
     killpriv: bool,
     /// Opens served uncached because space was low (`new_handle`).
     uncached_opens: AtomicU64,
+    /// The device's fault switches (`-o fault_injection`, `FAULT_XATTR`).
+    faults: Option<Arc<foliofs::device::Faults>>,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -633,7 +640,14 @@ impl FuseFs {
             no_opendir: false,
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
+            faults: None,
         }
+    }
+
+    /// Let root switch the device's faults through `FAULT_XATTR`.
+    pub fn with_faults(mut self, faults: Option<Arc<foliofs::device::Faults>>) -> Self {
+        self.faults = faults;
+        self
     }
 
     /// Where the mount is: the kernel's dirty limit for it sizes the space
@@ -1214,14 +1228,17 @@ impl Filesystem for FuseFs {
     /// A GETATTR naming a description comes from the kernel's own
     /// refresh before a read or write through it; one through a cached
     /// writable description while the space kept for the kernel's cached
-    /// writes is short is a write to refuse (`space`).
+    /// writes is short, or the file system is shut down, is a write to
+    /// refuse (`space`).
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let ino = self.ino(ino);
         let cached_writer = fh
             .and_then(|fh| self.handle(fh))
             .is_some_and(|h| h.writable && !h.uncached);
-        if cached_writer && self.cache.writeback_cache && !self.space.check_write(ino) {
-            return reply.error(Errno::ENOSPC);
+        if cached_writer && self.cache.writeback_cache {
+            if let Err(e) = self.space.check_write(ino) {
+                return reply.error(e);
+            }
         }
         self.attr_reply(self.fs.getattr(ino), reply)
     }
@@ -1835,6 +1852,22 @@ impl Filesystem for FuseFs {
             return reply.error(Errno::EPERM);
         }
         let ino = self.ino(ino);
+        if name == FAULT_XATTR && ino == self.fs.root_ino() {
+            return match (&self.faults, req.uid()) {
+                (None, _) => reply.error(Errno::ENOTSUP),
+                (Some(_), uid) if uid != 0 => reply.error(Errno::EPERM),
+                (Some(f), _) => match f.set(&String::from_utf8_lossy(value)) {
+                    Ok(()) => {
+                        log::warn!("faults injected: {}", String::from_utf8_lossy(value));
+                        reply.ok()
+                    }
+                    Err(e) => {
+                        log::warn!("{e}");
+                        reply.error(Errno::EINVAL)
+                    }
+                },
+            };
+        }
         // An access ACL set from outside the file's group takes
         // set-group-ID (xfstests generic/375). The kernel asks for this
         // with FUSE_SETXATTR_ACL_KILL_SGID, which needs FUSE_SETXATTR_EXT,

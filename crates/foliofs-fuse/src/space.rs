@@ -38,6 +38,10 @@
 //!   so the gate marks them stale again after such replies and every
 //!   `TICK` while the floor is short.
 //!
+//! The gate refuses cached writes with EIO too once the file system has
+//! shut down (a failed journal commit, FS_IOC_SHUTDOWN), for the same
+//! reason: no writeback of them can succeed.
+//!
 //! What the gate cannot stop: a single write(2) that began before the
 //! floor ran short copies on; the floor covers what the kernel may hold
 //! at once, and a writeback that still finds no room fails whole, is
@@ -45,13 +49,13 @@
 //! errseq), its pages dropped so that readers see what the file holds.
 
 use foliofs::Fs;
-use fuser::{INodeNo, Notifier};
+use fuser::{Errno, INodeNo, Notifier};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -83,9 +87,6 @@ pub enum CacheFloor {
 /// The space floor and the gate of one mount (see the module comment).
 pub(crate) struct SpaceGate {
     gate: Arc<Gate>,
-    /// The thread that marks attributes stale, started when the floor
-    /// first runs short; joined when the mount's file system goes.
-    thread: Mutex<Option<(SyncSender<u64>, JoinHandle<()>)>>,
 }
 
 struct Gate {
@@ -96,12 +97,16 @@ struct Gate {
     floor: OnceLock<u64>,
     /// Cached descriptions open for writing, by inode, and in all.
     writers: Mutex<(HashMap<u64, u32>, u32)>,
-    /// The floor ran short: the attributes of cached writers are kept
-    /// stale.
+    /// Cached writes must be refused: the attributes of cached writers
+    /// are kept stale.
     armed: AtomicBool,
     notifier: Arc<OnceLock<Notifier>>,
-    /// Cached writes refused (ENOSPC at their GETATTR).
+    /// Cached writes refused (at their GETATTR).
     refused: AtomicU64,
+    /// The thread that marks attributes stale, started when first armed
+    /// (it holds the gate weakly); joined when the mount's file system
+    /// goes.
+    thread: Mutex<Option<(SyncSender<u64>, JoinHandle<()>)>>,
 }
 
 impl SpaceGate {
@@ -111,19 +116,28 @@ impl SpaceGate {
         mount_point: Option<PathBuf>,
         notifier: Arc<OnceLock<Notifier>>,
     ) -> Self {
-        SpaceGate {
-            gate: Arc::new(Gate {
-                fs,
-                setting,
-                mount_point,
-                floor: OnceLock::new(),
-                writers: Mutex::new((HashMap::new(), 0)),
-                armed: AtomicBool::new(false),
-                notifier,
-                refused: AtomicU64::new(0),
-            }),
+        let gate = Arc::new(Gate {
+            fs,
+            setting,
+            mount_point,
+            floor: OnceLock::new(),
+            writers: Mutex::new((HashMap::new(), 0)),
+            armed: AtomicBool::new(false),
+            notifier,
+            refused: AtomicU64::new(0),
             thread: Mutex::new(None),
-        }
+        });
+        // A shutdown found anywhere (a background writeback, another
+        // request) closes the gate at once. The hook runs under the
+        // engine's lock: it only wakes the thread.
+        let weak = Arc::downgrade(&gate);
+        gate.fs.on_shutdown(move || {
+            if let Some(g) = weak.upgrade() {
+                g.armed.store(true, Ordering::Release);
+                g.wake(0);
+            }
+        });
+        SpaceGate { gate }
     }
 
     /// The floor in bytes, 0 for none.
@@ -172,27 +186,27 @@ impl SpaceGate {
     }
 
     /// The GETATTR a cached write(2) sends through a description of
-    /// `ino` when the file's attributes are stale: refused (ENOSPC) while
-    /// the floor is short.
-    pub fn check_write(&self, ino: u64) -> bool {
-        if self.floor() == 0 || !self.gate.writing(ino) {
-            return true;
+    /// `ino` when the file's attributes are stale: refused while the
+    /// floor is short (ENOSPC) or the file system is shut down (EIO: the
+    /// kernel would otherwise take writes no writeback can deliver).
+    pub fn check_write(&self, ino: u64) -> Result<(), Errno> {
+        if !self.gate.writing(ino) {
+            return Ok(());
         }
-        if self.gate.fs.cache_reserve_short() {
+        let refuse = self.gate.refusal();
+        if let Some(e) = refuse {
             self.gate.refused.fetch_add(1, Ordering::Relaxed);
-            self.arm();
-            return false;
+            self.arm(e);
         }
-        true
+        refuse.map_or(Ok(()), Err)
     }
 
     /// After a writeback of the kernel's reached the engine (or failed).
     pub fn after_writeback(&self) {
-        if self.floor() > 0
-            && !self.gate.armed.load(Ordering::Relaxed)
-            && self.gate.fs.cache_reserve_short()
-        {
-            self.arm();
+        if !self.gate.armed.load(Ordering::Relaxed) {
+            if let Some(e) = self.gate.refusal() {
+                self.arm(e);
+            }
         }
     }
 
@@ -200,12 +214,12 @@ impl SpaceGate {
     /// fresh: while the gate is armed, mark them stale again.
     pub fn after_attr_reply(&self, ino: u64) {
         if self.gate.armed.load(Ordering::Relaxed) && self.gate.writing(ino) {
-            self.wake(ino);
+            self.gate.wake(ino);
         }
     }
 
-    fn arm(&self) {
-        if !self.gate.armed.swap(true, Ordering::AcqRel) {
+    fn arm(&self, why: Errno) {
+        if !self.gate.armed.swap(true, Ordering::AcqRel) && why == Errno::ENOSPC {
             log::warn!(
                 "free space is down to the {} MiB kept for the kernel's cached writes: \
                  writes through descriptions opened before now fail with ENOSPC until \
@@ -213,38 +227,16 @@ impl SpaceGate {
                 self.floor() >> 20
             );
         }
-        self.wake(0);
-    }
-
-    /// Wake the gate's thread: mark `ino`'s attributes stale (0: those of
-    /// every file with a cached writer).
-    fn wake(&self, ino: u64) {
-        let mut t = self.thread.lock();
-        if t.is_none() {
-            let (tx, rx) = std::sync::mpsc::sync_channel(1024);
-            let gate = self.gate.clone();
-            match std::thread::Builder::new()
-                .name("foliofs-gate".into())
-                .spawn(move || gate.run(rx))
-            {
-                Ok(h) => *t = Some((tx, h)),
-                Err(e) => {
-                    log::error!("no thread for the space gate: {e}");
-                    return;
-                }
-            }
-        }
-        if let Some((tx, _)) = t.as_ref() {
-            let _ = tx.try_send(ino);
-        }
+        self.gate.wake(0);
     }
 }
 
 impl Drop for SpaceGate {
-    /// The thread holds the file system: it is gone before the mount's
-    /// end unmounts it.
+    /// The thread is gone before the mount's end unmounts the file
+    /// system.
     fn drop(&mut self) {
-        if let Some((tx, h)) = self.thread.lock().take() {
+        let t = self.gate.thread.lock().take();
+        if let Some((tx, h)) = t {
             drop(tx);
             let _ = h.join();
         }
@@ -275,6 +267,41 @@ impl Gate {
         self.writers.lock().0.contains_key(&ino)
     }
 
+    /// Why cached writes must be refused now, if they must.
+    fn refusal(&self) -> Option<Errno> {
+        if self.fs.shutdown_reason().is_some() {
+            Some(Errno::EIO)
+        } else if self.floor() > 0 && self.fs.cache_reserve_short() {
+            Some(Errno::ENOSPC)
+        } else {
+            None
+        }
+    }
+
+    /// Wake the gate's thread: mark `ino`'s attributes stale (0: those of
+    /// every file with a cached writer). Touches nothing of the engine's
+    /// (`Fs::on_shutdown` calls it under the engine's lock).
+    fn wake(self: &Arc<Self>, ino: u64) {
+        let mut t = self.thread.lock();
+        if t.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1024);
+            let gate = Arc::downgrade(self);
+            match std::thread::Builder::new()
+                .name("foliofs-gate".into())
+                .spawn(move || run(gate, rx))
+            {
+                Ok(h) => *t = Some((tx, h)),
+                Err(e) => {
+                    log::error!("no thread for the space gate: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some((tx, _)) = t.as_ref() {
+            let _ = tx.try_send(ino);
+        }
+    }
+
     /// Mark the attributes of these inodes stale (FUSE_NOTIFY_INVAL_INODE
     /// with a negative offset: no pages).
     fn mark(&self, inos: impl IntoIterator<Item = u64>) {
@@ -283,44 +310,47 @@ impl Gate {
             let _ = n.inval_inode(INodeNo(ino), -1, 0);
         }
     }
+}
 
-    /// The gate's thread: marks on request, and every `TICK` while the
-    /// floor is short; disarms once it is covered again.
-    fn run(&self, rx: Receiver<u64>) {
-        loop {
-            let armed = self.armed.load(Ordering::Acquire);
-            let first = match rx.recv_timeout(if armed {
-                TICK
-            } else {
-                Duration::from_secs(3600)
-            }) {
-                Ok(ino) => Some(ino),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            if first.is_some() {
-                std::thread::sleep(AFTER_REPLY);
+/// The gate's thread: marks on request, and every `TICK` while armed;
+/// disarms once nothing is to be refused. Ends with the gate.
+fn run(gate: Weak<Gate>, rx: Receiver<u64>) {
+    loop {
+        let armed = gate
+            .upgrade()
+            .is_some_and(|g| g.armed.load(Ordering::Acquire));
+        let first = match rx.recv_timeout(if armed {
+            TICK
+        } else {
+            Duration::from_secs(3600)
+        }) {
+            Ok(ino) => Some(ino),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if first.is_some() {
+            std::thread::sleep(AFTER_REPLY);
+        }
+        let mut asked: HashSet<u64> = first.into_iter().collect();
+        asked.extend(rx.try_iter());
+        let Some(g) = gate.upgrade() else { return };
+        if !g.armed.load(Ordering::Acquire) {
+            continue;
+        }
+        if g.refusal().is_none() {
+            g.armed.store(false, Ordering::Release);
+            // (Not when the last writer closed, which gives the floor
+            // back.)
+            if g.writers.lock().1 > 0 {
+                log::info!("free space covers the kernel's cached writes again");
             }
-            let mut asked: HashSet<u64> = first.into_iter().collect();
-            asked.extend(rx.try_iter());
-            if !self.armed.load(Ordering::Acquire) {
-                continue;
-            }
-            if !self.fs.cache_reserve_short() {
-                self.armed.store(false, Ordering::Release);
-                // (Not when the last writer closed, which gives the
-                // floor back.)
-                if self.writers.lock().1 > 0 {
-                    log::info!("free space covers the kernel's cached writes again");
-                }
-                continue;
-            }
-            let all: Vec<u64> = self.writers.lock().0.keys().copied().collect();
-            if asked.contains(&0) || first.is_none() {
-                self.mark(all);
-            } else {
-                self.mark(asked.into_iter().filter(|i| all.contains(i)));
-            }
+            continue;
+        }
+        let all: Vec<u64> = g.writers.lock().0.keys().copied().collect();
+        if asked.contains(&0) || first.is_none() {
+            g.mark(all);
+        } else {
+            g.mark(asked.into_iter().filter(|i| all.contains(i)));
         }
     }
 }

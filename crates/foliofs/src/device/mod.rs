@@ -7,12 +7,14 @@
 //! device as it would be after a power cut, and can inject I/O errors.
 
 mod crash;
+mod fault;
 mod file;
 pub mod lock;
 mod mem;
 mod overlay;
 
 pub use crash::{CrashDevice, CrashLog, FaultPlan};
+pub use fault::{FaultDevice, Faults};
 pub use file::{DeviceOptions, FileDevice};
 pub use mem::MemDevice;
 pub use overlay::OverlayDevice;

@@ -274,6 +274,14 @@ impl Fs {
     }
 
     /// Why the file system shut down, if it did.
+    /// Have `f` called once if the file system shuts down (a failed
+    /// journal write or flush, `shutdown`), for an adapter to stop taking
+    /// what it can no longer write. It runs under the engine's metadata
+    /// lock: it must not call back into the engine.
+    pub fn on_shutdown(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.s.inner.lock().meta.on_shutdown = Some(Box::new(f));
+    }
+
     pub fn shutdown_reason(&self) -> Option<String> {
         self.s
             .inner

@@ -119,6 +119,9 @@ pub struct Meta {
     /// `sync` and `dirsync`).
     pub sync_dirs: bool,
     shutdown: Option<String>,
+    /// Called once when the file system shuts down (`Fs::on_shutdown`),
+    /// under the metadata lock.
+    pub on_shutdown: Option<Box<dyn Fn() + Send + Sync>>,
     cache_limit: usize,
     /// When the next eviction scan runs (cached blocks, logged data
     /// aside): half the limit past what a scan had to keep.
@@ -166,6 +169,7 @@ impl Meta {
             sync_wanted: false,
             sync_dirs: false,
             shutdown: None,
+            on_shutdown: None,
             stats: JournalStats::default(),
             sealed: Default::default(),
             sealed_set: Default::default(),
@@ -192,6 +196,9 @@ impl Meta {
         if self.shutdown.is_none() {
             log::error!("shutting down, no more changes until remounted: {why}");
             self.shutdown = Some(why.clone());
+            if let Some(f) = &self.on_shutdown {
+                f();
+            }
         }
         Error::Shutdown(why)
     }
