@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng python3 e2fsprogs"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
@@ -54,6 +54,14 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
   echo "stress-ng: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing" >&2; exit 1
 else
   echo "SKIPPED: stress-ng needs /dev/fuse and root"
+fi
+echo "== real programs run the disk full, foliofs beside ext4, and through a failing device (scripts/full-disk.py)"
+if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ]; then
+  python3 scripts/full-disk.py target/release/foliofs --free 24 --faults
+elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
+  echo "full-disk: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing" >&2; exit 1
+else
+  echo "SKIPPED: full-disk needs /dev/fuse and root"
 fi
 echo "== CLI smoke"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
