@@ -539,19 +539,17 @@ fn fsx_through_the_mount_against_a_model() {
     m.unmount_and_check();
 }
 
-/// fsx on a nearly full mount: a description open for writing through
-/// the kernel's cache keeps space back for it, and the free space left
-/// beside that (12 MiB) is less than the space kept, so fsx's files are
-/// opened uncached (the low-space path) on buffered and O_DIRECT
-/// descriptions alike; every read still matches the model and no write
-/// fails for lack of room it was promised.
+/// fsx on a nearly full mount: 12 MiB left, less than the mount keeps
+/// for the kernel's cached writes, so fsx's files are opened uncached
+/// (the low-space path) on buffered and O_DIRECT descriptions alike;
+/// every read still matches the model and no write fails for lack of
+/// room it was promised.
 #[test]
 fn fsx_through_a_nearly_full_mount() {
     if !fuse_ready(&[]) {
         return;
     }
     let mut m = Mounted::new("fsx-full", "");
-    let held = std::fs::File::create(m.path("held")).unwrap();
     let avail = statvfs(&m.dir).unwrap().2 * 4096;
     ballast(&m.path("ballast"), avail - (12 << 20));
     let out = run(Command::new(BIN)
@@ -569,7 +567,6 @@ fn fsx_through_a_nearly_full_mount() {
         .arg(&m.dir));
     assert!(out.contains("20000 operations"), "{out}");
     assert!(counters(&m.dir)["fuse_uncached_opens"].as_u64().unwrap() >= 4);
-    drop(held);
     m.unmount_and_check();
 }
 
@@ -2320,6 +2317,56 @@ fn a_full_disk_fails_cached_writes_in_write_and_loses_nothing() {
     f.write_all(&chunk).unwrap();
     f.sync_all().unwrap();
     drop(f);
+    m.unmount_and_check();
+}
+
+/// With no space kept for the kernel's cache (`cache_floor=0`), writes
+/// through it are taken beyond what the disk holds and their writeback
+/// fails: fsync reports it (ENOSPC), and the kernel's refused pages are
+/// dropped (once the failed writeback's reply is out), so reads show
+/// what the file holds, not the refused bytes: the same as after a
+/// remount, but for the size, which the kernel keeps as its own until it
+/// forgets the inode (zeros past the file's end, as on ext4, whose
+/// failed writeback leaves its in-memory size too).
+#[test]
+fn a_failed_writeback_is_reported_and_leaves_no_phantom_data() {
+    use std::io::{Read, Write};
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("phantom", "cache_floor=0");
+    let mut f = std::fs::File::create(m.path("f")).unwrap();
+    let old: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 | 1).collect();
+    f.write_all(&old).unwrap();
+    f.sync_all().unwrap();
+    let avail = statvfs(&m.dir).unwrap().2 * 4096;
+    ballast(&m.path("ballast"), avail - (1 << 20));
+    // 8 MiB more than the disk holds, all taken by the kernel's cache.
+    let new = vec![0xeeu8; 8 << 20];
+    f.write_all(&new).unwrap();
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    drop(f);
+    // The drops run after the failed writeback's reply.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut seen = Vec::new();
+    std::fs::File::open(m.path("f"))
+        .unwrap()
+        .read_to_end(&mut seen)
+        .unwrap();
+    assert!(seen.len() >= old.len());
+    assert!(seen[..old.len()] == old[..], "durable data damaged");
+    m.remount("");
+    let back = std::fs::read(m.path("f")).unwrap();
+    assert!(back[..old.len()] == old[..]);
+    // What the cache showed after the failure is what the disk has, and
+    // zeros past it.
+    assert!(back.len() < seen.len(), "no writeback failed");
+    assert!(seen[..back.len()] == back[..], "reads differ from the disk");
+    assert!(
+        seen[back.len()..].iter().all(|&b| b == 0),
+        "refused bytes still read back"
+    );
     m.unmount_and_check();
 }
 
