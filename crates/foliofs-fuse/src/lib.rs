@@ -1622,8 +1622,10 @@ impl Filesystem for FuseFs {
                     if !matches!(e, foliofs::Error::NotPermitted(_)) {
                         log::warn!(
                             "inode {ino}: the kernel's writeback of {} bytes at offset {offset} \
-                             failed: {e}; reported at the next fsync of each open description",
-                            data.len()
+                             failed: {e} (errno {}); reported at the next fsync of each open \
+                             description",
+                            data.len(),
+                            e.errno()
                         );
                     }
                     self.queue_drop(ino, offset as i64, data.len() as i64);

@@ -437,7 +437,13 @@ impl Inner {
                 // stay unwritten (zeros), out-of-place runs keep their old
                 // blocks (with the log off, overwritten ones lose their
                 // checksum), so nothing stale or falsely failing shows.
-                log::error!("writeback of inode {ino} failed: {e}");
+                let from = job.blocks.first().map_or(0, |l| l * bs);
+                log::error!(
+                    "writeback of inode {ino} failed: {} bytes from offset {from}: {e} \
+                     (errno {}); reported at the next fsync of each open description",
+                    job.blocks.len() as u64 * bs,
+                    e.errno()
+                );
                 ip.wb_errors += 1;
                 unalloc(&mut cx, &job.cows);
             }
