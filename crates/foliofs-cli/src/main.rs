@@ -281,7 +281,8 @@ fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool)
             pb.set_length(total);
             pb.set_position(done);
         },
-    )?;
+    )
+    .with_context(|| format!("{}", image.display()))?;
     pb.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -326,7 +327,8 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
             read_only: true,
             ..Default::default()
         },
-    )?;
+    )
+    .with_context(|| format!("{}", image.display()))?;
     let sb = fs.superblock();
     if let Some(p) = path {
         let ino = fs
