@@ -602,10 +602,11 @@ fn mount_cmd(
     }
     let o = mount::parse_options(options)?;
     // A daemon (started by `spawn`, holding the ready pipe) logs to
-    // syslog; in the foreground, to stderr; -o log=FILE wins over both.
+    // syslog, or without it to a file of its own; in the foreground, to
+    // stderr; -o log=FILE wins over all.
     let sink = match &o.log_file {
         Some(f) => logging::Sink::File(f.clone()),
-        None if foreground && ready.is_some() => logging::Sink::Syslog,
+        None if foreground && ready.is_some() => logging::daemon_sink(None, dir),
         None => logging::Sink::Stderr,
     };
     let level = if foreground {
@@ -614,9 +615,9 @@ fn mount_cmd(
         log::LevelFilter::Warn
     };
     match logging::init(&sink, level) {
-        // No syslog socket: stderr (the spawner warned about it).
+        // The socket went away since the spawner looked: the default file.
         Err(_) if sink == logging::Sink::Syslog => {
-            let _ = logging::init(&logging::Sink::Stderr, level);
+            logging::init(&logging::default_sink(dir), level)?;
         }
         r => r?,
     }
