@@ -5,6 +5,7 @@ mod chart;
 mod fsx;
 mod logging;
 mod mount;
+mod status;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -150,13 +151,30 @@ enum Cmd {
         path: Option<String>,
         #[arg(long)]
         json: bool,
-        /// Print the counters of the foliofs mounted on DIR instead.
+        /// Show the status of the foliofs mounted on DIR instead: transport,
+        /// space, I/O with rates, cache, writeback, journal, errors (all
+        /// counters with --json).
         #[arg(long, value_name = "DIR", conflicts_with_all = ["image", "path"])]
         mount: Option<PathBuf>,
+        /// With --mount: show it again every SECONDS, rates over the last
+        /// interval (as vmstat does), until interrupted.
+        #[arg(long, value_name = "SECONDS", requires = "mount", value_parser = parse_interval)]
+        watch: Option<f64>,
+        /// With --watch: stop after N pages.
+        #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
     },
 }
 
 use foliofs::fs::parse_size;
+
+/// A refresh interval in seconds: positive, at most a day.
+fn parse_interval(s: &str) -> std::result::Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.1 && *v <= 86_400.0)
+        .ok_or_else(|| format!("'{s}': want seconds between 0.1 and 86400"))
+}
 
 /// `UID:GID`, both numeric.
 fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
@@ -487,8 +505,12 @@ fn main() -> ExitCode {
         Cmd::Umount { dir } => mount::umount(&dir),
         Cmd::Sync { paths } => paths.iter().try_for_each(|p| sync_mount(p)).map(|_| 0),
         Cmd::Stat {
-            mount: Some(dir), ..
-        } => mounted_counters(&dir).map(|_| 0),
+            mount: Some(dir),
+            json,
+            watch,
+            count,
+            ..
+        } => status::run(&dir, json, watch, count).map(|_| 0),
         Cmd::Stat {
             image, path, json, ..
         } => stat_cmd(&image.expect("clap requires it"), path.as_deref(), json).map(|_| 0),
@@ -640,30 +662,4 @@ fn sync_mount(path: &Path) -> Result<()> {
         ),
         Err(e) => bail!("sync of the file system holding {}: {e}", path.display()),
     }
-}
-
-/// The counters of a mounted foliofs, from the root's virtual xattr.
-fn mounted_counters(dir: &Path) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    let name = std::ffi::CString::new(foliofs_fuse::COUNTERS_XATTR)?;
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: both strings are NUL-terminated; buf is writable for its length.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        bail!(
-            "{} is not a foliofs mount root: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    print!("{}", String::from_utf8_lossy(&buf[..n as usize]));
-    Ok(())
 }
