@@ -3,6 +3,7 @@
 mod bench;
 mod chart;
 mod fsx;
+mod generate;
 mod logging;
 mod mount;
 mod status;
@@ -22,7 +23,12 @@ use std::sync::Arc;
 #[command(
     name = "foliofs",
     version,
-    about = "foliofs: a userspace file system engine"
+    about = "a userspace file system engine: make, check, mount and measure foliofs images",
+    long_about = "foliofs keeps a crash-safe POSIX file system, with per-block data \
+                  checksums and a write-ahead journal, in an image file or on a block \
+                  device, and mounts it with FUSE (over io_uring where the kernel offers \
+                  it). Each subcommand has its own page: foliofs-mkfs(1), foliofs-mount(1), \
+                  foliofs-stat(1) ...; mount(8) and /etc/fstab use mount.fuse.foliofs(1)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -110,16 +116,8 @@ enum Cmd {
     Mount {
         image: PathBuf,
         dir: PathBuf,
-        /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE (metadata;
-        /// default RAM/64, 64M-1G),
-        /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
-        /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
-        /// noatime, strictatime, nodiratime, sync, dirsync, threads=N, no_writeback_cache (the
-        /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
-        /// negative_timeout=S, max_background=N, cache_floor=auto|SIZE (space kept for the kernel's cached writes: with less free, files opened for writing go uncached and cached writes fail with ENOSPC; auto: the kernel's dirty limit for the mount, about 70M with 24G RAM), readdirplus, io_uring=on|off (FUSE over
-        /// io_uring where the kernel offers it, on by default), ring_depth=N,
-        /// no_default_permissions, log=FILE, log_level=LEVEL.
-        #[arg(short = 'o')]
+        /// Mount options, comma-separated (see below, or mount.fuse.foliofs(1)).
+        #[arg(short = 'o', value_name = "OPTIONS", long_help = generate::MOUNT_OPTIONS_HELP)]
         options: Vec<String>,
         /// Stay in the foreground (messages on stderr).
         #[arg(short, long)]
@@ -138,6 +136,11 @@ enum Cmd {
     },
     /// Run the seed workloads in A/B pairs on a fresh image (W1..W5, W6 metadata, or all).
     Bench(bench::BenchArgs),
+    /// Write man pages and bash, zsh and fish completions under DIR (man/,
+    /// completions/), made from these definitions (scripts/setup.sh and
+    /// scripts/package.sh install them).
+    #[command(hide = true)]
+    Generate { dir: PathBuf },
     /// Reliability harnesses: long seeded runs that check every result.
     Torture {
         #[command(subcommand)]
@@ -503,6 +506,14 @@ fn main() -> ExitCode {
             json,
         } => fsck_cmd(&image, repair, data, read_only, json),
         Cmd::Umount { dir } => mount::umount(&dir),
+        Cmd::Generate { dir } => {
+            generate::write(<Cli as clap::CommandFactory>::command(), &dir).map(|files| {
+                for f in files {
+                    println!("{}", f.display());
+                }
+                0
+            })
+        }
         Cmd::Sync { paths } => paths.iter().try_for_each(|p| sync_mount(p)).map(|_| 0),
         Cmd::Stat {
             mount: Some(dir),
