@@ -68,10 +68,12 @@ enum TortureCmd {
 enum Cmd {
     /// Make a file system on an image file (created if --size is given) or a block device.
     Mkfs {
+        /// The image file or block device.
         image: PathBuf,
         /// Size, e.g. 1G, 512M (creates or resizes a regular file).
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
+        /// Block size in bytes, a power of two from 512 to 65536.
         #[arg(long, default_value_t = 4096)]
         block_size: u32,
         /// Allocation groups (default: from the size).
@@ -80,6 +82,7 @@ enum Cmd {
         /// Journal (log) size in blocks (default: 1/16 of the device, 64 blocks to 128 MiB).
         #[arg(long)]
         journal_blocks: Option<u64>,
+        /// A label of up to 32 bytes.
         #[arg(long, default_value = "")]
         label: String,
         /// Owner and group of the root directory (default: the user running
@@ -89,11 +92,13 @@ enum Cmd {
         /// Overwrite an existing foliofs file system.
         #[arg(short, long)]
         force: bool,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Check a file system. Exit code 0 clean, 1 corrected, 4 uncorrected, 8 operational error.
     Fsck {
+        /// The image file or block device.
         image: PathBuf,
         /// Fix what is safe to fix (bitmaps, counters, link counts, the orphan
         /// list, inodes nothing reaches or frees, directory entries naming
@@ -109,12 +114,15 @@ enum Cmd {
         /// may then be stale); never writes.
         #[arg(short = 'n', long = "read-only", conflicts_with = "repair")]
         read_only: bool,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Mount a file system with FUSE (in the background unless -f). Exit 32 on failure.
     Mount {
+        /// The image file or block device.
         image: PathBuf,
+        /// The mount point, a directory.
         dir: PathBuf,
         /// Mount options, comma-separated (see below, or mount.fuse.foliofs(1)).
         #[arg(short = 'o', value_name = "OPTIONS", long_help = generate::MOUNT_OPTIONS_HELP)]
@@ -125,7 +133,10 @@ enum Cmd {
     },
     /// Unmount a foliofs mount and wait until its daemon has written everything
     /// and left the image clean. Exit 0 when clean, 32 otherwise.
-    Umount { dir: PathBuf },
+    Umount {
+        /// The mount point.
+        dir: PathBuf,
+    },
     /// Make everything written to the foliofs mounts holding PATHs durable:
     /// the kernel's cached writes go to the daemon (syncfs), then the daemon
     /// writes back and commits. (Linux does not pass sync(1) on to a FUSE
@@ -148,10 +159,13 @@ enum Cmd {
     },
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
+        /// The image file or block device (not mounted: a mounted one
+        /// takes --mount).
         #[arg(required_unless_present = "mount")]
         image: Option<PathBuf>,
         /// A path inside the file system.
         path: Option<String>,
+        /// Print JSON (with --mount: every counter of the daemon).
         #[arg(long)]
         json: bool,
         /// Show the status of the foliofs mounted on DIR instead: transport,
