@@ -163,5 +163,7 @@ metric() { # $1 workload -> jq expression and unit
   echo
   echo "fio errors over all runs: $(jq -s '[.[].jobs[].error] | add' "$WORK"/fio/*.json)."
 } >> "$out"
+# Earlier figures and their notes stay (the README points at them).
+sed -n '/^## History$/,$p' docs/BENCH-RESULTS.md | { echo; cat; } >> "$out"
 mv "$out" docs/BENCH-RESULTS.md
 echo "bench-report: wrote docs/BENCH-RESULTS.md and docs/charts/"
