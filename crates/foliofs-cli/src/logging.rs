@@ -143,6 +143,13 @@ pub fn init(sink: &Sink, level: log::LevelFilter) -> Result<()> {
     Ok(())
 }
 
+/// Whether the default log file can be written (its directory made, the
+/// file opened for appending): the mount command checks before it says
+/// where the daemon's messages go.
+pub fn writable(path: &Path) -> Result<()> {
+    Bounded::open(path.to_path_buf(), DEFAULT_LOG_LIMIT).map(|_| ())
+}
+
 /// One line of a log file: time, process, level, message.
 fn file_line(out: fern::FormatCallback, msg: &std::fmt::Arguments, rec: &log::Record) {
     out.finish(format_args!(

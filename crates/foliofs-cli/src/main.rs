@@ -662,9 +662,16 @@ fn mount_cmd(
         log::LevelFilter::Warn
     };
     match logging::init(&sink, level) {
-        // The socket went away since the spawner looked: the default file.
-        Err(_) if sink == logging::Sink::Syslog => {
-            logging::init(&logging::default_sink(dir), level)?;
+        // The socket went away since the spawner looked: the default file;
+        // where that cannot be written either (the spawner said so), the
+        // mount still goes on, its messages on stderr (the spawner's null).
+        Err(_)
+            if sink == logging::Sink::Syslog || matches!(sink, logging::Sink::DefaultFile(_)) =>
+        {
+            let fallback = logging::default_sink(dir);
+            if sink == fallback || logging::init(&fallback, level).is_err() {
+                logging::init(&logging::Sink::Stderr, level)?;
+            }
         }
         r => r?,
     }

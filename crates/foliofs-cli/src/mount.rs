@@ -562,12 +562,21 @@ fn detach(dir: &Path) -> Result<()> {
 /// syslog, or a file of the mount's own; where, it says here, once.
 pub fn spawn(image: &Path, dir: &Path, opts: &[String], o: &Options) -> Result<()> {
     match logging::daemon_sink(o.log_file.as_deref(), dir) {
-        logging::Sink::DefaultFile(f) => eprintln!(
-            "foliofs: no syslog here (/dev/log): the daemon of {} logs to {} \
-             (-o log=FILE to choose)",
-            dir.display(),
-            f.display()
-        ),
+        logging::Sink::DefaultFile(f) => match logging::writable(&f) {
+            Ok(()) => eprintln!(
+                "foliofs: no syslog here (/dev/log): the daemon of {} logs to {} \
+                 (-o log=FILE to choose)",
+                dir.display(),
+                f.display()
+            ),
+            // The mount goes on: a log that cannot be written is no reason
+            // to refuse it, but the operator hears that it is not kept.
+            Err(e) => eprintln!(
+                "foliofs: warning: no syslog here (/dev/log) and {e:#}: the daemon of {} \
+                 keeps no log; use -o log=FILE",
+                dir.display()
+            ),
+        },
         logging::Sink::Syslog => eprintln!(
             "foliofs: the daemon of {} logs to syslog (-o log=FILE to choose)",
             dir.display()
