@@ -3,9 +3,11 @@
 # machine, in one run (as root: loop mounts and a FUSE mount):
 #   1. `foliofs bench all`: the engine's A/B pairs and the raw image file;
 #   2. `foliofs bench all --target`: the same access patterns through
-#      system calls on a foliofs FUSE mount, kernel XFS and kernel ext4,
-#      each on a loop device over an image file of the same size;
-#   3. the seed fio job files (bench/fio/W*.fio) on those three mounts and
+#      system calls on a foliofs FUSE mount, kernel XFS and kernel ext4
+#      (each on a loop device over an image file of the same size), and
+#      fuse2fs, the userspace peer (ext4 served through FUSE by Debian's
+#      fuse2fs, over an image file of the same size);
+#   3. the seed fio job files (bench/fio/W*.fio) on those four mounts and
 #      on the fio external engine over the embedded engine.
 # Variants are alternated round by round. Takes about 20 minutes.
 # FOLIOFS_BENCH_DIR (default /var/tmp/foliofs-bench, on a disk that does
@@ -21,7 +23,7 @@ SECONDS_PER=${SECONDS_PER:-2}
 FIO_RUNTIME=${FIO_RUNTIME:-10}
 SIZE=${SIZE:-4G}
 FILE_MIB=${FILE_MIB:-1024}
-PKGS="xfsprogs e2fsprogs fio jq fuse3 fonts-dejavu-core dpkg-dev"
+PKGS="xfsprogs e2fsprogs fuse2fs fio jq fuse3 fonts-dejavu-core dpkg-dev"
 if ! dpkg -s $PKGS >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
@@ -30,7 +32,7 @@ cargo build --locked --release -q -p foliofs-cli
 make -s -C bench/fio
 bin=$root/target/release/foliofs
 engine=$root/target/fio-engine/foliofs-fio.so
-targets="foliofs xfs ext4"
+targets="foliofs xfs ext4 fuse2fs"
 
 cleanup() {
   for t in $targets; do
@@ -52,6 +54,7 @@ for t in $targets; do
 done
 mkfs.xfs -q -f "$WORK/xfs.img"
 mkfs.ext4 -q -F "$WORK/ext4.img"
+mkfs.ext4 -q -F "$WORK/fuse2fs.img"
 "$bin" mkfs "$WORK/foliofs.img" >/dev/null
 # Loop devices with direct I/O on their image files, as foliofs opens its
 # image with O_DIRECT: no file system here reads from the host's cache.
@@ -60,6 +63,9 @@ for t in xfs ext4; do
   mount "$dev" "$WORK/mnt/$t"
 done
 "$bin" mount "$WORK/foliofs.img" "$WORK/mnt/foliofs"
+# fuse2fs reads and writes its image through the host's page cache (it has
+# no direct I/O option): its O_DIRECT figures are not the device's.
+fuse2fs "$WORK/fuse2fs.img" "$WORK/mnt/fuse2fs" -o allow_other
 
 out=docs/BENCH-RESULTS.md.new
 common=(--rounds "$ROUNDS" --seconds "$SECONDS_PER" --file-mib "$FILE_MIB")
@@ -83,14 +89,17 @@ common=(--rounds "$ROUNDS" --seconds "$SECONDS_PER" --file-mib "$FILE_MIB")
   "$bin" bench all "${common[@]}" --image "$WORK/engine.img" --markdown --chart docs/charts/engine
   echo "Charts: docs/charts/engine/W1.svg ... W5.svg."
   echo
-  echo "## 2. The same system calls on foliofs (FUSE), XFS and ext4"
+  echo "## 2. The same system calls on foliofs (FUSE), XFS, ext4 and fuse2fs"
   echo
-  echo "\`foliofs bench all ${common[*]} --target foliofs --target xfs --target ext4\`"
+  echo "\`foliofs bench all ${common[*]} --target foliofs --target xfs --target ext4 --target fuse2fs\`"
   echo "(each a mount of an image file of $SIZE: FUSE for foliofs, a loop device with"
-  echo "direct I/O for the others)."
+  echo "direct I/O for XFS and ext4, and fuse2fs $(dpkg-query -W -f '${Version}' fuse2fs), ext4 served"
+  echo "through FUSE, the userspace peer; fuse2fs reads and writes its image through the"
+  echo "host's page cache, having no direct I/O option)."
   echo
   "$bin" bench all "${common[@]}" --markdown --chart docs/charts/kernel \
-    --target "$WORK/mnt/foliofs" --target "$WORK/mnt/xfs" --target "$WORK/mnt/ext4"
+    --target "$WORK/mnt/foliofs" --target "$WORK/mnt/xfs" --target "$WORK/mnt/ext4" \
+    --target "$WORK/mnt/fuse2fs"
   echo "Charts: docs/charts/kernel/W1.svg ... W5.svg."
   echo
 } > "$out"
@@ -108,11 +117,11 @@ fio_job() { # $1 workload, $2 run, $3 round
   fi
   sed -i -n '/^{/,$p' "$res"
 }
-runs=(foliofs xfs ext4 engine)
+runs=(foliofs xfs ext4 fuse2fs engine)
 for w in W1 W2 W3 W4 W5; do
   for round in $(seq 1 "$ROUNDS"); do
-    for k in 0 1 2 3; do
-      r=${runs[(k + round) % 4]}
+    for k in "${!runs[@]}"; do
+      r=${runs[(k + round) % ${#runs[@]}]}
       echo "fio $w on $r, round $round" >&2
       fio_job "$w" "$r" "$round"
       [ "$r" = engine ] || rm -rf "${WORK:?}/mnt/$r/"*
@@ -134,11 +143,11 @@ metric() { # $1 workload -> jq expression and unit
   echo "\`bench/fio/W1.fio\` ... \`W5.fio\` with \`RUNTIME=$FIO_RUNTIME\`: psync on each mount"
   echo "(\`--directory\`), and unmodified but for the ioengine line on the fio"
   echo "external engine over the embedded engine (\`--thread\`). Ratios: foliofs"
-  echo "(FUSE) against each kernel file system, and the embedded engine against"
-  echo "the FUSE mount."
+  echo "(FUSE) against each kernel file system and against fuse2fs, and the"
+  echo "embedded engine against the FUSE mount."
   echo
-  echo "| job | unit | foliofs (FUSE) | XFS | ext4 | embedded (fio engine) | FUSE / XFS | FUSE / ext4 | embedded / FUSE |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| job | unit | foliofs (FUSE) | XFS | ext4 | fuse2fs | embedded (fio engine) | FUSE / XFS | FUSE / ext4 | FUSE / fuse2fs | embedded / FUSE |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for w in W1 W2 W3 W4 W5; do
     expr=$(metric $w | sed 's/ [^ ]*$//'); unit=$(metric $w | awk '{print $NF}')
     declare -A med=()
@@ -146,13 +155,15 @@ metric() { # $1 workload -> jq expression and unit
       med[$r]=$(for f in "$WORK"/fio/$w.$r.*.json; do jq "$expr" "$f"; done | median)
     done
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf (b > 0 ? "%.2f" : "-"), a / b}'; }
-    printf '| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n' "$w" "$unit" \
-      "${med[foliofs]}" "${med[xfs]}" "${med[ext4]}" "${med[engine]}" \
+    printf '| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "$w" "$unit" \
+      "${med[foliofs]}" "${med[xfs]}" "${med[ext4]}" "${med[fuse2fs]}" "${med[engine]}" \
       "$(ratio "${med[foliofs]}" "${med[xfs]}")" "$(ratio "${med[foliofs]}" "${med[ext4]}")" \
-      "$(ratio "${med[engine]}" "${med[foliofs]}")"
+      "$(ratio "${med[foliofs]}" "${med[fuse2fs]}")" "$(ratio "${med[engine]}" "${med[foliofs]}")"
   done
   echo
   echo "fio errors over all runs: $(jq -s '[.[].jobs[].error] | add' "$WORK"/fio/*.json)."
 } >> "$out"
+# Earlier figures and their notes stay (the README points at them).
+sed -n '/^## History$/,$p' docs/BENCH-RESULTS.md | { echo; cat; } >> "$out"
 mv "$out" docs/BENCH-RESULTS.md
 echo "bench-report: wrote docs/BENCH-RESULTS.md and docs/charts/"

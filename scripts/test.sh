@@ -2,7 +2,8 @@
 # The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
 # FUSE tests with real programs (fio, tar, git, sqlite3, cp -a, PostgreSQL,
 # pjdfstest, stress-ng) over both
-# FUSE transports (io_uring rings where the kernel has them, /dev/fuse), CLI smoke.
+# FUSE transports (io_uring rings where the kernel has them, /dev/fuse), the
+# Debian package installed and mounted, CLI smoke.
 # FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +64,8 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
 else
   echo "SKIPPED: full-disk needs /dev/fuse and root"
 fi
+echo "== the Debian package: dpkg -i, mount -t fuse.foliofs, an fstab line, dpkg -r"
+bash scripts/package-test.sh
 echo "== CLI smoke"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin=./target/release/foliofs

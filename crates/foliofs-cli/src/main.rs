@@ -3,8 +3,10 @@
 mod bench;
 mod chart;
 mod fsx;
+mod generate;
 mod logging;
 mod mount;
+mod status;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -21,7 +23,12 @@ use std::sync::Arc;
 #[command(
     name = "foliofs",
     version,
-    about = "foliofs: a userspace file system engine"
+    about = "a userspace file system engine: make, check, mount and measure foliofs images",
+    long_about = "foliofs keeps a crash-safe POSIX file system, with per-block data \
+                  checksums and a write-ahead journal, in an image file or on a block \
+                  device, and mounts it with FUSE (over io_uring where the kernel offers \
+                  it). Each subcommand has its own page: foliofs-mkfs(1), foliofs-mount(1), \
+                  foliofs-stat(1) ...; mount(8) and /etc/fstab use mount.fuse.foliofs(1)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -61,10 +68,12 @@ enum TortureCmd {
 enum Cmd {
     /// Make a file system on an image file (created if --size is given) or a block device.
     Mkfs {
+        /// The image file or block device.
         image: PathBuf,
         /// Size, e.g. 1G, 512M (creates or resizes a regular file).
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
+        /// Block size in bytes, a power of two from 512 to 65536.
         #[arg(long, default_value_t = 4096)]
         block_size: u32,
         /// Allocation groups (default: from the size).
@@ -73,6 +82,7 @@ enum Cmd {
         /// Journal (log) size in blocks (default: 1/16 of the device, 64 blocks to 128 MiB).
         #[arg(long)]
         journal_blocks: Option<u64>,
+        /// A label of up to 32 bytes.
         #[arg(long, default_value = "")]
         label: String,
         /// Owner and group of the root directory (default: the user running
@@ -82,11 +92,13 @@ enum Cmd {
         /// Overwrite an existing foliofs file system.
         #[arg(short, long)]
         force: bool,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Check a file system. Exit code 0 clean, 1 corrected, 4 uncorrected, 8 operational error.
     Fsck {
+        /// The image file or block device.
         image: PathBuf,
         /// Fix what is safe to fix (bitmaps, counters, link counts, the orphan
         /// list, inodes nothing reaches or frees, directory entries naming
@@ -102,23 +114,18 @@ enum Cmd {
         /// may then be stale); never writes.
         #[arg(short = 'n', long = "read-only", conflicts_with = "repair")]
         read_only: bool,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Mount a file system with FUSE (in the background unless -f). Exit 32 on failure.
     Mount {
+        /// The image file or block device.
         image: PathBuf,
+        /// The mount point, a directory.
         dir: PathBuf,
-        /// Options, comma-separated: ro, allow_other, noallow_other, cache_size=SIZE (metadata;
-        /// default RAM/64, 64M-1G),
-        /// page_cache=SIZE, dirty_limit=SIZE, wb_contexts=N, write_behind=SIZE,
-        /// prealloc=on|off, dio_cap=BLOCKS, dio_lock=shared|exclusive, relatime,
-        /// noatime, strictatime, nodiratime, sync, dirsync, threads=N, no_writeback_cache (the
-        /// kernel's write cache is on by default), attr_timeout=S, entry_timeout=S,
-        /// negative_timeout=S, max_background=N, cache_floor=auto|SIZE (space kept for the kernel's cached writes: with less free, files opened for writing go uncached and cached writes fail with ENOSPC; auto: the kernel's dirty limit for the mount, about 70M with 24G RAM), readdirplus, io_uring=on|off (FUSE over
-        /// io_uring where the kernel offers it, on by default), ring_depth=N,
-        /// no_default_permissions, log=FILE, log_level=LEVEL.
-        #[arg(short = 'o')]
+        /// Mount options, comma-separated (see below, or mount.fuse.foliofs(1)).
+        #[arg(short = 'o', value_name = "OPTIONS", long_help = generate::MOUNT_OPTIONS_HELP)]
         options: Vec<String>,
         /// Stay in the foreground (messages on stderr).
         #[arg(short, long)]
@@ -126,7 +133,10 @@ enum Cmd {
     },
     /// Unmount a foliofs mount and wait until its daemon has written everything
     /// and left the image clean. Exit 0 when clean, 32 otherwise.
-    Umount { dir: PathBuf },
+    Umount {
+        /// The mount point.
+        dir: PathBuf,
+    },
     /// Make everything written to the foliofs mounts holding PATHs durable:
     /// the kernel's cached writes go to the daemon (syncfs), then the daemon
     /// writes back and commits. (Linux does not pass sync(1) on to a FUSE
@@ -137,6 +147,11 @@ enum Cmd {
     },
     /// Run the seed workloads in A/B pairs on a fresh image (W1..W5, W6 metadata, or all).
     Bench(bench::BenchArgs),
+    /// Write man pages and bash, zsh and fish completions under DIR (man/,
+    /// completions/), made from these definitions (scripts/setup.sh and
+    /// scripts/package.sh install them).
+    #[command(hide = true)]
+    Generate { dir: PathBuf },
     /// Reliability harnesses: long seeded runs that check every result.
     Torture {
         #[command(subcommand)]
@@ -144,19 +159,39 @@ enum Cmd {
     },
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
+        /// The image file or block device (not mounted: a mounted one
+        /// takes --mount).
         #[arg(required_unless_present = "mount")]
         image: Option<PathBuf>,
         /// A path inside the file system.
         path: Option<String>,
+        /// Print JSON (with --mount: every counter of the daemon).
         #[arg(long)]
         json: bool,
-        /// Print the counters of the foliofs mounted on DIR instead.
+        /// Show the status of the foliofs mounted on DIR instead: transport,
+        /// space, I/O with rates, cache, writeback, journal, errors (all
+        /// counters with --json).
         #[arg(long, value_name = "DIR", conflicts_with_all = ["image", "path"])]
         mount: Option<PathBuf>,
+        /// With --mount: show it again every SECONDS, rates over the last
+        /// interval (as vmstat does), until interrupted.
+        #[arg(long, value_name = "SECONDS", requires = "mount", value_parser = parse_interval)]
+        watch: Option<f64>,
+        /// With --watch: stop after N pages.
+        #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
     },
 }
 
 use foliofs::fs::parse_size;
+
+/// A refresh interval in seconds: positive, at most a day.
+fn parse_interval(s: &str) -> std::result::Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.1 && *v <= 86_400.0)
+        .ok_or_else(|| format!("'{s}': want seconds between 0.1 and 86400"))
+}
 
 /// `UID:GID`, both numeric.
 fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
@@ -281,7 +316,8 @@ fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool)
             pb.set_length(total);
             pb.set_position(done);
         },
-    )?;
+    )
+    .with_context(|| format!("{}", image.display()))?;
     pb.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -326,7 +362,8 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
             read_only: true,
             ..Default::default()
         },
-    )?;
+    )
+    .with_context(|| format!("{}", image.display()))?;
     let sb = fs.superblock();
     if let Some(p) = path {
         let ino = fs
@@ -483,10 +520,22 @@ fn main() -> ExitCode {
             json,
         } => fsck_cmd(&image, repair, data, read_only, json),
         Cmd::Umount { dir } => mount::umount(&dir),
+        Cmd::Generate { dir } => {
+            generate::write(<Cli as clap::CommandFactory>::command(), &dir).map(|files| {
+                for f in files {
+                    println!("{}", f.display());
+                }
+                0
+            })
+        }
         Cmd::Sync { paths } => paths.iter().try_for_each(|p| sync_mount(p)).map(|_| 0),
         Cmd::Stat {
-            mount: Some(dir), ..
-        } => mounted_counters(&dir).map(|_| 0),
+            mount: Some(dir),
+            json,
+            watch,
+            count,
+            ..
+        } => status::run(&dir, json, watch, count).map(|_| 0),
         Cmd::Stat {
             image, path, json, ..
         } => stat_cmd(&image.expect("clap requires it"), path.as_deref(), json).map(|_| 0),
@@ -600,10 +649,11 @@ fn mount_cmd(
     }
     let o = mount::parse_options(options)?;
     // A daemon (started by `spawn`, holding the ready pipe) logs to
-    // syslog; in the foreground, to stderr; -o log=FILE wins over both.
+    // syslog, or without it to a file of its own; in the foreground, to
+    // stderr; -o log=FILE wins over all.
     let sink = match &o.log_file {
         Some(f) => logging::Sink::File(f.clone()),
-        None if foreground && ready.is_some() => logging::Sink::Syslog,
+        None if foreground && ready.is_some() => logging::daemon_sink(None, dir),
         None => logging::Sink::Stderr,
     };
     let level = if foreground {
@@ -612,9 +662,16 @@ fn mount_cmd(
         log::LevelFilter::Warn
     };
     match logging::init(&sink, level) {
-        // No syslog socket: stderr (the spawner warned about it).
-        Err(_) if sink == logging::Sink::Syslog => {
-            let _ = logging::init(&logging::Sink::Stderr, level);
+        // The socket went away since the spawner looked: the default file;
+        // where that cannot be written either (the spawner said so), the
+        // mount still goes on, its messages on stderr (the spawner's null).
+        Err(_)
+            if sink == logging::Sink::Syslog || matches!(sink, logging::Sink::DefaultFile(_)) =>
+        {
+            let fallback = logging::default_sink(dir);
+            if sink == fallback || logging::init(&fallback, level).is_err() {
+                logging::init(&logging::Sink::Stderr, level)?;
+            }
         }
         r => r?,
     }
@@ -637,30 +694,4 @@ fn sync_mount(path: &Path) -> Result<()> {
         ),
         Err(e) => bail!("sync of the file system holding {}: {e}", path.display()),
     }
-}
-
-/// The counters of a mounted foliofs, from the root's virtual xattr.
-fn mounted_counters(dir: &Path) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    let name = std::ffi::CString::new(foliofs_fuse::COUNTERS_XATTR)?;
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: both strings are NUL-terminated; buf is writable for its length.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        bail!(
-            "{} is not a foliofs mount root: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    print!("{}", String::from_utf8_lossy(&buf[..n as usize]));
-    Ok(())
 }

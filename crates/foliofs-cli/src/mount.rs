@@ -368,11 +368,16 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         // INIT is done (Session::new waits for it): did the kernel agree?
         let uring = uring.load(std::sync::atomic::Ordering::Acquire);
         log::info!(
-            "mounted {} on {} ({}{})",
+            "mounted {} on {} ({}{}, over {})",
             image.display(),
             dir.display(),
             if o.engine.read_only { "ro" } else { "rw" },
-            if o.allow_other() { ", allow_other" } else { "" }
+            if o.allow_other() { ", allow_other" } else { "" },
+            if uring {
+                "FUSE over io_uring"
+            } else {
+                "/dev/fuse"
+            }
         );
         Ok((fs, session, uring, spawn))
     })();
@@ -568,14 +573,30 @@ fn detach(dir: &Path) -> Result<()> {
 }
 
 /// Start `foliofs mount --foreground` in the background and wait until it
-/// reports the mount up (or fails). Its messages go to syslog, or to
-/// `-o log=FILE`; without either it says so here, once.
+/// reports the mount up (or fails). Its messages go to `-o log=FILE`,
+/// syslog, or a file of the mount's own; where, it says here, once.
 pub fn spawn(image: &Path, dir: &Path, opts: &[String], o: &Options) -> Result<()> {
-    if o.log_file.is_none() && !logging::syslog_available() {
-        log::warn!(
-            "no syslog socket (/dev/log): the mount daemon's messages are dropped; \
-             use -o log=FILE to keep them"
-        );
+    match logging::daemon_sink(o.log_file.as_deref(), dir) {
+        logging::Sink::DefaultFile(f) => match logging::writable(&f) {
+            Ok(()) => eprintln!(
+                "foliofs: no syslog here (/dev/log): the daemon of {} logs to {} \
+                 (-o log=FILE to choose)",
+                dir.display(),
+                f.display()
+            ),
+            // The mount goes on: a log that cannot be written is no reason
+            // to refuse it, but the operator hears that it is not kept.
+            Err(e) => eprintln!(
+                "foliofs: warning: no syslog here (/dev/log) and {e:#}: the daemon of {} \
+                 keeps no log; use -o log=FILE",
+                dir.display()
+            ),
+        },
+        logging::Sink::Syslog => eprintln!(
+            "foliofs: the daemon of {} logs to syslog (-o log=FILE to choose)",
+            dir.display()
+        ),
+        _ => {}
     }
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two descriptors we then own.

@@ -587,7 +587,9 @@ fn thread_policies(pid: u32) -> Vec<(String, i32)> {
 
 /// The mount's counters (`foliofs stat --mount`).
 fn counters(dir: &Path) -> serde_json::Value {
-    let out = run(Command::new(BIN).args(["stat", "--mount"]).arg(dir));
+    let out = run(Command::new(BIN)
+        .args(["stat", "--json", "--mount"])
+        .arg(dir));
     serde_json::from_str(&out).unwrap()
 }
 
@@ -2951,5 +2953,77 @@ fn sync_reaches_the_daemon_of_a_block_device_mount() {
     m.mount("");
     assert_eq!(std::fs::read(m.path("synced")).unwrap(), data);
     assert!(m.path("dir").is_dir());
+    m.unmount_and_check();
+}
+
+/// `foliofs stat --mount` is a page for people naming the transport the
+/// mount really got (the rings whenever the kernel has them switched on
+/// and the suite did not turn them off), `--json` for programs, and
+/// `--watch` pages with rates over each interval; bad intervals are
+/// refused.
+#[test]
+fn stat_mount_reads_as_a_status_page() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("status", "");
+    std::fs::write(m.path("f"), vec![7u8; 3 << 20]).unwrap();
+    let stat = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["stat", "--mount"])
+            .arg(&m.dir)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let page = run(Command::new(BIN).args(["stat", "--mount"]).arg(&m.dir));
+    let rings_on = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| v.trim() == "Y")
+        && !with_suite_options("").contains("io_uring=off");
+    let want = if rings_on {
+        "  transport    FUSE over io_uring"
+    } else {
+        "  transport    /dev/fuse"
+    };
+    assert!(page.contains(want), "want '{want}' in:\n{page}");
+    for section in [
+        "\nI/O ",
+        "\ncache\n",
+        "\nwriteback\n",
+        "\njournal\n",
+        "\nerrors\n",
+    ] {
+        assert!(page.contains(section), "{section:?} in:\n{page}");
+    }
+    assert!(
+        page.lines()
+            .any(|l| l.contains("written by programs") && l.contains("3.0 MiB")),
+        "{page}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&run(Command::new(BIN)
+        .args(["stat", "--json", "--mount"])
+        .arg(&m.dir)))
+    .unwrap();
+    assert_eq!(
+        json["fuse_transport"],
+        if rings_on { "io_uring" } else { "/dev/fuse" }
+    );
+    assert!(json["bytes_written_app"].as_u64().unwrap() >= 3 << 20);
+    let out = stat(&["--watch", "0.2", "--count", "2"]);
+    let pages = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{pages}");
+    assert_eq!(pages.matches("foliofs on ").count(), 2, "{pages}");
+    assert!(pages.contains("per second, last 0s"), "{pages}");
+    for bad in [&["--watch", "0"][..], &["--count", "2"], &["--watch", "x"]] {
+        let out = stat(bad);
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(!out.stderr.is_empty(), "{bad:?}: no message");
+    }
+    let out = Command::new(BIN)
+        .args(["stat", "--mount", "/"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a foliofs mount root"));
     m.unmount_and_check();
 }

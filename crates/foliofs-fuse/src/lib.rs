@@ -439,6 +439,9 @@ impl Default for CacheOptions {
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
 
+/// When the kernel's INIT arrived: one mount per daemon process.
+static MOUNTED_AT: OnceLock<std::time::Instant> = OnceLock::new();
+
 /// What `FuseFs::uncached` says of an uncached description: whether the
 /// kernel caches the file through another for writing, and whether this
 /// one takes the engine's direct path.
@@ -1060,6 +1063,18 @@ impl FuseFs {
     fn counters_json(&self) -> Vec<u8> {
         let mut c = serde_json::to_value(self.fs.counters()).unwrap_or_default();
         if let Some(m) = c.as_object_mut() {
+            // For `foliofs stat --mount`'s page: how requests arrive, how
+            // long the mount has been up (rates since mount), the cache now.
+            let rings = self.uring_on.load(Ordering::Acquire);
+            m.insert(
+                "fuse_transport".into(),
+                if rings { "io_uring" } else { "/dev/fuse" }.into(),
+            );
+            let up = MOUNTED_AT.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+            m.insert("mounted_secs".into(), up.into());
+            let cache = self.fs.cache_stats();
+            m.insert("cached_bytes".into(), cache.cached_bytes.into());
+            m.insert("dirty_bytes".into(), cache.dirty_bytes.into());
             m.insert("fuse_ring_requests".into(), uring::served().into());
             m.insert("fuse_idle_replies".into(), uring::idle_replies().into());
             m.insert("fuse_idle_rescues".into(), uring::idle_rescues().into());
@@ -1084,6 +1099,23 @@ impl FuseFs {
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
         v.push(b'\n');
         v
+    }
+}
+
+/// The kernel did not offer FUSE over io_uring at INIT. Where it has the
+/// rings but they are switched off, say how to switch them on: the mount
+/// then serves /dev/fuse, slower for small requests (docs/BENCH-RESULTS.md).
+fn uring_refused() {
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    match std::fs::read_to_string(PARAM) {
+        Ok(v) if v.trim() == "N" => log::warn!(
+            "FUSE over io_uring is off in this kernel ({PARAM} is N): serving /dev/fuse; \
+             to use the rings, as root `echo Y > {PARAM}` and mount again, and for the \
+             next boot `options fuse enable_uring=1` in /etc/modprobe.d (or \
+             fuse.enable_uring=1 on the kernel command line where fuse is built in)"
+        ),
+        Ok(_) => log::info!("the kernel did not offer FUSE over io_uring: serving /dev/fuse"),
+        Err(_) => log::info!("this kernel has no FUSE over io_uring: serving /dev/fuse"),
     }
 }
 
@@ -1131,6 +1163,7 @@ fn xattr_reply(data: &[u8], size: u32, reply: ReplyXattr) {
 
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = MOUNTED_AT.set(std::time::Instant::now());
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_background(self.cache.max_background);
         let _ = config.set_congestion_threshold(self.cache.max_background / 4 * 3);
@@ -1167,9 +1200,7 @@ impl Filesystem for FuseFs {
         if self.io_uring {
             match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
                 Ok(()) => self.uring_on.store(true, Ordering::Release),
-                Err(_) => log::info!(
-                    "the kernel does not offer FUSE over io_uring (fuse.enable_uring=N?): serving /dev/fuse"
-                ),
+                Err(_) => uring_refused(),
             }
         }
         if self.cache.readdirplus {

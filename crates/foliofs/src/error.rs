@@ -20,6 +20,11 @@ pub enum Error {
     /// A data block did not match its stored crc32c.
     #[error("data checksum mismatch: inode {ino} offset {offset} device block {addr}")]
     DataChecksum { ino: u64, offset: u64, addr: u64 },
+    /// Neither superblock slot carries the superblock magic: the device
+    /// never held a foliofs file system (or was overwritten whole), which
+    /// is not damage to one.
+    #[error("not a foliofs image (no foliofs superblock magic at block 0 or 1)")]
+    NotFoliofs,
     #[error("device I/O error: {0}")]
     Io(#[from] io::Error),
     /// The file system shut itself down after a failed journal write or flush.
@@ -73,6 +78,8 @@ impl Error {
         match self {
             Error::Corrupted { .. } => libc::EUCLEAN,
             Error::DataChecksum { .. } => libc::EIO,
+            // What mount(2) answers for a device of another file system.
+            Error::NotFoliofs => libc::EINVAL,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Shutdown(_) => libc::EIO,
             Error::ReadOnly => libc::EROFS,

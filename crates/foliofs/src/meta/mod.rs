@@ -452,6 +452,10 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     // refused (an unsupported version): that says more than the checksum
     // mismatches of the sizes it is not.
     let mut refused = None;
+    // Whether any slot read carries the superblock magic: without it the
+    // device is something other than foliofs, and a checksum mismatch
+    // would misreport it as a damaged foliofs superblock.
+    let mut magic_seen = false;
     let sizes: Vec<u64> = match guess {
         Some(bs) => vec![bs as u64],
         None => (9..=16).map(|s| 1u64 << s).collect(),
@@ -463,6 +467,7 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
         let mut buf = AlignedBuf::zeroed(bs as usize);
         for slot in 0..2u64 {
             dev.read_at(&mut buf, slot * bs)?;
+            magic_seen |= header::BlockHeader::decode(&buf).magic == magic::SUPERBLOCK;
             match Superblock::decode(&buf, slot) {
                 Ok(sb) if sb.block_size as u64 == bs => {
                     if best
@@ -485,6 +490,9 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
         if best.is_some() {
             break;
         }
+    }
+    if best.is_none() && !magic_seen {
+        return Err(Error::NotFoliofs);
     }
     best.ok_or_else(|| {
         refused
