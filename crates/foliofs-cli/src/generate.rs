@@ -54,6 +54,9 @@ The kernel's FUSE:
   max_background=N: background requests the kernel keeps in flight (default 64).
   readdirplus, no_readdirplus: attributes with directory listings.
 
+Tests:
+  fault_injection: root may make the device fail while mounted, through the foliofs.fault xattr of the mount's root (reads, writes, flushes, or none): a disk going bad.
+
 Messages:
   log=FILE: the daemon logs to FILE. Without it: syslog where /dev/log takes messages, otherwise /var/log/foliofs/MOUNT-POINT.log for root or ~/.local/state/foliofs/MOUNT-POINT.log, rotated to .1 at 8 MiB.
   log_level=LEVEL: error, warn, info (default), debug, trace or off.
