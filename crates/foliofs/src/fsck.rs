@@ -15,9 +15,9 @@ use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
 use crate::format::extent::Extent;
 use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
-use crate::format::inode::{FileType, Fork};
+use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
 use crate::format::{bitmap, csum, data_crc, magic};
-use crate::meta::{self, Meta};
+use crate::meta::{self, Kind, Meta};
 use crate::{Fs, MountOptions};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -90,6 +90,9 @@ struct Checker {
     unlinked: Vec<u64>,
     /// The orphan tree's blocks.
     orphan_blocks: Vec<u64>,
+    /// Inode bitmap blocks that did not read: named once, and a repair
+    /// rebuilds them from the inodes (`check_inode`).
+    imap_lost: HashSet<u64>,
     /// Repairs of directory entries, made through a mount once the rest
     /// is repaired, each with the index of the problem it fixes.
     entry_fixes: Vec<(EntryFix, usize)>,
@@ -234,6 +237,7 @@ pub fn fsck(
         freed: HashSet::new(),
         unlinked: Vec::new(),
         orphan_blocks: Vec::new(),
+        imap_lost: HashSet::new(),
         entry_fixes: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
@@ -269,7 +273,15 @@ pub fn fsck(
                         imap_used[idx as usize] = bitmap::get_bit(&b, bit as u32);
                     }
                 }
-                Err(e) => c.err(e),
+                Err(e) => {
+                    c.imap_lost.insert(blk);
+                    let first = i * geo.bits_per_bmap;
+                    let (per_ag, from) = (geo.inodes_per_ag, "the inodes");
+                    // Inode 0 is reserved; bits past the AG's inodes stay set.
+                    let fixed = |i: u64| i >= per_ag || (ag == 0 && i == 0);
+                    let ids = (magic::INODE_BITMAP, ag, first);
+                    rebuild_bitmap(&mut c, e, blk, ids, fixed, from);
+                }
             }
         }
     }
@@ -309,16 +321,23 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         Ok(b) => b[off..off + INODE_SIZE].to_vec(),
         Err(e) => return c.err(e),
     };
-    let in_use = !DiskInode::is_blank(&slot) && {
-        match DiskInode::decode(&slot, ino, blk, &uuid) {
-            Ok(d) => d.mode != 0,
-            Err(e) => {
+    let decoded = match DiskInode::is_blank(&slot) {
+        true => None,
+        false => match DiskInode::decode(&slot, ino, blk, &uuid) {
+            Ok(d) => Some(d),
+            Err(e) => return clear_inode(c, ino, marked, e),
+        },
+    };
+    let in_use = decoded.as_ref().is_some_and(|d| d.mode != 0);
+    if in_use != marked && c.imap_lost.contains(&geo.imap_loc(ino).0) {
+        // Its bitmap block was unreadable and is rebuilt from the inodes
+        // (named once, there).
+        if c.repair {
+            if let Err(e) = set_imap(c, ino, in_use) {
                 c.err(e);
-                return;
             }
         }
-    };
-    if in_use != marked {
+    } else if in_use != marked {
         c.fixed(
             "inode bitmap",
             geo.imap_loc(ino).0,
@@ -337,10 +356,12 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     if !in_use {
         return;
     }
-    let d = DiskInode::decode(&slot, ino, blk, &uuid).unwrap();
+    let Some(d) = decoded.filter(|d| d.mode != 0) else {
+        return;
+    };
     let fork = match d.decode_fork(blk) {
         Ok(f) => f,
-        Err(e) => return c.err(e),
+        Err(e) => return clear_inode(c, ino, true, e),
     };
     // decode_fork checked the type.
     let kind = FileType::from_mode(d.mode).unwrap_or(FileType::File);
@@ -370,12 +391,19 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         Ok(())
     }) {
         Ok(blocks) => {
-            for b in blocks {
+            for &b in &blocks {
                 c.claim(b, 1, ino, "xattr tree");
             }
-            check_xattrs(c, ino, d.xattr_root, &xattrs);
+            let wrong = check_xattrs(c, ino, d.xattr_root, &xattrs);
+            if c.repair && !wrong.is_empty() {
+                // Each named above; the tree goes, its blocks with it.
+                for b in blocks {
+                    c.release(b);
+                }
+                edit_inode(c, ino, |d| d.xattr_root = 0);
+            }
         }
-        Err(e) => c.err(e),
+        Err(e) => drop_tree(c, ino, e, "its xattrs removed", |d| d.xattr_root = 0),
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -400,7 +428,18 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                         c.claim(b, 1, ino, t.tt.name());
                     }
                 }
-                Err(e) => return c.err(e),
+                Err(e) if kind == FileType::Dir => {
+                    let lost = "its entries removed (what they named goes to /lost+found)";
+                    return drop_tree(c, ino, e, lost, |d| {
+                        (d.fork, d.fork_count, d.fork_root) = (ForkFormat::DirInline, 0, 0);
+                    });
+                }
+                Err(e) => {
+                    return drop_tree(c, ino, e, "its data removed, left empty", |d| {
+                        (d.fork, d.fork_count, d.fork_root) = (ForkFormat::Extents, 0, 0);
+                        (d.size, d.nblocks) = (0, 0);
+                    });
+                }
             }
         }
         Fork::Symlink(_) => {}
@@ -448,7 +487,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         }
     }
     if nblocks != d.nblocks {
-        c.problem(
+        c.fixed(
             "inode",
             blk,
             format!(
@@ -456,12 +495,136 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 d.nblocks
             ),
         );
+        edit_inode(c, ino, |d| d.nblocks = nblocks);
     }
+}
+
+/// Inode `ino`'s slot does not decode (`e`). A repair zeroes it and
+/// clears its bit (if `marked`); the root is made anew, an empty
+/// directory. What the inode owned is not known: its blocks are claimed
+/// by no one, so the space check gives back those no other file claims;
+/// the entries naming it are removed as entries of a free inode, and what
+/// was below a directory is named in /lost+found by the link check.
+fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, addr, reason);
+    }
+    let root = ino == c.meta.sb.root_ino;
+    let done = match root {
+        true => "; the root directory made anew, empty",
+        false => "; cleared",
+    };
+    c.fixed(structure, addr, format!("{reason}{done}"));
+    let (blk, off) = c.meta.geo.inode_loc(ino);
+    let uuid = c.meta.uuid;
+    let slot = &mut c.meta.write(blk)[off..off + INODE_SIZE];
+    if root {
+        new_root(ino).encode(slot, &uuid);
+        c.inodes.insert(ino, (FileType::Dir, 2, ino, 0));
+        c.dirs.push(ino);
+    } else {
+        slot.fill(0);
+    }
+    if root || marked {
+        if let Err(e) = set_imap(c, ino, root) {
+            c.err(e);
+        }
+    }
+    c.maybe_commit();
+}
+
+/// An empty root directory, as mkfs makes it (owned by root).
+fn new_root(ino: u64) -> DiskInode {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = Timespec {
+        sec: now.as_secs() as i64,
+        nsec: now.subsec_nanos(),
+    };
+    DiskInode {
+        mode: 0o040755,
+        nlink: 2,
+        parent: ino,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        fork: ForkFormat::DirInline,
+        generation: 1,
+        ..DiskInode::new(ino)
+    }
+}
+
+/// Bitmap block `blk` did not read (`e`). A repair writes it anew (`ids`:
+/// magic, AG and first bit) with only the bits `fixed` names set (by
+/// index in the AG); the checks after set the others, without naming
+/// each.
+fn rebuild_bitmap(
+    c: &mut Checker,
+    e: Error,
+    blk: u64,
+    ids: (u32, u32, u64),
+    fixed: impl Fn(u64) -> bool,
+    from: &str,
+) {
+    let Error::Corrupted {
+        structure, reason, ..
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, blk, reason);
+    }
+    c.fixed(structure, blk, format!("{reason}; rebuilt from {from}"));
+    let (magic, ag, first) = ids;
+    let bits = c.meta.geo.bits_per_bmap;
+    let uuid = c.meta.uuid;
+    let b = c.meta.create(blk, Kind::Header);
+    bitmap::init(b, magic, blk, uuid, ag, first);
+    for i in 0..bits {
+        if fixed(first + i) {
+            bitmap::set_bit(b, i as u32, true);
+        }
+    }
+    c.maybe_commit();
+}
+
+/// A tree of inode `ino` did not read whole (`e`): a repair drops it, as
+/// `cut` leaves the inode (an empty directory, an empty file, no xattrs).
+/// Its blocks are claimed by no one, so the space check gives back those
+/// no other file claims; the files a directory named are named in
+/// /lost+found by the link check.
+fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&mut DiskInode)) {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, addr, reason);
+    }
+    c.fixed(structure, addr, format!("inode {ino}: {reason}; {lost}"));
+    edit_inode(c, ino, cut);
 }
 
 /// Every xattr entry decodes, every continuation belongs to a head in its
 /// bucket, and every value joins whole (fragments 1..n, at most 64 KiB).
-fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) {
+/// Returns the problems it named: a repair removes the inode's xattrs.
+fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) -> Vec<String> {
+    let mut wrong = Vec::new();
     use crate::format::xattr::{assemble, piece, Cont, Piece};
     let mut heads = Vec::new();
     let mut conts: HashMap<u64, Vec<Cont>> = HashMap::new();
@@ -472,30 +635,35 @@ fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]
                 .entry(k & !0xffff)
                 .or_default()
                 .push((head, index, data)),
-            None => c.problem(
-                "xattr",
-                root,
-                format!("inode {ino}: malformed xattr entry under key {k:#x}"),
-            ),
+            None => wrong.push(format!(
+                "inode {ino}: malformed xattr entry under key {k:#x}"
+            )),
         }
     }
     for (k, first) in &heads {
         let list = conts.get(&(k & !0xffff)).map_or(&[][..], |v| &v[..]);
         if let Err(why) = assemble(first, (k & 0xffff) as u16, list) {
-            c.problem("xattr", root, format!("inode {ino}: xattr {k:#x}: {why}"));
+            wrong.push(format!("inode {ino}: xattr {k:#x}: {why}"));
         }
     }
     for (bucket, list) in &conts {
         for (head, index, _) in list {
             if !heads.iter().any(|(k, _)| *k == bucket | *head as u64) {
-                c.problem(
-                    "xattr",
-                    root,
-                    format!("inode {ino}: xattr fragment {index} has no head {head}"),
-                );
+                wrong.push(format!(
+                    "inode {ino}: xattr fragment {index} has no head {head}"
+                ));
             }
         }
     }
+    for (i, message) in wrong.iter().enumerate() {
+        // A repair removes them all with the first.
+        let done = match i == 0 && c.repair {
+            true => "; the inode's xattrs removed",
+            false => "",
+        };
+        c.fixed("xattr", root, format!("{message}{done}"));
+    }
+    wrong
 }
 
 fn check_tree_and_links(c: &mut Checker) {
@@ -944,15 +1112,13 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
 /// keeps them and loses its orphan flag.
 fn check_orphans(c: &mut Checker) {
     let blk = c.meta.geo.agh_blk(0);
-    let root = match c
-        .meta
-        .read(blk, magic::AG_HEADER, "AG header")
-        .map(|b| b.to_vec())
-    {
-        Ok(b) => match AgHeader::decode(&b, blk, 0) {
-            Ok(h) => h.orphan_root,
-            Err(e) => return c.err(e),
-        },
+    // A repair rebuilds an AG header that does not read (`check_space`),
+    // with an empty list, and empties a list that does not read: what
+    // the list held is freed here if nothing names it, as a repair of the
+    // list does.
+    let (root, header_lost) = match read_ag_header(c, 0) {
+        Ok(h) => (h.orphan_root, false),
+        Err(Error::Corrupted { .. }) if c.repair => (0, true),
         Err(e) => return c.err(e),
     };
     let t = Tree {
@@ -961,6 +1127,7 @@ fn check_orphans(c: &mut Checker) {
         ag: 0,
     };
     let mut orphans = Vec::new();
+    let mut list_lost = false;
     match t.walk(&mut c.meta, root, |_, n| {
         orphans.extend(n.entries.iter().map(|(k, _)| *k));
         Ok(())
@@ -970,6 +1137,17 @@ fn check_orphans(c: &mut Checker) {
                 c.claim(b, 1, 0, "orphan tree");
             }
             c.orphan_blocks = blocks;
+        }
+        Err(Error::Corrupted {
+            structure,
+            addr,
+            reason,
+        }) if c.repair => {
+            // Its blocks, claimed by no one, go back with the space check.
+            orphans.clear();
+            list_lost = true;
+            let message = format!("{reason}; the list emptied, what it held freed if unnamed");
+            c.fixed(structure, addr, message);
         }
         Err(e) => return c.err(e),
     }
@@ -1014,7 +1192,7 @@ fn check_orphans(c: &mut Checker) {
             _ => {}
         }
     }
-    let wrong = lost || c.report.problems.len() > before;
+    let wrong = lost || header_lost || list_lost || c.report.problems.len() > before;
     if !(c.repair && wrong) {
         return;
     }
@@ -1024,9 +1202,19 @@ fn check_orphans(c: &mut Checker) {
         }
     }
     let unlinked = std::mem::take(&mut c.unlinked);
-    if let Err(e) = free_inodes(c, &unlinked).and_then(|()| empty_orphan_list(c, blk)) {
+    let emptied = free_inodes(c, &unlinked).and_then(|()| match header_lost {
+        true => Ok(()),
+        false => empty_orphan_list(c, blk),
+    });
+    if let Err(e) = emptied {
         c.err(e);
     }
+}
+
+/// AG `ag`'s header, read and verified.
+fn read_ag_header(c: &mut Checker, ag: u32) -> Result<AgHeader> {
+    let blk = c.meta.geo.agh_blk(ag);
+    AgHeader::decode(c.meta.read(blk, magic::AG_HEADER, "AG header")?, blk, ag)
 }
 
 /// Rewrite inode `ino`'s record through `f` (a repair); the checks after
@@ -1111,12 +1299,25 @@ fn check_space(c: &mut Checker) {
         let mut free = 0u64;
         for i in 0..geo.bmap_blocks {
             let blk = geo.bmap_start(ag) + i;
-            let b = match c
+            let first = i * geo.bits_per_bmap;
+            let (b, rebuilt) = match c
                 .meta
                 .read(blk, magic::BLOCK_BITMAP, "block bitmap")
                 .map(|b| b.to_vec())
             {
-                Ok(b) => b,
+                Ok(b) => (b, false),
+                Err(e) if repair => {
+                    // Bits past the AG's end stay set.
+                    let ids = (magic::BLOCK_BITMAP, ag, first);
+                    rebuild_bitmap(c, e, blk, ids, |b| b >= len, "the trees");
+                    match c.meta.read(blk, magic::BLOCK_BITMAP, "block bitmap") {
+                        Ok(b) => (b.to_vec(), true),
+                        Err(e) => {
+                            c.err(e);
+                            continue;
+                        }
+                    }
+                }
                 Err(e) => {
                     c.err(e);
                     continue;
@@ -1134,8 +1335,9 @@ fn check_space(c: &mut Checker) {
                 if !used {
                     free += 1;
                 }
-                if on_disk != used && c.freed.contains(&global) {
-                    // Freed by this repair with its owner, named there.
+                if on_disk != used && (rebuilt || c.freed.contains(&global)) {
+                    // Rebuilt, or freed by this repair with its owner:
+                    // named there.
                     bitmap::set_bit(&mut fixed, bit as u32, used);
                     changed = true;
                 } else if on_disk != used {
@@ -1155,29 +1357,35 @@ fn check_space(c: &mut Checker) {
             }
         }
         let agh_blk = geo.agh_blk(ag);
-        let h = match c
-            .meta
-            .read(agh_blk, magic::AG_HEADER, "AG header")
-            .map(|b| b.to_vec())
-        {
-            Ok(b) => match AgHeader::decode(&b, agh_blk, ag) {
-                Ok(h) => h,
-                Err(e) => {
-                    c.err(e);
-                    continue;
-                }
-            },
-            Err(e) => {
-                c.err(e);
-                continue;
-            }
-        };
         let free_inodes = (0..geo.inodes_per_ag)
             .filter(|i| {
                 let ino = ag as u64 * geo.inodes_per_ag + i;
                 ino != 0 && !c.inodes.contains_key(&ino)
             })
             .count() as u64;
+        let h = match read_ag_header(c, ag) {
+            Ok(h) => h,
+            Err(Error::Corrupted { reason, .. }) if repair => {
+                // Its counters are counted here; the orphan list it
+                // rooted (AG 0) was emptied by the orphan check.
+                let message = format!("{reason}; rebuilt from the bitmaps and inodes");
+                c.fixed("AG header", agh_blk, message);
+                let h = AgHeader {
+                    agno: ag,
+                    blocks: len,
+                    free_blocks: free,
+                    free_inodes,
+                    orphan_root: 0,
+                };
+                let uuid = c.meta.uuid;
+                h.encode(c.meta.create(agh_blk, Kind::Header), agh_blk, uuid);
+                continue;
+            }
+            Err(e) => {
+                c.err(e);
+                continue;
+            }
+        };
         if h.blocks != len || h.free_blocks != free || h.free_inodes != free_inodes {
             c.fixed(
                 "AG header",
@@ -1207,12 +1415,22 @@ fn check_csum_blocks(c: &mut Checker) {
     for ag in 0..geo.ag_count {
         for i in 0..geo.csum_blocks {
             let blk = geo.csum_start(ag) + i;
+            let first = i * geo.csums_per_block;
             let mut b = match c
                 .meta
                 .read(blk, magic::CSUM, "checksum block")
                 .map(|b| b.to_vec())
             {
                 Ok(b) => b,
+                Err(Error::Corrupted { reason, .. }) if c.repair => {
+                    match salvage_csums(c, blk, ag, first, reason) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            c.err(e);
+                            continue;
+                        }
+                    }
+                }
                 Err(e) => {
                     c.err(e);
                     continue;
@@ -1245,6 +1463,33 @@ fn check_csum_blocks(c: &mut Checker) {
             }
         }
     }
+}
+
+/// Checksum block `blk` (AG `ag`, from entry `first`) does not verify
+/// (`reason`). A repair writes it anew with the entries as they stand:
+/// a damaged header then costs nothing, and a damaged entry makes its
+/// block fail its check (EIO, and `fsck --data` names it), never pass a
+/// wrong block off as good. Recomputing the entries from the data would
+/// bless whatever damage the data holds. Returns the new block.
+fn salvage_csums(
+    c: &mut Checker,
+    blk: u64,
+    ag: u32,
+    first: u64,
+    reason: String,
+) -> Result<Vec<u8>> {
+    let bs = c.meta.geo.block_size as usize;
+    let mut old = AlignedBuf::zeroed(bs);
+    c.meta.dev.read_at(&mut old, blk * bs as u64)?;
+    let message = format!("{reason}; rebuilt, its entries kept");
+    c.fixed("checksum block", blk, message);
+    let uuid = c.meta.uuid;
+    let b = c.meta.create(blk, Kind::Header);
+    csum::init(b, blk, uuid, ag, first);
+    b[csum::ENTRIES_OFFSET..].copy_from_slice(&old[csum::ENTRIES_OFFSET..]);
+    let b = b.to_vec();
+    c.maybe_commit();
+    Ok(b)
 }
 
 fn check_data(c: &mut Checker) {
