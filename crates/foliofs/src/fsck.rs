@@ -215,7 +215,44 @@ pub fn fsck(
     opts: &FsckOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Report> {
-    let mut sb = meta::read_superblock(&*dev)?;
+    let mut sb_problems = Vec::new();
+    let mut sb = match meta::read_superblock(&*dev) {
+        Ok(mut sb) => {
+            for e in meta::damaged_superblock_slots(&*dev, sb.block_size)? {
+                let Error::Corrupted { addr, reason, .. } = e else {
+                    return Err(e);
+                };
+                if opts.repair {
+                    // The next write goes to the slot after the one in
+                    // use: the damaged one, whichever it is.
+                    meta::write_superblock(&*dev, &mut sb)?;
+                }
+                let done = if opts.repair { "; rewritten" } else { "" };
+                let message = format!("slot {addr}: {reason}{done}");
+                sb_problems.push((addr, message));
+            }
+            sb
+        }
+        Err(e @ Error::Corrupted { .. }) => {
+            let Ok((mut sb, at)) = meta::read_superblock_backup(&*dev) else {
+                return Err(e);
+            };
+            if opts.repair {
+                meta::write_superblock(&*dev, &mut sb)?;
+                meta::write_superblock(&*dev, &mut sb)?;
+            }
+            let message = match opts.repair {
+                true => format!(
+                    "{e}; both slots rewritten from the copy at block {at} \
+                     (the journal not replayed: what it held is lost)"
+                ),
+                false => format!("{e}; the copy at block {at} is good"),
+            };
+            sb_problems.push((0, message));
+            sb
+        }
+        Err(e) => return Err(e),
+    };
     meta::check_device_size(&*dev, &sb)?;
     let (dev, replayed) = if opts.repair {
         let n = meta::replay(&*dev, &mut sb)?;
@@ -248,6 +285,9 @@ pub fn fsck(
         dirs: Vec::new(),
         dirents: Vec::new(),
     };
+    for (addr, message) in sb_problems {
+        c.fixed("superblock", addr, message);
+    }
     let geo = c.meta.geo.clone();
     // Fixed metadata of every AG, and the journal.
     for ag in 0..geo.ag_count {
