@@ -325,6 +325,17 @@ pub fn fsck(
             }
         }
     }
+    // Inode 0 is reserved: its bit stays set, or the allocator could
+    // hand it out (and the mount's free count would differ from ours).
+    if !imap_used[0] && !c.imap_lost.contains(&geo.imap_start(0)) {
+        let message = "reserved inode 0 is marked free".to_string();
+        c.fixed("inode bitmap", geo.imap_start(0), message);
+        if c.repair {
+            if let Err(e) = set_imap(&mut c, 0, true) {
+                c.err(e);
+            }
+        }
+    }
     for ino in 1..slots {
         if ino % 4096 == 0 {
             progress(ino, slots);
