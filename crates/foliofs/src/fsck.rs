@@ -96,8 +96,9 @@ struct Checker {
     /// Repairs of directory entries, made through a mount once the rest
     /// is repaired, each with the index of the problem it fixes.
     entry_fixes: Vec<(EntryFix, usize)>,
-    /// Runs of written data blocks: (first block, count, inode).
-    written: Vec<(u64, u64, u64)>,
+    /// Runs of written data blocks: (first block, count, inode, first
+    /// file block), so `fsck --data` names each file and offset.
+    written: Vec<(u64, u64, u64, u64)>,
     used: Vec<u64>,
     links: HashMap<u64, u32>,
     subdirs: HashMap<u64, u32>,
@@ -531,7 +532,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 nblocks += e.len;
                 c.claim(e.pblk, e.len, ino, "extent");
                 if !e.unwritten {
-                    c.written.push((e.pblk, e.len, ino));
+                    c.written.push((e.pblk, e.len, ino, e.lblk));
                 }
             }
             Err(e) => c.err(e),
@@ -1323,7 +1324,7 @@ fn free_inodes(c: &mut Checker, inos: &[u64]) -> Result<()> {
     for b in owned {
         c.release(b);
     }
-    c.written.retain(|(_, _, ino)| !set.contains(ino));
+    c.written.retain(|(_, _, ino, _)| !set.contains(ino));
     Ok(())
 }
 
@@ -1545,13 +1546,13 @@ fn salvage_csums(
 
 fn check_data(c: &mut Checker) {
     let bs = c.meta.geo.block_size as usize;
-    let mut written: Vec<(u64, u64)> = std::mem::take(&mut c.written)
+    let mut written: Vec<(u64, u64, u64)> = std::mem::take(&mut c.written)
         .into_iter()
-        .flat_map(|(p, n, ino)| (p..p + n).map(move |b| (b, ino)))
+        .flat_map(|(p, n, ino, l)| (0..n).map(move |i| (p + i, ino, (l + i) * bs as u64)))
         .collect();
     written.sort_unstable();
     let mut buf = AlignedBuf::zeroed(bs);
-    for (b, ino) in written {
+    for (b, ino, offset) in written {
         let mut crc = Vec::new();
         if let Err(e) = crate::csums::get_csums(&mut c.meta, b, 1, &mut crc) {
             c.err(e);
@@ -1562,7 +1563,10 @@ fn check_data(c: &mut Checker) {
             c.problem(
                 "data block",
                 b,
-                format!("inode {ino}: written data block without a checksum (unverified)"),
+                format!(
+                    "inode {ino} offset {offset}: written data block without a checksum \
+                     (unverified)"
+                ),
             );
             continue;
         }
@@ -1575,7 +1579,7 @@ fn check_data(c: &mut Checker) {
             c.problem(
                 "data block",
                 b,
-                format!("inode {ino}: data checksum mismatch"),
+                format!("inode {ino} offset {offset}: data checksum mismatch"),
             );
         }
     }
