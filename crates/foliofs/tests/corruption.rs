@@ -1094,3 +1094,44 @@ fn a_repair_rebuilds_bitmaps_ag_headers_and_checksum_blocks() {
     fs.write(f.ino, 0, &[7; 65536]).unwrap();
     fs.unmount().unwrap();
 }
+
+/// A journal damaged in its live part (a crash left transactions not yet
+/// written home): replay stops at the damaged transaction, the repair
+/// mends what the lost ones leave, and the log starts past every number
+/// in it, so nothing stale replays later.
+#[test]
+fn a_repair_of_a_damaged_live_journal_leaves_a_clean_image() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    for i in 0..20u8 {
+        let f = fs.create(root, &[b'f', b'a' + i], 0o644, 0, 0).unwrap();
+        fs.write(f.ino, 0, &[i + 1; 5000]).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    let image = dev.image();
+    drop(fs);
+    let sb = foliofs::meta::read_superblock(&MemDevice::from_image(image.clone())).unwrap();
+    let geo = Geometry::new(&sb);
+    // The second descriptor of the live log: its transaction and every
+    // one after it are lost, the first is replayed.
+    let descs: Vec<u64> = (0..geo.journal_blocks)
+        .map(|p| geo.journal_start + p)
+        .filter(|&b| {
+            let at = (b * 4096) as usize;
+            image[at..at + 4] == foliofs::format::magic::JOURNAL_DESC.to_le_bytes()
+        })
+        .collect();
+    assert!(descs.len() > 2, "{descs:?}");
+    let mut bytes = image;
+    bytes[(descs[1] * 4096) as usize + 100] ^= 1;
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    let r = fsck_of(&dev, true);
+    assert_eq!(r.journal_replayed, 1);
+    assert!(r.exit_code() <= 1, "{:?}", r.problems);
+    let again = fsck_of(&dev, false);
+    assert!(again.is_clean(), "after the repair: {:?}", again.problems);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    fs.create(root, b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
