@@ -17,6 +17,7 @@ use crate::format::extent::Extent;
 use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
 use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
 use crate::format::{bitmap, csum, data_crc, magic};
+use crate::fs::RENAME_NOREPLACE;
 use crate::meta::{self, Kind, Meta};
 use crate::{Fs, MountOptions};
 use serde::Serialize;
@@ -96,6 +97,10 @@ struct Checker {
     /// Repairs of directory entries, made through a mount once the rest
     /// is repaired, each with the index of the problem it fixes.
     entry_fixes: Vec<(EntryFix, usize)>,
+    /// Entries that still read in a directory tree a repair dropped:
+    /// (directory, name, inode). What they name is put back under its
+    /// name once it is named in /lost+found (`fix_entries`).
+    salvaged: Vec<(u64, Vec<u8>, u64)>,
     /// Runs of written data blocks: (first block, count, inode, first
     /// file block), so `fsck --data` names each file and offset.
     written: Vec<(u64, u64, u64, u64)>,
@@ -277,6 +282,7 @@ pub fn fsck(
         orphan_blocks: Vec::new(),
         imap_lost: HashSet::new(),
         entry_fixes: Vec::new(),
+        salvaged: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -359,7 +365,7 @@ pub fn fsck(
         c.meta.checkpoint()?;
         if !c.entry_fixes.is_empty() {
             drop(c.meta);
-            fix_entries(dev, &mut c.entry_fixes, &mut c.report);
+            fix_entries(dev, &mut c.entry_fixes, &c.salvaged, &mut c.report);
         }
     }
     Ok(c.report)
@@ -481,7 +487,15 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                     }
                 }
                 Err(e) if kind == FileType::Dir => {
-                    let lost = "its entries removed (what they named goes to /lost+found)";
+                    if c.repair {
+                        for (k, v) in surviving_entries(c, &t, d.fork_root) {
+                            if let Ok(de) = dir::decode(ino, k, &v) {
+                                c.salvaged.push((ino, de.name, de.ino));
+                            }
+                        }
+                    }
+                    let lost = "its entries removed (what they named goes to /lost+found, \
+                                put back under its name if its entry still read)";
                     return drop_tree(c, ino, e, lost, |d| {
                         (d.fork, d.fork_count, d.fork_root) = (ForkFormat::DirInline, 0, 0);
                     });
@@ -670,6 +684,33 @@ fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&
     }
     c.fixed(structure, addr, format!("inode {ino}: {reason}; {lost}"));
     edit_inode(c, ino, cut);
+}
+
+/// The leaf entries of tree `t` at `root` that still read, in key order:
+/// a node that does not read is passed over with everything below it (a
+/// repair's salvage). Each node is visited once, so a cycle ends.
+fn surviving_entries(c: &mut Checker, t: &Tree, root: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(blk) = stack.pop() {
+        if !seen.insert(blk) {
+            continue;
+        }
+        let Ok(node) = t.read(&mut c.meta, blk) else {
+            continue;
+        };
+        if node.level == 0 {
+            out.extend(node.entries);
+            continue;
+        }
+        for (_, v) in node.entries.iter().rev() {
+            if let Some(child) = v.get(..8).and_then(|b| b.try_into().ok()) {
+                stack.push(u64::from_le_bytes(child));
+            }
+        }
+    }
+    out
 }
 
 /// Every xattr entry decodes, every continuation belongs to a head in its
@@ -1103,7 +1144,12 @@ enum EntryFix {
 /// and retyped first (a removed one may be lost+found's), then what lost
 /// its name is named in /lost+found, made if missing. A failure leaves its problem
 /// unrepaired, with the reason.
-fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &mut Report) {
+fn fix_entries(
+    dev: Arc<dyn Device>,
+    fixes: &mut [(EntryFix, usize)],
+    salvaged: &[(u64, Vec<u8>, u64)],
+    report: &mut Report,
+) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
         let p = &mut report.problems[at];
         p.repaired = false;
@@ -1120,6 +1166,9 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
     };
     fixes.sort_by_key(|(fix, _)| matches!(fix, EntryFix::Name { .. }));
     let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
+    // Each inode named in /lost+found: its name there, and the problem
+    // whose repair named it.
+    let mut in_lost_found: HashMap<u64, (Vec<u8>, usize)> = HashMap::new();
     for (fix, at) in fixes.iter() {
         let r = match fix {
             EntryFix::Remove { dir, name, ino } => fs
@@ -1133,7 +1182,11 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             EntryFix::Name { ino, top } => {
                 let path = named.entry(*top).or_insert_with(|| {
                     fs.reconnect(*top)
-                        .map(|name| format!("/lost+found/{}", String::from_utf8_lossy(&name)))
+                        .map(|name| {
+                            let path = format!("/lost+found/{}", String::from_utf8_lossy(&name));
+                            in_lost_found.insert(*top, (name, *at));
+                            path
+                        })
                         .map_err(|e| e.to_string())
                 });
                 match (path.clone(), ino == top) {
@@ -1148,6 +1201,7 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             Err(why) => unrepaired(report, *at, why),
         }
     }
+    put_back(&fs, salvaged, &in_lost_found, report);
     if let Err(e) = fs.unmount() {
         report.problems.push(Problem {
             structure: "device".into(),
@@ -1155,6 +1209,32 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             message: format!("unmount after repairing directory entries: {e}"),
             repaired: false,
         });
+    }
+}
+
+/// Put what a dropped directory tree named, now in /lost+found, back
+/// under the names its entries that still read gave it (a rename, which
+/// keeps its link count). One that cannot go back (the name is taken
+/// meanwhile) stays in /lost+found, reachable: that is said on its line.
+fn put_back(
+    fs: &Fs,
+    salvaged: &[(u64, Vec<u8>, u64)],
+    in_lost_found: &HashMap<u64, (Vec<u8>, usize)>,
+    report: &mut Report,
+) {
+    let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") else {
+        return;
+    };
+    for (dir, name, ino) in salvaged {
+        let Some((there, at)) = in_lost_found.get(ino) else {
+            continue;
+        };
+        let shown = String::from_utf8_lossy(name);
+        let done = match fs.rename(lf.ino, there, *dir, name, RENAME_NOREPLACE) {
+            Ok(()) => format!("; put back as {shown:?} in directory {dir}"),
+            Err(e) => format!("; not put back as {shown:?} in directory {dir}: {e}"),
+        };
+        report.problems[*at].message += &done;
     }
 }
 

@@ -1015,8 +1015,17 @@ fn a_repair_empties_a_file_whose_extent_tree_is_damaged() {
     fs.unmount().unwrap();
 }
 
-/// A directory tree node that does not decode: the directory is emptied
-/// and every file it named is named in /lost+found.
+/// Names in directory `dir`, "." and ".." aside.
+fn names_in(fs: &Fs, dir: u64) -> Vec<Vec<u8>> {
+    let list = fs.readdir(dir, 0, 1000).unwrap();
+    list.into_iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| e.name)
+        .collect()
+}
+
+/// A directory tree's root node that does not decode: the directory is
+/// emptied and every file it named is named in /lost+found.
 #[test]
 fn a_repair_sends_a_damaged_directory_s_files_to_lost_found() {
     let img = build();
@@ -1025,16 +1034,43 @@ fn a_repair_sends_a_damaged_directory_s_files_to_lost_found() {
     assert!(r
         .problems
         .iter()
-        .any(|p| p.addr == root && p.message.ends_with("(what they named goes to /lost+found)")));
-    let names = |dir: u64| {
-        let list = fs.readdir(dir, 0, 1000).unwrap();
-        list.into_iter()
-            .filter(|e| e.name != b"." && e.name != b"..")
-            .count()
-    };
-    assert_eq!(names(img.dir), 0);
+        .any(|p| p.addr == root && p.message.contains("(what they named goes to /lost+found")));
+    assert_eq!(names_in(&fs, img.dir).len(), 0);
     let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
-    assert_eq!(names(lf), 300);
+    assert_eq!(names_in(&fs, lf).len(), 300);
+    fs.unmount().unwrap();
+}
+
+/// A directory tree's leaf that does not decode: the entries the other
+/// leaves hold are put back under their names, those of the damaged one
+/// are named in /lost+found.
+#[test]
+fn a_repair_puts_back_the_entries_of_a_directory_tree_that_still_read() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    let img = build();
+    let root = inode(&img, img.dir).fork_root;
+    let at = (root * 4096) as usize;
+    let node = Node::decode(&img.bytes[at..at + 4096], root, img.dir, TreeType::Dir).unwrap();
+    assert!(node.level > 0, "the directory's tree should have leaves");
+    let leaf = u64::from_le_bytes(node.entries[0].1[..8].try_into().unwrap());
+    let (r, fs) = repair_of(&img, |b| zero_block(b, leaf));
+    let back = r
+        .problems
+        .iter()
+        .filter(|p| p.message.contains("; put back as "))
+        .count();
+    let kept = names_in(&fs, img.dir);
+    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
+    let lost = names_in(&fs, lf);
+    assert_eq!(back, kept.len());
+    assert!(
+        !lost.is_empty() && kept.len() > lost.len(),
+        "{kept:?} {lost:?}"
+    );
+    assert_eq!(kept.len() + lost.len(), 300);
+    for name in kept {
+        assert!(name.starts_with(b"entry-"), "{name:?}");
+    }
     fs.unmount().unwrap();
 }
 
