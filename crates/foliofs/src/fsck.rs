@@ -381,10 +381,30 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     };
     let decoded = match DiskInode::is_blank(&slot) {
         true => None,
-        false => match DiskInode::decode(&slot, ino, blk, &uuid) {
-            Ok(d) => Some(d),
-            Err(e) => return clear_inode(c, ino, marked, e),
-        },
+        false => {
+            match DiskInode::decode(&slot, ino, blk, &uuid) {
+                Ok(d) => Some(d),
+                Err(e) => match sound_directory(c, &slot, ino, blk, marked) {
+                    Some(d) => {
+                        let Error::Corrupted { reason, .. } = e else {
+                            return c.err(e);
+                        };
+                        let done = match c.repair {
+                        true => "; a directory's record otherwise sound: kept, its checksum rewritten",
+                        false => "; a directory's record otherwise sound",
+                    };
+                        let message = format!("{reason}{done}");
+                        c.fixed("inode", blk, message);
+                        if c.repair {
+                            d.encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+                            c.maybe_commit();
+                        }
+                        Some(d)
+                    }
+                    None => return clear_inode(c, ino, marked, e),
+                },
+            }
+        }
     };
     let in_use = decoded.as_ref().is_some_and(|d| d.mode != 0);
     if in_use != marked && c.imap_lost.contains(&geo.imap_loc(ino).0) {
@@ -563,6 +583,38 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         );
         edit_inode(c, ino, |d| d.nblocks = nblocks);
     }
+}
+
+/// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) fails
+/// only its checksum and holds a directory whose every other field and
+/// inline entry checks: kept, as e2fsck keeps an inode whose checksum
+/// alone is wrong, for clearing it would send everything it names to
+/// /lost+found. A bit flipped in what it points to is caught after: its
+/// tree's nodes carry their own checksums and owner, the link checks
+/// count every entry, and each entry's key is the hash of its name. A
+/// file's record is never kept so: a flipped extent could pass another
+/// file's or a free block off as its data.
+fn sound_directory(
+    c: &Checker,
+    slot: &[u8],
+    ino: u64,
+    blk: u64,
+    marked: bool,
+) -> Option<DiskInode> {
+    let mut copy = slot.to_vec();
+    let crc = crate::format::crc_with_hole(&copy, 4);
+    copy[4..8].copy_from_slice(&crc.to_le_bytes());
+    let d = DiskInode::decode(&copy, ino, blk, &c.meta.uuid).ok()?;
+    let fork = d.decode_fork(blk).ok()?;
+    let sound = marked
+        && FileType::from_mode(d.mode) == Some(FileType::Dir)
+        && d.flags & !FLAGS_KNOWN == 0
+        && match fork {
+            Fork::Inline(entries) => entries.iter().all(|(k, v)| dir::decode(ino, *k, v).is_ok()),
+            Fork::Tree => d.fork_root != 0,
+            Fork::Symlink(_) => false,
+        };
+    sound.then_some(d)
 }
 
 /// Inode `ino`'s slot does not decode (`e`). A repair zeroes it and

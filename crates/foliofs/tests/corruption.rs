@@ -982,16 +982,36 @@ fn a_repair_clears_an_inode_slot_that_does_not_decode() {
     fs.unmount().unwrap();
 }
 
-/// The root's slot does not decode: a new, empty root, and what it named
+/// A directory's slot whose checksum alone fails is kept (clearing it
+/// would send all it names to /lost+found); a file's is cleared (above).
+#[test]
+fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.dir);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 1);
+    assert_names(
+        &r,
+        &format!(
+            "inode {}: checksum mismatch; a directory's record otherwise sound: kept, \
+             its checksum rewritten",
+            img.dir
+        ),
+        true,
+    );
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
+    fs.unmount().unwrap();
+}
+
+/// The root's slot does not decode (not its checksum alone): a new, empty root, and what it named
 /// (found by the directories' own records) in /lost+found.
 #[test]
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(1);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 44] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
     assert_names(
         &r,
-        "inode 1: checksum mismatch; the root directory made anew, empty",
+        "inode 1: bad magic; the root directory made anew, empty",
         true,
     );
     let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
