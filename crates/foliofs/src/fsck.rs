@@ -446,11 +446,13 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let ag = geo.inode_ag(ino);
     c.inodes.insert(ino, (kind, d.nlink, d.parent, d.flags));
     if d.flags & !FLAGS_KNOWN != 0 {
-        c.problem(
+        // No version of the engine sets them: a repair clears them.
+        c.fixed(
             "inode",
             blk,
             format!("inode {ino}: unknown flags {:#x}", d.flags & !FLAGS_KNOWN),
         );
+        edit_inode(c, ino, |d| d.flags &= FLAGS_KNOWN);
     }
     if kind == FileType::Dir {
         c.dirs.push(ino);

@@ -1191,3 +1191,17 @@ fn a_repair_of_a_damaged_live_journal_leaves_a_clean_image() {
     fs.unmount().unwrap();
     assert!(fsck_of(&dev, false).is_clean());
 }
+
+/// Flags no version of the engine sets are named, and a repair clears
+/// them.
+#[test]
+fn a_repair_clears_unknown_inode_flags() {
+    let (dev, fs, _) = fresh_fs();
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    raw.edit(a, |d| d.flags |= 1 << 30);
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(&r, &format!("inode {a}: unknown flags 0x40000000"), true);
+    assert_eq!(Raw::of(dev.image()).inode(a).flags & (1 << 30), 0);
+}
