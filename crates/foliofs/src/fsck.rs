@@ -14,7 +14,9 @@ use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
 use crate::format::extent::Extent;
-use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
+use crate::format::inode::{
+    inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
+};
 use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
 use crate::format::{bitmap, csum, data_crc, magic};
 use crate::fs::RENAME_NOREPLACE;
@@ -487,6 +489,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
         Fork::Tree => {
@@ -522,12 +525,19 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                         (d.fork, d.fork_count, d.fork_root) = (ForkFormat::DirInline, 0, 0);
                     });
                 }
-                Err(e) => {
-                    return drop_tree(c, ino, e, "its data removed, left empty", |d| {
-                        (d.fork, d.fork_count, d.fork_root) = (ForkFormat::Extents, 0, 0);
-                        (d.size, d.nblocks) = (0, 0);
-                    });
-                }
+                Err(e) if !c.repair => return c.err(e),
+                Err(e) => match salvage_extents(c, &t, &d, e) {
+                    // Checked below as the repair leaves them.
+                    Some((kept, cut)) => {
+                        (d.fork, d.fork_root) = (ForkFormat::Extents, 0);
+                        d.size = d.size.min(cut);
+                        set_inline(&mut d, &kept);
+                        let new = d.clone();
+                        edit_inode(c, ino, |d| *d = new);
+                        entries = kept;
+                    }
+                    None => return,
+                },
             }
         }
         Fork::Symlink(_) => {}
@@ -738,6 +748,96 @@ fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&
     }
     c.fixed(structure, addr, format!("inode {ino}: {reason}; {lost}"));
     edit_inode(c, ino, cut);
+}
+
+/// Tree or inline fork entries: (key, value).
+type Entries = Vec<(u64, Vec<u8>)>;
+
+/// A file's extent tree did not read whole (`e`): a repair keeps the
+/// extents before the first that was lost, as many as fit inline, and
+/// cuts the file there, for a hole in place of what was lost would pass
+/// zeros off as its data. Returns them and the size (bytes) to cut the
+/// file to; None when the error is not corruption (it is named).
+fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option<(Entries, u64)> {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        c.err(e);
+        return None;
+    };
+    let (survivors, lost_from) = surviving_prefix(c, t, d.fork_root);
+    let mut kept = Vec::new();
+    let mut cut_blk = lost_from;
+    for (k, v) in survivors {
+        let fits = inline_len(&kept) + 10 + v.len() <= LITERAL_SIZE;
+        if k >= lost_from || !fits {
+            cut_blk = cut_blk.min(k);
+            break;
+        }
+        kept.push((k, v));
+    }
+    let bs = c.meta.geo.block_size;
+    let cut = cut_blk.saturating_mul(bs);
+    let done = match (kept.is_empty(), d.size > cut) {
+        (true, _) => "its data removed, left empty".to_string(),
+        (false, true) => format!(
+            "the {} extents before the damage kept, the file cut at byte {cut}",
+            kept.len()
+        ),
+        (false, false) => format!("its {} extents kept", kept.len()),
+    };
+    let ino = d.ino;
+    c.fixed(structure, addr, format!("inode {ino}: {reason}; {done}"));
+    let cut = if kept.is_empty() { 0 } else { cut };
+    Some((kept, cut))
+}
+
+/// Pack `entries` into `d`'s literal area, as inline fork entries (key
+/// u64, length u16, value); the caller checked that they fit.
+fn set_inline(d: &mut DiskInode, entries: &[(u64, Vec<u8>)]) {
+    d.literal.fill(0);
+    let mut at = 0;
+    for (k, v) in entries {
+        d.literal[at..at + 8].copy_from_slice(&k.to_le_bytes());
+        d.literal[at + 8..at + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
+        d.literal[at + 10..at + 10 + v.len()].copy_from_slice(v);
+        at += 10 + v.len();
+    }
+    d.fork_count = entries.len() as u16;
+}
+
+/// The leaf entries of tree `t` at `root` that read, in key order, up to
+/// the first node that does not: they and the lowest key that node (by
+/// its parent's lower bound) could hold; every key from it on is lost.
+/// u64::MAX when everything read.
+fn surviving_prefix(c: &mut Checker, t: &Tree, root: u64) -> (Vec<(u64, Vec<u8>)>, u64) {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![(root, 0u64)];
+    while let Some((blk, low)) = stack.pop() {
+        let node = match seen.insert(blk) {
+            true => t.read(&mut c.meta, blk).ok(),
+            false => None,
+        };
+        let Some(node) = node else {
+            return (out, low);
+        };
+        if node.level == 0 {
+            out.extend(node.entries);
+            continue;
+        }
+        for (k, v) in node.entries.iter().rev() {
+            let child = v.get(..8).and_then(|b| b.try_into().ok());
+            match child {
+                Some(child) => stack.push((u64::from_le_bytes(child), *k)),
+                None => return (out, *k),
+            }
+        }
+    }
+    (out, u64::MAX)
 }
 
 /// The leaf entries of tree `t` at `root` that still read, in key order:

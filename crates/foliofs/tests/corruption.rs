@@ -1205,3 +1205,35 @@ fn a_repair_clears_unknown_inode_flags() {
     assert_names(&r, &format!("inode {a}: unknown flags 0x40000000"), true);
     assert_eq!(Raw::of(dev.image()).inode(a).flags & (1 << 30), 0);
 }
+
+/// An extent tree leaf past the first that does not decode: the extents
+/// before it that fit inline are kept and the file is cut where they
+/// end, so what it still reads is its own data and its own holes.
+#[test]
+fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    let img = build();
+    let root = inode(&img, img.big).fork_root;
+    let at = (root * 4096) as usize;
+    let node = Node::decode(&img.bytes[at..at + 4096], root, img.big, TreeType::Extents).unwrap();
+    assert!(node.level > 0 && node.entries.len() > 1);
+    let leaf = u64::from_le_bytes(node.entries[1].1[..8].try_into().unwrap());
+    let (r, fs) = repair_of(&img, |b| b[(leaf * 4096) as usize + 300] ^= 1);
+    // 13 extents fit inline; the file is cut where the 14th starts.
+    let kept = "the 13 extents before the damage kept, the file cut at byte ";
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.addr == leaf && p.message.contains(kept) && p.repaired)
+        .unwrap_or_else(|| panic!("{:?}", r.problems));
+    let cut: u64 = p.message.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(cut > 0 && cut % 4096 == 0, "{cut}");
+    assert_eq!(fs.getattr(img.big).unwrap().size, cut);
+    let mut buf = vec![0; cut as usize];
+    assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
+    for (blk, data) in buf.chunks(4096).enumerate() {
+        let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {blk}");
+    }
+    fs.unmount().unwrap();
+}
