@@ -226,18 +226,20 @@ pub fn fsck(
     let mut sb_problems = Vec::new();
     let mut sb = match meta::read_superblock(&*dev) {
         Ok(mut sb) => {
-            for e in meta::damaged_superblock_slots(&*dev, sb.block_size)? {
+            // One slot that does not decode is what a torn superblock
+            // write leaves, by design: a check does not count it, and a
+            // repair rewrites it (the next write goes to the slot after
+            // the one in use: the damaged one, whichever it is).
+            let damaged = match opts.repair {
+                true => meta::damaged_superblock_slots(&*dev, sb.block_size)?,
+                false => Vec::new(),
+            };
+            for e in damaged {
                 let Error::Corrupted { addr, reason, .. } = e else {
                     return Err(e);
                 };
-                if opts.repair {
-                    // The next write goes to the slot after the one in
-                    // use: the damaged one, whichever it is.
-                    meta::write_superblock(&*dev, &mut sb)?;
-                }
-                let done = if opts.repair { "; rewritten" } else { "" };
-                let message = format!("slot {addr}: {reason}{done}");
-                sb_problems.push((addr, message));
+                meta::write_superblock(&*dev, &mut sb)?;
+                sb_problems.push((addr, format!("slot {addr}: {reason}; rewritten")));
             }
             sb
         }
