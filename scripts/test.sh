@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
 # FUSE tests with real programs (fio, tar, git, sqlite3, cp -a, PostgreSQL,
-# pjdfstest, stress-ng, the corruption campaign beside e2fsck) over both
+# pjdfstest, stress-ng) over both
 # FUSE transports (io_uring rings where the kernel has them, /dev/fuse), CLI smoke.
 # FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng e2fsprogs python3"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng python3 e2fsprogs"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
@@ -47,14 +47,6 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
 else
   echo "SKIPPED: pjdfstest needs /dev/fuse and root"
 fi
-echo "== stress-ng's file system stressors through a FUSE mount, as root and as nobody"
-if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ]; then
-  bash scripts/stress-ng.sh target/release/foliofs 30
-elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
-  echo "stress-ng: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing" >&2; exit 1
-else
-  echo "SKIPPED: stress-ng needs /dev/fuse and root"
-fi
 echo "== corruption campaign: fsck --repair beside e2fsck -fy on the same damage, 20 seeds"
 if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ] && command -v mkfs.ext4 >/dev/null; then
   cargo build --locked --release -p foliofs-cli -q
@@ -63,6 +55,14 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
   echo "corruption campaign: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse, root or mkfs.ext4 is missing" >&2; exit 1
 else
   echo "SKIPPED: the corruption campaign needs /dev/fuse, root and e2fsprogs"
+fi
+echo "== stress-ng's file system stressors through a FUSE mount, as root and as nobody"
+if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ]; then
+  bash scripts/stress-ng.sh target/release/foliofs 30
+elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
+  echo "stress-ng: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing" >&2; exit 1
+else
+  echo "SKIPPED: stress-ng needs /dev/fuse and root"
 fi
 echo "== CLI smoke"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
