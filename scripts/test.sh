@@ -48,6 +48,15 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
 else
   echo "SKIPPED: pjdfstest needs /dev/fuse and root"
 fi
+echo "== corruption campaign: fsck --repair beside e2fsck -fy on the same damage, 20 seeds"
+if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ] && command -v mkfs.ext4 >/dev/null; then
+  cargo build --locked --release -p foliofs-cli -q
+  bash scripts/corruption-campaign.sh target/release/foliofs 20
+elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
+  echo "corruption campaign: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse, root or mkfs.ext4 is missing" >&2; exit 1
+else
+  echo "SKIPPED: the corruption campaign needs /dev/fuse, root and e2fsprogs"
+fi
 echo "== stress-ng's file system stressors through a FUSE mount, as root and as nobody"
 if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ]; then
   bash scripts/stress-ng.sh target/release/foliofs 30

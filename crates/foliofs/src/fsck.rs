@@ -14,10 +14,13 @@ use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
 use crate::format::extent::Extent;
-use crate::format::inode::{DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE};
-use crate::format::inode::{FileType, Fork};
+use crate::format::inode::{
+    inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
+};
+use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
 use crate::format::{bitmap, csum, data_crc, magic};
-use crate::meta::{self, Meta};
+use crate::fs::RENAME_NOREPLACE;
+use crate::meta::{self, Kind, Meta};
 use crate::{Fs, MountOptions};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -90,11 +93,19 @@ struct Checker {
     unlinked: Vec<u64>,
     /// The orphan tree's blocks.
     orphan_blocks: Vec<u64>,
+    /// Inode bitmap blocks that did not read: named once, and a repair
+    /// rebuilds them from the inodes (`check_inode`).
+    imap_lost: HashSet<u64>,
     /// Repairs of directory entries, made through a mount once the rest
     /// is repaired, each with the index of the problem it fixes.
     entry_fixes: Vec<(EntryFix, usize)>,
-    /// Runs of written data blocks: (first block, count, inode).
-    written: Vec<(u64, u64, u64)>,
+    /// Entries that still read in a directory tree a repair dropped:
+    /// (directory, name, inode). What they name is put back under its
+    /// name once it is named in /lost+found (`fix_entries`).
+    salvaged: Vec<(u64, Vec<u8>, u64)>,
+    /// Runs of written data blocks: (first block, count, inode, first
+    /// file block), so `fsck --data` names each file and offset.
+    written: Vec<(u64, u64, u64, u64)>,
     used: Vec<u64>,
     links: HashMap<u64, u32>,
     subdirs: HashMap<u64, u32>,
@@ -212,7 +223,46 @@ pub fn fsck(
     opts: &FsckOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Report> {
-    let mut sb = meta::read_superblock(&*dev)?;
+    let mut sb_problems = Vec::new();
+    let mut sb = match meta::read_superblock(&*dev) {
+        Ok(mut sb) => {
+            // One slot that does not decode is what a torn superblock
+            // write leaves, by design: a check does not count it, and a
+            // repair rewrites it (the next write goes to the slot after
+            // the one in use: the damaged one, whichever it is).
+            let damaged = match opts.repair {
+                true => meta::damaged_superblock_slots(&*dev, sb.block_size)?,
+                false => Vec::new(),
+            };
+            for e in damaged {
+                let Error::Corrupted { addr, reason, .. } = e else {
+                    return Err(e);
+                };
+                meta::write_superblock(&*dev, &mut sb)?;
+                sb_problems.push((addr, format!("slot {addr}: {reason}; rewritten")));
+            }
+            sb
+        }
+        Err(e @ Error::Corrupted { .. }) => {
+            let Ok((mut sb, at)) = meta::read_superblock_backup(&*dev) else {
+                return Err(e);
+            };
+            if opts.repair {
+                meta::write_superblock(&*dev, &mut sb)?;
+                meta::write_superblock(&*dev, &mut sb)?;
+            }
+            let message = match opts.repair {
+                true => format!(
+                    "{e}; both slots rewritten from the copy at block {at} \
+                     (the journal not replayed: what it held is lost)"
+                ),
+                false => format!("{e}; the copy at block {at} is good"),
+            };
+            sb_problems.push((0, message));
+            sb
+        }
+        Err(e) => return Err(e),
+    };
     meta::check_device_size(&*dev, &sb)?;
     let (dev, replayed) = if opts.repair {
         let n = meta::replay(&*dev, &mut sb)?;
@@ -234,7 +284,9 @@ pub fn fsck(
         freed: HashSet::new(),
         unlinked: Vec::new(),
         orphan_blocks: Vec::new(),
+        imap_lost: HashSet::new(),
         entry_fixes: Vec::new(),
+        salvaged: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -244,6 +296,9 @@ pub fn fsck(
         dirs: Vec::new(),
         dirents: Vec::new(),
     };
+    for (addr, message) in sb_problems {
+        c.fixed("superblock", addr, message);
+    }
     let geo = c.meta.geo.clone();
     // Fixed metadata of every AG, and the journal.
     for ag in 0..geo.ag_count {
@@ -269,7 +324,26 @@ pub fn fsck(
                         imap_used[idx as usize] = bitmap::get_bit(&b, bit as u32);
                     }
                 }
-                Err(e) => c.err(e),
+                Err(e) => {
+                    c.imap_lost.insert(blk);
+                    let first = i * geo.bits_per_bmap;
+                    let (per_ag, from) = (geo.inodes_per_ag, "the inodes");
+                    // Inode 0 is reserved; bits past the AG's inodes stay set.
+                    let fixed = |i: u64| i >= per_ag || (ag == 0 && i == 0);
+                    let ids = (magic::INODE_BITMAP, ag, first);
+                    rebuild_bitmap(&mut c, e, blk, ids, fixed, from);
+                }
+            }
+        }
+    }
+    // Inode 0 is reserved: its bit stays set, or the allocator could
+    // hand it out (and the mount's free count would differ from ours).
+    if !imap_used[0] && !c.imap_lost.contains(&geo.imap_start(0)) {
+        let message = "reserved inode 0 is marked free".to_string();
+        c.fixed("inode bitmap", geo.imap_start(0), message);
+        if c.repair {
+            if let Err(e) = set_imap(&mut c, 0, true) {
+                c.err(e);
             }
         }
     }
@@ -295,7 +369,7 @@ pub fn fsck(
         c.meta.checkpoint()?;
         if !c.entry_fixes.is_empty() {
             drop(c.meta);
-            fix_entries(dev, &mut c.entry_fixes, &mut c.report);
+            fix_entries(dev, &mut c.entry_fixes, &c.salvaged, &mut c.report);
         }
     }
     Ok(c.report)
@@ -309,16 +383,43 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         Ok(b) => b[off..off + INODE_SIZE].to_vec(),
         Err(e) => return c.err(e),
     };
-    let in_use = !DiskInode::is_blank(&slot) && {
-        match DiskInode::decode(&slot, ino, blk, &uuid) {
-            Ok(d) => d.mode != 0,
-            Err(e) => {
-                c.err(e);
-                return;
+    let decoded = match DiskInode::is_blank(&slot) {
+        true => None,
+        false => {
+            match DiskInode::decode(&slot, ino, blk, &uuid) {
+                Ok(d) => Some(d),
+                Err(e) => match sound_directory(c, &slot, ino, blk, marked) {
+                    Some(d) => {
+                        let Error::Corrupted { reason, .. } = e else {
+                            return c.err(e);
+                        };
+                        let done = match c.repair {
+                        true => "; a directory's record otherwise sound: kept, its checksum rewritten",
+                        false => "; a directory's record otherwise sound",
+                    };
+                        let message = format!("{reason}{done}");
+                        c.fixed("inode", blk, message);
+                        if c.repair {
+                            d.encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+                            c.maybe_commit();
+                        }
+                        Some(d)
+                    }
+                    None => return clear_inode(c, ino, marked, e),
+                },
             }
         }
     };
-    if in_use != marked {
+    let in_use = decoded.as_ref().is_some_and(|d| d.mode != 0);
+    if in_use != marked && c.imap_lost.contains(&geo.imap_loc(ino).0) {
+        // Its bitmap block was unreadable and is rebuilt from the inodes
+        // (named once, there).
+        if c.repair {
+            if let Err(e) = set_imap(c, ino, in_use) {
+                c.err(e);
+            }
+        }
+    } else if in_use != marked {
         c.fixed(
             "inode bitmap",
             geo.imap_loc(ino).0,
@@ -337,21 +438,25 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     if !in_use {
         return;
     }
-    let d = DiskInode::decode(&slot, ino, blk, &uuid).unwrap();
+    let Some(d) = decoded.filter(|d| d.mode != 0) else {
+        return;
+    };
     let fork = match d.decode_fork(blk) {
         Ok(f) => f,
-        Err(e) => return c.err(e),
+        Err(e) => return clear_inode(c, ino, true, e),
     };
     // decode_fork checked the type.
     let kind = FileType::from_mode(d.mode).unwrap_or(FileType::File);
     let ag = geo.inode_ag(ino);
     c.inodes.insert(ino, (kind, d.nlink, d.parent, d.flags));
     if d.flags & !FLAGS_KNOWN != 0 {
-        c.problem(
+        // No version of the engine sets them: a repair clears them.
+        c.fixed(
             "inode",
             blk,
             format!("inode {ino}: unknown flags {:#x}", d.flags & !FLAGS_KNOWN),
         );
+        edit_inode(c, ino, |d| d.flags &= FLAGS_KNOWN);
     }
     if kind == FileType::Dir {
         c.dirs.push(ino);
@@ -370,15 +475,23 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         Ok(())
     }) {
         Ok(blocks) => {
-            for b in blocks {
+            for &b in &blocks {
                 c.claim(b, 1, ino, "xattr tree");
             }
-            check_xattrs(c, ino, d.xattr_root, &xattrs);
+            let wrong = check_xattrs(c, ino, d.xattr_root, &xattrs);
+            if c.repair && !wrong.is_empty() {
+                // Each named above; the tree goes, its blocks with it.
+                for b in blocks {
+                    c.release(b);
+                }
+                edit_inode(c, ino, |d| d.xattr_root = 0);
+            }
         }
-        Err(e) => c.err(e),
+        Err(e) => drop_tree(c, ino, e, "its xattrs removed", |d| d.xattr_root = 0),
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
         Fork::Tree => {
@@ -400,7 +513,33 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                         c.claim(b, 1, ino, t.tt.name());
                     }
                 }
-                Err(e) => return c.err(e),
+                Err(e) if kind == FileType::Dir => {
+                    if c.repair {
+                        for (k, v) in surviving_entries(c, &t, d.fork_root) {
+                            if let Ok(de) = dir::decode(ino, k, &v) {
+                                c.salvaged.push((ino, de.name, de.ino));
+                            }
+                        }
+                    }
+                    let lost = "its entries removed (what they named goes to /lost+found, \
+                                put back under its name if its entry still read)";
+                    return drop_tree(c, ino, e, lost, |d| {
+                        (d.fork, d.fork_count, d.fork_root) = (ForkFormat::DirInline, 0, 0);
+                    });
+                }
+                Err(e) if !c.repair => return c.err(e),
+                Err(e) => match salvage_extents(c, &t, &d, e) {
+                    // Checked below as the repair leaves them.
+                    Some((kept, cut)) => {
+                        (d.fork, d.fork_root) = (ForkFormat::Extents, 0);
+                        d.size = d.size.min(cut);
+                        set_inline(&mut d, &kept);
+                        let new = d.clone();
+                        edit_inode(c, ino, |d| *d = new);
+                        entries = kept;
+                    }
+                    None => return,
+                },
             }
         }
         Fork::Symlink(_) => {}
@@ -441,14 +580,14 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 nblocks += e.len;
                 c.claim(e.pblk, e.len, ino, "extent");
                 if !e.unwritten {
-                    c.written.push((e.pblk, e.len, ino));
+                    c.written.push((e.pblk, e.len, ino, e.lblk));
                 }
             }
             Err(e) => c.err(e),
         }
     }
     if nblocks != d.nblocks {
-        c.problem(
+        c.fixed(
             "inode",
             blk,
             format!(
@@ -456,12 +595,285 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 d.nblocks
             ),
         );
+        edit_inode(c, ino, |d| d.nblocks = nblocks);
     }
+}
+
+/// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) fails
+/// only its checksum and holds a directory whose every other field and
+/// inline entry checks: kept, as e2fsck keeps an inode whose checksum
+/// alone is wrong, for clearing it would send everything it names to
+/// /lost+found. A bit flipped in what it points to is caught after: its
+/// tree's nodes carry their own checksums and owner, the link checks
+/// count every entry, and each entry's key is the hash of its name. A
+/// file's record is never kept so: a flipped extent could pass another
+/// file's or a free block off as its data.
+fn sound_directory(
+    c: &Checker,
+    slot: &[u8],
+    ino: u64,
+    blk: u64,
+    marked: bool,
+) -> Option<DiskInode> {
+    let mut copy = slot.to_vec();
+    let crc = crate::format::crc_with_hole(&copy, 4);
+    copy[4..8].copy_from_slice(&crc.to_le_bytes());
+    let d = DiskInode::decode(&copy, ino, blk, &c.meta.uuid).ok()?;
+    let fork = d.decode_fork(blk).ok()?;
+    let sound = marked
+        && FileType::from_mode(d.mode) == Some(FileType::Dir)
+        && d.flags & !FLAGS_KNOWN == 0
+        && match fork {
+            Fork::Inline(entries) => entries.iter().all(|(k, v)| dir::decode(ino, *k, v).is_ok()),
+            Fork::Tree => d.fork_root != 0,
+            Fork::Symlink(_) => false,
+        };
+    sound.then_some(d)
+}
+
+/// Inode `ino`'s slot does not decode (`e`). A repair zeroes it and
+/// clears its bit (if `marked`); the root is made anew, an empty
+/// directory. What the inode owned is not known: its blocks are claimed
+/// by no one, so the space check gives back those no other file claims;
+/// the entries naming it are removed as entries of a free inode, and what
+/// was below a directory is named in /lost+found by the link check.
+fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, addr, reason);
+    }
+    let root = ino == c.meta.sb.root_ino;
+    let done = match root {
+        true => "; the root directory made anew, empty",
+        false => "; cleared",
+    };
+    c.fixed(structure, addr, format!("{reason}{done}"));
+    let (blk, off) = c.meta.geo.inode_loc(ino);
+    let uuid = c.meta.uuid;
+    let slot = &mut c.meta.write(blk)[off..off + INODE_SIZE];
+    if root {
+        new_root(ino).encode(slot, &uuid);
+        c.inodes.insert(ino, (FileType::Dir, 2, ino, 0));
+        c.dirs.push(ino);
+    } else {
+        slot.fill(0);
+    }
+    if root || marked {
+        if let Err(e) = set_imap(c, ino, root) {
+            c.err(e);
+        }
+    }
+    c.maybe_commit();
+}
+
+/// An empty root directory, as mkfs makes it (owned by root).
+fn new_root(ino: u64) -> DiskInode {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = Timespec {
+        sec: now.as_secs() as i64,
+        nsec: now.subsec_nanos(),
+    };
+    DiskInode {
+        mode: 0o040755,
+        nlink: 2,
+        parent: ino,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        fork: ForkFormat::DirInline,
+        generation: 1,
+        ..DiskInode::new(ino)
+    }
+}
+
+/// Bitmap block `blk` did not read (`e`). A repair writes it anew (`ids`:
+/// magic, AG and first bit) with only the bits `fixed` names set (by
+/// index in the AG); the checks after set the others, without naming
+/// each.
+fn rebuild_bitmap(
+    c: &mut Checker,
+    e: Error,
+    blk: u64,
+    ids: (u32, u32, u64),
+    fixed: impl Fn(u64) -> bool,
+    from: &str,
+) {
+    let Error::Corrupted {
+        structure, reason, ..
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, blk, reason);
+    }
+    c.fixed(structure, blk, format!("{reason}; rebuilt from {from}"));
+    let (magic, ag, first) = ids;
+    let bits = c.meta.geo.bits_per_bmap;
+    let uuid = c.meta.uuid;
+    let b = c.meta.create(blk, Kind::Header);
+    bitmap::init(b, magic, blk, uuid, ag, first);
+    for i in 0..bits {
+        if fixed(first + i) {
+            bitmap::set_bit(b, i as u32, true);
+        }
+    }
+    c.maybe_commit();
+}
+
+/// A tree of inode `ino` did not read whole (`e`): a repair drops it, as
+/// `cut` leaves the inode (an empty directory, an empty file, no xattrs).
+/// Its blocks are claimed by no one, so the space check gives back those
+/// no other file claims; the files a directory named are named in
+/// /lost+found by the link check.
+fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&mut DiskInode)) {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        return c.err(e);
+    };
+    if !c.repair {
+        return c.problem(structure, addr, reason);
+    }
+    c.fixed(structure, addr, format!("inode {ino}: {reason}; {lost}"));
+    edit_inode(c, ino, cut);
+}
+
+/// Tree or inline fork entries: (key, value).
+type Entries = Vec<(u64, Vec<u8>)>;
+
+/// A file's extent tree did not read whole (`e`): a repair keeps the
+/// extents before the first that was lost, as many as fit inline, and
+/// cuts the file there, for a hole in place of what was lost would pass
+/// zeros off as its data. Returns them and the size (bytes) to cut the
+/// file to; None when the error is not corruption (it is named).
+fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option<(Entries, u64)> {
+    let Error::Corrupted {
+        structure,
+        addr,
+        reason,
+    } = e
+    else {
+        c.err(e);
+        return None;
+    };
+    let (survivors, lost_from) = surviving_prefix(c, t, d.fork_root);
+    let mut kept = Vec::new();
+    let mut cut_blk = lost_from;
+    for (k, v) in survivors {
+        let fits = inline_len(&kept) + 10 + v.len() <= LITERAL_SIZE;
+        if k >= lost_from || !fits {
+            cut_blk = cut_blk.min(k);
+            break;
+        }
+        kept.push((k, v));
+    }
+    let bs = c.meta.geo.block_size;
+    let cut = cut_blk.saturating_mul(bs);
+    let done = match (kept.is_empty(), d.size > cut) {
+        (true, _) => "its data removed, left empty".to_string(),
+        (false, true) => format!(
+            "the {} extents before the damage kept, the file cut at byte {cut}",
+            kept.len()
+        ),
+        (false, false) => format!("its {} extents kept", kept.len()),
+    };
+    let ino = d.ino;
+    c.fixed(structure, addr, format!("inode {ino}: {reason}; {done}"));
+    let cut = if kept.is_empty() { 0 } else { cut };
+    Some((kept, cut))
+}
+
+/// Pack `entries` into `d`'s literal area, as inline fork entries (key
+/// u64, length u16, value); the caller checked that they fit.
+fn set_inline(d: &mut DiskInode, entries: &[(u64, Vec<u8>)]) {
+    d.literal.fill(0);
+    let mut at = 0;
+    for (k, v) in entries {
+        d.literal[at..at + 8].copy_from_slice(&k.to_le_bytes());
+        d.literal[at + 8..at + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
+        d.literal[at + 10..at + 10 + v.len()].copy_from_slice(v);
+        at += 10 + v.len();
+    }
+    d.fork_count = entries.len() as u16;
+}
+
+/// The leaf entries of tree `t` at `root` that read, in key order, up to
+/// the first node that does not: they and the lowest key that node (by
+/// its parent's lower bound) could hold; every key from it on is lost.
+/// u64::MAX when everything read.
+fn surviving_prefix(c: &mut Checker, t: &Tree, root: u64) -> (Vec<(u64, Vec<u8>)>, u64) {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![(root, 0u64)];
+    while let Some((blk, low)) = stack.pop() {
+        let node = match seen.insert(blk) {
+            true => t.read(&mut c.meta, blk).ok(),
+            false => None,
+        };
+        let Some(node) = node else {
+            return (out, low);
+        };
+        if node.level == 0 {
+            out.extend(node.entries);
+            continue;
+        }
+        for (k, v) in node.entries.iter().rev() {
+            let child = v.get(..8).and_then(|b| b.try_into().ok());
+            match child {
+                Some(child) => stack.push((u64::from_le_bytes(child), *k)),
+                None => return (out, *k),
+            }
+        }
+    }
+    (out, u64::MAX)
+}
+
+/// The leaf entries of tree `t` at `root` that still read, in key order:
+/// a node that does not read is passed over with everything below it (a
+/// repair's salvage). Each node is visited once, so a cycle ends.
+fn surviving_entries(c: &mut Checker, t: &Tree, root: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(blk) = stack.pop() {
+        if !seen.insert(blk) {
+            continue;
+        }
+        let Ok(node) = t.read(&mut c.meta, blk) else {
+            continue;
+        };
+        if node.level == 0 {
+            out.extend(node.entries);
+            continue;
+        }
+        for (_, v) in node.entries.iter().rev() {
+            if let Some(child) = v.get(..8).and_then(|b| b.try_into().ok()) {
+                stack.push(u64::from_le_bytes(child));
+            }
+        }
+    }
+    out
 }
 
 /// Every xattr entry decodes, every continuation belongs to a head in its
 /// bucket, and every value joins whole (fragments 1..n, at most 64 KiB).
-fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) {
+/// Returns the problems it named: a repair removes the inode's xattrs.
+fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]) -> Vec<String> {
+    let mut wrong = Vec::new();
     use crate::format::xattr::{assemble, piece, Cont, Piece};
     let mut heads = Vec::new();
     let mut conts: HashMap<u64, Vec<Cont>> = HashMap::new();
@@ -472,30 +884,35 @@ fn check_xattrs(c: &mut Checker, ino: u64, root: u64, entries: &[(u64, Vec<u8>)]
                 .entry(k & !0xffff)
                 .or_default()
                 .push((head, index, data)),
-            None => c.problem(
-                "xattr",
-                root,
-                format!("inode {ino}: malformed xattr entry under key {k:#x}"),
-            ),
+            None => wrong.push(format!(
+                "inode {ino}: malformed xattr entry under key {k:#x}"
+            )),
         }
     }
     for (k, first) in &heads {
         let list = conts.get(&(k & !0xffff)).map_or(&[][..], |v| &v[..]);
         if let Err(why) = assemble(first, (k & 0xffff) as u16, list) {
-            c.problem("xattr", root, format!("inode {ino}: xattr {k:#x}: {why}"));
+            wrong.push(format!("inode {ino}: xattr {k:#x}: {why}"));
         }
     }
     for (bucket, list) in &conts {
         for (head, index, _) in list {
             if !heads.iter().any(|(k, _)| *k == bucket | *head as u64) {
-                c.problem(
-                    "xattr",
-                    root,
-                    format!("inode {ino}: xattr fragment {index} has no head {head}"),
-                );
+                wrong.push(format!(
+                    "inode {ino}: xattr fragment {index} has no head {head}"
+                ));
             }
         }
     }
+    for (i, message) in wrong.iter().enumerate() {
+        // A repair removes them all with the first.
+        let done = match i == 0 && c.repair {
+            true => "; the inode's xattrs removed",
+            false => "",
+        };
+        c.fixed("xattr", root, format!("{message}{done}"));
+    }
+    wrong
 }
 
 fn check_tree_and_links(c: &mut Checker) {
@@ -883,7 +1300,12 @@ enum EntryFix {
 /// and retyped first (a removed one may be lost+found's), then what lost
 /// its name is named in /lost+found, made if missing. A failure leaves its problem
 /// unrepaired, with the reason.
-fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &mut Report) {
+fn fix_entries(
+    dev: Arc<dyn Device>,
+    fixes: &mut [(EntryFix, usize)],
+    salvaged: &[(u64, Vec<u8>, u64)],
+    report: &mut Report,
+) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
         let p = &mut report.problems[at];
         p.repaired = false;
@@ -900,6 +1322,9 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
     };
     fixes.sort_by_key(|(fix, _)| matches!(fix, EntryFix::Name { .. }));
     let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
+    // Each inode named in /lost+found: its name there, and the problem
+    // whose repair named it.
+    let mut in_lost_found: HashMap<u64, (Vec<u8>, usize)> = HashMap::new();
     for (fix, at) in fixes.iter() {
         let r = match fix {
             EntryFix::Remove { dir, name, ino } => fs
@@ -913,7 +1338,11 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             EntryFix::Name { ino, top } => {
                 let path = named.entry(*top).or_insert_with(|| {
                     fs.reconnect(*top)
-                        .map(|name| format!("/lost+found/{}", String::from_utf8_lossy(&name)))
+                        .map(|name| {
+                            let path = format!("/lost+found/{}", String::from_utf8_lossy(&name));
+                            in_lost_found.insert(*top, (name, *at));
+                            path
+                        })
                         .map_err(|e| e.to_string())
                 });
                 match (path.clone(), ino == top) {
@@ -928,6 +1357,7 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
             Err(why) => unrepaired(report, *at, why),
         }
     }
+    put_back(&fs, salvaged, &in_lost_found, report);
     if let Err(e) = fs.unmount() {
         report.problems.push(Problem {
             structure: "device".into(),
@@ -938,21 +1368,45 @@ fn fix_entries(dev: Arc<dyn Device>, fixes: &mut [(EntryFix, usize)], report: &m
     }
 }
 
+/// Put what a dropped directory tree named, now in /lost+found, back
+/// under the names its entries that still read gave it (a rename, which
+/// keeps its link count). One that cannot go back (the name is taken
+/// meanwhile) stays in /lost+found, reachable: that is said on its line.
+fn put_back(
+    fs: &Fs,
+    salvaged: &[(u64, Vec<u8>, u64)],
+    in_lost_found: &HashMap<u64, (Vec<u8>, usize)>,
+    report: &mut Report,
+) {
+    let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") else {
+        return;
+    };
+    for (dir, name, ino) in salvaged {
+        let Some((there, at)) = in_lost_found.get(ino) else {
+            continue;
+        };
+        let shown = String::from_utf8_lossy(name);
+        let done = match fs.rename(lf.ino, there, *dir, name, RENAME_NOREPLACE) {
+            Ok(()) => format!("; put back as {shown:?} in directory {dir}"),
+            Err(e) => format!("; not put back as {shown:?} in directory {dir}: {e}"),
+        };
+        report.problems[*at].message += &done;
+    }
+}
+
 /// The orphan list against the inodes' flags and links. Its repair
 /// does what the next mount would: every inode with no links and no
 /// entries is freed, and the list is left empty; an inode with links
 /// keeps them and loses its orphan flag.
 fn check_orphans(c: &mut Checker) {
     let blk = c.meta.geo.agh_blk(0);
-    let root = match c
-        .meta
-        .read(blk, magic::AG_HEADER, "AG header")
-        .map(|b| b.to_vec())
-    {
-        Ok(b) => match AgHeader::decode(&b, blk, 0) {
-            Ok(h) => h.orphan_root,
-            Err(e) => return c.err(e),
-        },
+    // A repair rebuilds an AG header that does not read (`check_space`),
+    // with an empty list, and empties a list that does not read: what
+    // the list held is freed here if nothing names it, as a repair of the
+    // list does.
+    let (root, header_lost) = match read_ag_header(c, 0) {
+        Ok(h) => (h.orphan_root, false),
+        Err(Error::Corrupted { .. }) if c.repair => (0, true),
         Err(e) => return c.err(e),
     };
     let t = Tree {
@@ -961,6 +1415,7 @@ fn check_orphans(c: &mut Checker) {
         ag: 0,
     };
     let mut orphans = Vec::new();
+    let mut list_lost = false;
     match t.walk(&mut c.meta, root, |_, n| {
         orphans.extend(n.entries.iter().map(|(k, _)| *k));
         Ok(())
@@ -970,6 +1425,17 @@ fn check_orphans(c: &mut Checker) {
                 c.claim(b, 1, 0, "orphan tree");
             }
             c.orphan_blocks = blocks;
+        }
+        Err(Error::Corrupted {
+            structure,
+            addr,
+            reason,
+        }) if c.repair => {
+            // Its blocks, claimed by no one, go back with the space check.
+            orphans.clear();
+            list_lost = true;
+            let message = format!("{reason}; the list emptied, what it held freed if unnamed");
+            c.fixed(structure, addr, message);
         }
         Err(e) => return c.err(e),
     }
@@ -1014,7 +1480,7 @@ fn check_orphans(c: &mut Checker) {
             _ => {}
         }
     }
-    let wrong = lost || c.report.problems.len() > before;
+    let wrong = lost || header_lost || list_lost || c.report.problems.len() > before;
     if !(c.repair && wrong) {
         return;
     }
@@ -1024,9 +1490,19 @@ fn check_orphans(c: &mut Checker) {
         }
     }
     let unlinked = std::mem::take(&mut c.unlinked);
-    if let Err(e) = free_inodes(c, &unlinked).and_then(|()| empty_orphan_list(c, blk)) {
+    let emptied = free_inodes(c, &unlinked).and_then(|()| match header_lost {
+        true => Ok(()),
+        false => empty_orphan_list(c, blk),
+    });
+    if let Err(e) = emptied {
         c.err(e);
     }
+}
+
+/// AG `ag`'s header, read and verified.
+fn read_ag_header(c: &mut Checker, ag: u32) -> Result<AgHeader> {
+    let blk = c.meta.geo.agh_blk(ag);
+    AgHeader::decode(c.meta.read(blk, magic::AG_HEADER, "AG header")?, blk, ag)
 }
 
 /// Rewrite inode `ino`'s record through `f` (a repair); the checks after
@@ -1084,7 +1560,7 @@ fn free_inodes(c: &mut Checker, inos: &[u64]) -> Result<()> {
     for b in owned {
         c.release(b);
     }
-    c.written.retain(|(_, _, ino)| !set.contains(ino));
+    c.written.retain(|(_, _, ino, _)| !set.contains(ino));
     Ok(())
 }
 
@@ -1111,12 +1587,25 @@ fn check_space(c: &mut Checker) {
         let mut free = 0u64;
         for i in 0..geo.bmap_blocks {
             let blk = geo.bmap_start(ag) + i;
-            let b = match c
+            let first = i * geo.bits_per_bmap;
+            let (b, rebuilt) = match c
                 .meta
                 .read(blk, magic::BLOCK_BITMAP, "block bitmap")
                 .map(|b| b.to_vec())
             {
-                Ok(b) => b,
+                Ok(b) => (b, false),
+                Err(e) if repair => {
+                    // Bits past the AG's end stay set.
+                    let ids = (magic::BLOCK_BITMAP, ag, first);
+                    rebuild_bitmap(c, e, blk, ids, |b| b >= len, "the trees");
+                    match c.meta.read(blk, magic::BLOCK_BITMAP, "block bitmap") {
+                        Ok(b) => (b.to_vec(), true),
+                        Err(e) => {
+                            c.err(e);
+                            continue;
+                        }
+                    }
+                }
                 Err(e) => {
                     c.err(e);
                     continue;
@@ -1134,8 +1623,9 @@ fn check_space(c: &mut Checker) {
                 if !used {
                     free += 1;
                 }
-                if on_disk != used && c.freed.contains(&global) {
-                    // Freed by this repair with its owner, named there.
+                if on_disk != used && (rebuilt || c.freed.contains(&global)) {
+                    // Rebuilt, or freed by this repair with its owner:
+                    // named there.
                     bitmap::set_bit(&mut fixed, bit as u32, used);
                     changed = true;
                 } else if on_disk != used {
@@ -1155,29 +1645,35 @@ fn check_space(c: &mut Checker) {
             }
         }
         let agh_blk = geo.agh_blk(ag);
-        let h = match c
-            .meta
-            .read(agh_blk, magic::AG_HEADER, "AG header")
-            .map(|b| b.to_vec())
-        {
-            Ok(b) => match AgHeader::decode(&b, agh_blk, ag) {
-                Ok(h) => h,
-                Err(e) => {
-                    c.err(e);
-                    continue;
-                }
-            },
-            Err(e) => {
-                c.err(e);
-                continue;
-            }
-        };
         let free_inodes = (0..geo.inodes_per_ag)
             .filter(|i| {
                 let ino = ag as u64 * geo.inodes_per_ag + i;
                 ino != 0 && !c.inodes.contains_key(&ino)
             })
             .count() as u64;
+        let h = match read_ag_header(c, ag) {
+            Ok(h) => h,
+            Err(Error::Corrupted { reason, .. }) if repair => {
+                // Its counters are counted here; the orphan list it
+                // rooted (AG 0) was emptied by the orphan check.
+                let message = format!("{reason}; rebuilt from the bitmaps and inodes");
+                c.fixed("AG header", agh_blk, message);
+                let h = AgHeader {
+                    agno: ag,
+                    blocks: len,
+                    free_blocks: free,
+                    free_inodes,
+                    orphan_root: 0,
+                };
+                let uuid = c.meta.uuid;
+                h.encode(c.meta.create(agh_blk, Kind::Header), agh_blk, uuid);
+                continue;
+            }
+            Err(e) => {
+                c.err(e);
+                continue;
+            }
+        };
         if h.blocks != len || h.free_blocks != free || h.free_inodes != free_inodes {
             c.fixed(
                 "AG header",
@@ -1207,12 +1703,22 @@ fn check_csum_blocks(c: &mut Checker) {
     for ag in 0..geo.ag_count {
         for i in 0..geo.csum_blocks {
             let blk = geo.csum_start(ag) + i;
+            let first = i * geo.csums_per_block;
             let mut b = match c
                 .meta
                 .read(blk, magic::CSUM, "checksum block")
                 .map(|b| b.to_vec())
             {
                 Ok(b) => b,
+                Err(Error::Corrupted { reason, .. }) if c.repair => {
+                    match salvage_csums(c, blk, ag, first, reason) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            c.err(e);
+                            continue;
+                        }
+                    }
+                }
                 Err(e) => {
                     c.err(e);
                     continue;
@@ -1247,15 +1753,42 @@ fn check_csum_blocks(c: &mut Checker) {
     }
 }
 
+/// Checksum block `blk` (AG `ag`, from entry `first`) does not verify
+/// (`reason`). A repair writes it anew with the entries as they stand:
+/// a damaged header then costs nothing, and a damaged entry makes its
+/// block fail its check (EIO, and `fsck --data` names it), never pass a
+/// wrong block off as good. Recomputing the entries from the data would
+/// bless whatever damage the data holds. Returns the new block.
+fn salvage_csums(
+    c: &mut Checker,
+    blk: u64,
+    ag: u32,
+    first: u64,
+    reason: String,
+) -> Result<Vec<u8>> {
+    let bs = c.meta.geo.block_size as usize;
+    let mut old = AlignedBuf::zeroed(bs);
+    c.meta.dev.read_at(&mut old, blk * bs as u64)?;
+    let message = format!("{reason}; rebuilt, its entries kept");
+    c.fixed("checksum block", blk, message);
+    let uuid = c.meta.uuid;
+    let b = c.meta.create(blk, Kind::Header);
+    csum::init(b, blk, uuid, ag, first);
+    b[csum::ENTRIES_OFFSET..].copy_from_slice(&old[csum::ENTRIES_OFFSET..]);
+    let b = b.to_vec();
+    c.maybe_commit();
+    Ok(b)
+}
+
 fn check_data(c: &mut Checker) {
     let bs = c.meta.geo.block_size as usize;
-    let mut written: Vec<(u64, u64)> = std::mem::take(&mut c.written)
+    let mut written: Vec<(u64, u64, u64)> = std::mem::take(&mut c.written)
         .into_iter()
-        .flat_map(|(p, n, ino)| (p..p + n).map(move |b| (b, ino)))
+        .flat_map(|(p, n, ino, l)| (0..n).map(move |i| (p + i, ino, (l + i) * bs as u64)))
         .collect();
     written.sort_unstable();
     let mut buf = AlignedBuf::zeroed(bs);
-    for (b, ino) in written {
+    for (b, ino, offset) in written {
         let mut crc = Vec::new();
         if let Err(e) = crate::csums::get_csums(&mut c.meta, b, 1, &mut crc) {
             c.err(e);
@@ -1266,7 +1799,10 @@ fn check_data(c: &mut Checker) {
             c.problem(
                 "data block",
                 b,
-                format!("inode {ino}: written data block without a checksum (unverified)"),
+                format!(
+                    "inode {ino} offset {offset}: written data block without a checksum \
+                     (unverified)"
+                ),
             );
             continue;
         }
@@ -1279,7 +1815,7 @@ fn check_data(c: &mut Checker) {
             c.problem(
                 "data block",
                 b,
-                format!("inode {ino}: data checksum mismatch"),
+                format!("inode {ino} offset {offset}: data checksum mismatch"),
             );
         }
     }

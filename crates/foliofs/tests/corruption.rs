@@ -161,7 +161,39 @@ fn superblock_slots_back_each_other_up() {
             ..
         })
     ));
-    assert!(foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).is_err());
+    // fsck finds mkfs's copy in AG 1; a repair writes both slots from it.
+    let r = fsck_of(&dev, false);
+    assert!(r.problems.iter().any(|p| p.structure == "superblock"
+        && p.message.ends_with("the copy at block 4096 is good")
+        && !p.repaired));
+    let (r, dev) = repaired(&dev.image());
+    assert!(r.problems.iter().any(|p| p.structure == "superblock"
+        && p.message
+            .contains("both slots rewritten from the copy at block 4096")));
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    assert!(fs.resolve("/big").is_ok());
+    fs.unmount().unwrap();
+}
+
+/// A slot that does not decode (a torn superblock write) is named, and a
+/// repair rewrites it, whichever of the two it is.
+#[test]
+fn a_repair_rewrites_a_damaged_superblock_slot() {
+    let img = build();
+    for slot in 0..2u64 {
+        let mut bytes = img.bytes.clone();
+        bytes[(slot * 4096) as usize + 60] ^= 1;
+        let (r, dev) = repaired(&bytes);
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.structure == "superblock" && p.addr == slot),
+            "{:?}",
+            r.problems
+        );
+        let damaged = foliofs::meta::damaged_superblock_slots(&*dev, 4096).unwrap();
+        assert!(damaged.is_empty(), "slot {slot}: {damaged:?}");
+    }
 }
 
 #[test]
@@ -898,4 +930,310 @@ fn a_directory_with_no_links_but_a_name_or_entries_is_kept() {
         fs.unmount().unwrap();
         assert!(fsck_of(&dev, false).is_clean());
     }
+}
+
+/// `img` with `damage` done to its bytes, repaired (every problem
+/// corrected, a check after clean), and mounted.
+fn repair_of(img: &Image, damage: impl FnOnce(&mut Vec<u8>)) -> (foliofs::fsck::Report, Fs) {
+    let mut bytes = img.bytes.clone();
+    damage(&mut bytes);
+    let (r, dev) = repaired(&bytes);
+    (r, Fs::mount(dev, MountOptions::default()).unwrap())
+}
+
+/// Zero block `blk` of `bytes`.
+fn zero_block(bytes: &mut [u8], blk: u64) {
+    bytes[(blk * 4096) as usize..((blk + 1) * 4096) as usize].fill(0);
+}
+
+/// The inode of `dir`'s entry `name` in the undamaged image.
+fn ino_of(img: &Image, dir: u64, name: &[u8]) -> u64 {
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    let ino = fs.lookup(dir, name).unwrap().ino;
+    fs.unmount().unwrap();
+    ino
+}
+
+/// An inode in use whose slot does not decode is cleared: its entry
+/// goes, its blocks are given back; one in a free slot is zeroed.
+#[test]
+fn a_repair_clears_an_inode_slot_that_does_not_decode() {
+    let img = build();
+    let ino = ino_of(&img, img.dir, b"entry-7");
+    let (blk, off) = img.geo.inode_loc(ino);
+    let free = ino + 400;
+    let (fblk, foff) = img.geo.inode_loc(free);
+    let (r, fs) = repair_of(&img, |b| {
+        b[(blk * 4096) as usize + off + 40] ^= 4;
+        b[(fblk * 4096) as usize + foff + 300] = 9;
+    });
+    assert_names(
+        &r,
+        &format!("inode {ino}: checksum mismatch; cleared"),
+        true,
+    );
+    assert_names(&r, &format!("inode {free}: bad magic; cleared"), true);
+    assert!(matches!(
+        fs.lookup(img.dir, b"entry-7"),
+        Err(Error::NotFound)
+    ));
+    assert!(fs.lookup(img.dir, b"entry-8").is_ok());
+    fs.unmount().unwrap();
+}
+
+/// A directory's slot whose checksum alone fails is kept (clearing it
+/// would send all it names to /lost+found); a file's is cleared (above).
+#[test]
+fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.dir);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 1);
+    assert_names(
+        &r,
+        &format!(
+            "inode {}: checksum mismatch; a directory's record otherwise sound: kept, \
+             its checksum rewritten",
+            img.dir
+        ),
+        true,
+    );
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
+    fs.unmount().unwrap();
+}
+
+/// The root's slot does not decode (not its checksum alone): a new, empty root, and what it named
+/// (found by the directories' own records) in /lost+found.
+#[test]
+fn a_repair_makes_a_damaged_root_anew() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    assert_names(
+        &r,
+        "inode 1: bad magic; the root directory made anew, empty",
+        true,
+    );
+    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
+    let name = format!("#{}", img.dir);
+    let dir = fs.lookup(lf, name.as_bytes()).unwrap().ino;
+    assert!(fs.lookup(dir, b"entry-299").is_ok());
+    fs.unmount().unwrap();
+}
+
+/// An extent tree node that does not decode: the file is left empty
+/// (never zeros passed off as its data), its blocks given back.
+#[test]
+fn a_repair_empties_a_file_whose_extent_tree_is_damaged() {
+    let img = build();
+    let root = inode(&img, img.big).fork_root;
+    let (r, fs) = repair_of(&img, |b| zero_block(b, root));
+    assert!(r.problems.iter().any(|p| p.addr == root
+        && p.message.ends_with("its data removed, left empty")
+        && p.repaired));
+    assert_eq!(fs.getattr(img.big).unwrap().size, 0);
+    fs.unmount().unwrap();
+}
+
+/// Names in directory `dir`, "." and ".." aside.
+fn names_in(fs: &Fs, dir: u64) -> Vec<Vec<u8>> {
+    let list = fs.readdir(dir, 0, 1000).unwrap();
+    list.into_iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| e.name)
+        .collect()
+}
+
+/// A directory tree's root node that does not decode: the directory is
+/// emptied and every file it named is named in /lost+found.
+#[test]
+fn a_repair_sends_a_damaged_directory_s_files_to_lost_found() {
+    let img = build();
+    let root = inode(&img, img.dir).fork_root;
+    let (r, fs) = repair_of(&img, |b| b[(root * 4096) as usize + 100] ^= 1);
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.addr == root && p.message.contains("(what they named goes to /lost+found")));
+    assert_eq!(names_in(&fs, img.dir).len(), 0);
+    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
+    assert_eq!(names_in(&fs, lf).len(), 300);
+    fs.unmount().unwrap();
+}
+
+/// A directory tree's leaf that does not decode: the entries the other
+/// leaves hold are put back under their names, those of the damaged one
+/// are named in /lost+found.
+#[test]
+fn a_repair_puts_back_the_entries_of_a_directory_tree_that_still_read() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    let img = build();
+    let root = inode(&img, img.dir).fork_root;
+    let at = (root * 4096) as usize;
+    let node = Node::decode(&img.bytes[at..at + 4096], root, img.dir, TreeType::Dir).unwrap();
+    assert!(node.level > 0, "the directory's tree should have leaves");
+    let leaf = u64::from_le_bytes(node.entries[0].1[..8].try_into().unwrap());
+    let (r, fs) = repair_of(&img, |b| zero_block(b, leaf));
+    let back = r
+        .problems
+        .iter()
+        .filter(|p| p.message.contains("; put back as "))
+        .count();
+    let kept = names_in(&fs, img.dir);
+    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
+    let lost = names_in(&fs, lf);
+    assert_eq!(back, kept.len());
+    assert!(
+        !lost.is_empty() && kept.len() > lost.len(),
+        "{kept:?} {lost:?}"
+    );
+    assert_eq!(kept.len() + lost.len(), 300);
+    for name in kept {
+        assert!(name.starts_with(b"entry-"), "{name:?}");
+    }
+    fs.unmount().unwrap();
+}
+
+/// An xattr tree node that does not decode: the inode's xattrs go, the
+/// inode and its data stay.
+#[test]
+fn a_repair_removes_xattrs_whose_tree_is_damaged() {
+    let img = build();
+    let root = inode(&img, img.big).xattr_root;
+    let (r, fs) = repair_of(&img, |b| b[(root * 4096) as usize + 20] ^= 1);
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.addr == root && p.message.ends_with("its xattrs removed")));
+    assert!(matches!(
+        fs.getxattr(img.big, b"user.x"),
+        Err(Error::NoAttr)
+    ));
+    let mut buf = vec![0; 4096];
+    fs.read(img.big, 0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    fs.unmount().unwrap();
+}
+
+/// Bitmaps, AG headers and checksum blocks that do not decode are
+/// rebuilt: the bitmaps from the inodes and the trees, the header from
+/// the counts, a checksum block with its entries as they stand (so every
+/// file still reads, verified).
+#[test]
+fn a_repair_rebuilds_bitmaps_ag_headers_and_checksum_blocks() {
+    let img = build();
+    let g = &img.geo;
+    let (r, fs) = repair_of(&img, |b| {
+        zero_block(b, g.imap_start(0));
+        zero_block(b, g.bmap_start(1));
+        zero_block(b, g.agh_blk(0));
+        b[(g.csum_start(0) * 4096) as usize + 20] ^= 1;
+    });
+    let rebuilt = |blk: u64, how: &str| {
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.addr == blk && p.message.ends_with(how) && p.repaired),
+            "{blk} {how}: {:?}",
+            r.problems
+        );
+    };
+    rebuilt(g.imap_start(0), "rebuilt from the inodes");
+    rebuilt(g.bmap_start(1), "rebuilt from the trees");
+    rebuilt(g.agh_blk(0), "rebuilt from the bitmaps and inodes");
+    rebuilt(g.csum_start(0), "rebuilt, its entries kept");
+    let mut buf = vec![0; 4096];
+    fs.read(img.big, 99 * 8192, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 100));
+    // The rebuilt bitmaps hand out only free blocks and inodes.
+    let f = fs.create(fs.root_ino(), b"new", 0o644, 0, 0).unwrap();
+    fs.write(f.ino, 0, &[7; 65536]).unwrap();
+    fs.unmount().unwrap();
+}
+
+/// A journal damaged in its live part (a crash left transactions not yet
+/// written home): replay stops at the damaged transaction, the repair
+/// mends what the lost ones leave, and the log starts past every number
+/// in it, so nothing stale replays later.
+#[test]
+fn a_repair_of_a_damaged_live_journal_leaves_a_clean_image() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    for i in 0..20u8 {
+        let f = fs.create(root, &[b'f', b'a' + i], 0o644, 0, 0).unwrap();
+        fs.write(f.ino, 0, &[i + 1; 5000]).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    let image = dev.image();
+    drop(fs);
+    let sb = foliofs::meta::read_superblock(&MemDevice::from_image(image.clone())).unwrap();
+    let geo = Geometry::new(&sb);
+    // The second descriptor of the live log: its transaction and every
+    // one after it are lost, the first is replayed.
+    let descs: Vec<u64> = (0..geo.journal_blocks)
+        .map(|p| geo.journal_start + p)
+        .filter(|&b| {
+            let at = (b * 4096) as usize;
+            image[at..at + 4] == foliofs::format::magic::JOURNAL_DESC.to_le_bytes()
+        })
+        .collect();
+    assert!(descs.len() > 2, "{descs:?}");
+    let mut bytes = image;
+    bytes[(descs[1] * 4096) as usize + 100] ^= 1;
+    let dev = Arc::new(MemDevice::from_image(bytes));
+    let r = fsck_of(&dev, true);
+    assert_eq!(r.journal_replayed, 1);
+    assert!(r.exit_code() <= 1, "{:?}", r.problems);
+    let again = fsck_of(&dev, false);
+    assert!(again.is_clean(), "after the repair: {:?}", again.problems);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    fs.create(root, b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// Flags no version of the engine sets are named, and a repair clears
+/// them.
+#[test]
+fn a_repair_clears_unknown_inode_flags() {
+    let (dev, fs, _) = fresh_fs();
+    let a = fs.create(fs.root_ino(), b"a", 0o644, 0, 0).unwrap().ino;
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    raw.edit(a, |d| d.flags |= 1 << 30);
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(&r, &format!("inode {a}: unknown flags 0x40000000"), true);
+    assert_eq!(Raw::of(dev.image()).inode(a).flags & (1 << 30), 0);
+}
+
+/// An extent tree leaf past the first that does not decode: the extents
+/// before it that fit inline are kept and the file is cut where they
+/// end, so what it still reads is its own data and its own holes.
+#[test]
+fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    let img = build();
+    let root = inode(&img, img.big).fork_root;
+    let at = (root * 4096) as usize;
+    let node = Node::decode(&img.bytes[at..at + 4096], root, img.big, TreeType::Extents).unwrap();
+    assert!(node.level > 0 && node.entries.len() > 1);
+    let leaf = u64::from_le_bytes(node.entries[1].1[..8].try_into().unwrap());
+    let (r, fs) = repair_of(&img, |b| b[(leaf * 4096) as usize + 300] ^= 1);
+    // 13 extents fit inline; the file is cut where the 14th starts.
+    let kept = "the 13 extents before the damage kept, the file cut at byte ";
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.addr == leaf && p.message.contains(kept) && p.repaired)
+        .unwrap_or_else(|| panic!("{:?}", r.problems));
+    let cut: u64 = p.message.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(cut > 0 && cut % 4096 == 0, "{cut}");
+    assert_eq!(fs.getattr(img.big).unwrap().size, cut);
+    let mut buf = vec![0; cut as usize];
+    assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
+    for (blk, data) in buf.chunks(4096).enumerate() {
+        let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {blk}");
+    }
+    fs.unmount().unwrap();
 }

@@ -178,6 +178,15 @@ impl Superblock {
         if self.journal_blocks < 8 || jend.is_none_or(|e| e > self.last_ag_or_first_len()) {
             return bad("journal outside AG 0".into());
         }
+        // mkfs puts the journal right after AG 0's fixed metadata: one
+        // that overlaps it would write transactions over the bitmaps or
+        // the inode table.
+        if self.journal_start < meta {
+            return bad(format!(
+                "journal at block {} overlaps AG 0's metadata ({meta} blocks)",
+                self.journal_start
+            ));
+        }
         if self.tail_pos >= self.journal_blocks {
             return bad(format!("journal tail {} past journal end", self.tail_pos));
         }

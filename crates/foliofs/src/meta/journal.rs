@@ -1052,7 +1052,11 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
 
 /// The highest transaction number of any descriptor or commit block in
 /// the journal area, valid or not as a transaction.
-fn highest_lsn(dev: &dyn Device, geo: &Geometry, uuid: &[u8; 16]) -> Result<Option<u64>> {
+pub(super) fn highest_lsn(
+    dev: &dyn Device,
+    geo: &Geometry,
+    uuid: &[u8; 16],
+) -> Result<Option<u64>> {
     let bs = geo.block_size as usize;
     let per_read = ((1usize << 20) / bs).max(1) as u64;
     let mut buf = AlignedBuf::zeroed(per_read as usize * bs);

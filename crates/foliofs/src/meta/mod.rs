@@ -501,6 +501,77 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     })
 }
 
+/// The superblock slots of block size `bs` that do not decode, each
+/// with its error: a torn superblock write leaves one, and a repair
+/// rewrites it.
+pub fn damaged_superblock_slots(dev: &dyn Device, bs: u32) -> Result<Vec<Error>> {
+    let mut buf = AlignedBuf::zeroed(bs as usize);
+    let mut damaged = Vec::new();
+    for slot in 0..2u64 {
+        dev.read_at(&mut buf, slot * bs as u64)?;
+        if let Err(e) = Superblock::decode(&buf, slot) {
+            damaged.push(e);
+        }
+    }
+    Ok(damaged)
+}
+
+/// The superblock from a copy mkfs wrote in another AG (agbno 0 and 1 of
+/// every AG but the first), for a repair when both slots are damaged:
+/// the device is scanned for the first block that decodes as a copy at
+/// its own place (its header's block number, and an AG start or the block
+/// after one by its geometry), so neither a superblock inside a file's
+/// data nor one of an image stored in a file passes. Returns it and where
+/// it was found.
+///
+/// A copy holds the journal position of mkfs's time, and replaying from
+/// it could write old images over blocks reused since; so the journal is
+/// not replayed: the tail is set past every transaction number in the
+/// log, as after a crash, and what was committed but not checkpointed is
+/// lost (the check that follows repairs what that leaves).
+pub fn read_superblock_backup(dev: &dyn Device) -> Result<(Superblock, u64)> {
+    const CHUNK: usize = 1 << 20;
+    let mut buf = AlignedBuf::zeroed(CHUNK);
+    let mut at = 0u64;
+    while at < dev.len() {
+        let n = (CHUNK as u64).min(dev.len() - at) as usize;
+        dev.read_at(&mut buf[..n], at)?;
+        for off in (0..n).step_by(512) {
+            let pos = at + off as u64;
+            let b = &buf[off..n];
+            if b.len() < 512 || header::BlockHeader::decode(b).magic != magic::SUPERBLOCK {
+                continue;
+            }
+            let bs = u32::from_le_bytes([b[52], b[53], b[54], b[55]]) as u64;
+            if !(512..=65536).contains(&bs) || pos % bs != 0 || pos + bs > dev.len() {
+                continue;
+            }
+            let mut block = AlignedBuf::zeroed(bs as usize);
+            dev.read_at(&mut block, pos)?;
+            let blk = pos / bs;
+            let Ok(mut sb) = Superblock::decode(&block, blk) else {
+                continue;
+            };
+            let ag = blk / sb.ag_blocks;
+            if ag == 0 || ag >= sb.ag_count as u64 || blk % sb.ag_blocks > 1 {
+                continue;
+            }
+            let geo = Geometry::new(&sb);
+            let top = journal::highest_lsn(dev, &geo, &sb.uuid)?;
+            sb.tail_pos = 0;
+            sb.tail_seq = top.map_or(sb.tail_seq, |t| t.wrapping_add(1).max(sb.tail_seq));
+            sb.flags &= !crate::format::superblock::FLAG_CLEAN;
+            return Ok((sb, blk));
+        }
+        at += n as u64;
+    }
+    Err(Error::corrupted(
+        "superblock",
+        0,
+        "no valid superblock slot and no copy in another AG",
+    ))
+}
+
 /// The device must be at least as large as the file system it holds.
 pub fn check_device_size(dev: &dyn Device, sb: &Superblock) -> Result<()> {
     let need = sb.total_blocks * sb.block_size as u64;

@@ -97,7 +97,7 @@ fn base() -> &'static Vec<u8> {
 /// repair an image with fuzzed patches over its metadata and journal:
 /// typed errors and EIO, never a panic, never a read of bytes no file was
 /// given; a repair that fixed every problem leaves an image that checks
-/// clean.
+/// clean and mounts.
 pub fn mount_image(data: &[u8]) {
     let mut img = base().clone();
     // Patches: [block u8][offset u16][len u8][bytes...], in the first 256
@@ -151,10 +151,11 @@ pub fn mount_image(data: &[u8]) {
         repair: true,
         check_data: false,
     };
-    // A repair that says it fixed everything leaves nothing to find.
+    // A repair that says it fixed everything leaves nothing to find, and
+    // an image that mounts.
     if let Ok(r) = crate::fsck::fsck(dev.clone(), &repair, |_, _| {}) {
         if r.exit_code() == 1 {
-            let after = crate::fsck::fsck(dev, &Default::default(), |_, _| {});
+            let after = crate::fsck::fsck(dev.clone(), &Default::default(), |_, _| {});
             if let Ok(after) = after {
                 assert!(
                     after.is_clean(),
@@ -162,6 +163,12 @@ pub fn mount_image(data: &[u8]) {
                     r.problems,
                     after.problems
                 );
+                match Fs::mount(dev, MountOptions::default()) {
+                    Ok(fs) => {
+                        let _ = fs.unmount();
+                    }
+                    Err(e) => panic!("a repaired image that checks clean does not mount: {e}"),
+                }
             }
         }
     }
