@@ -220,7 +220,9 @@ def worker_postgres(d, side, limit):
 
 def stop_postgres(data):
     pg = postgres_bin()
-    as_postgres(f"{pg}/pg_ctl stop -w -m fast -D {data}/db", check=False)
+    # A server that stopped with a PANIC on a full disk cannot finish its
+    # recovery there; pg_ctl would wait its whole minute for it.
+    as_postgres(f"{pg}/pg_ctl stop -w -t 10 -m fast -D {data}/db", check=False)
     pidfile = os.path.join(data, "db", "postmaster.pid")
     if os.path.exists(pidfile):
         try:
