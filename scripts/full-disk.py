@@ -219,16 +219,35 @@ def worker_postgres(d, side, limit):
 
 
 def stop_postgres(data):
+    """Stop the server of `data`, and make sure every one of its processes
+    is gone (reaped): a server that stopped with a PANIC on a full disk
+    cannot finish its recovery there, and a backend of a killed postmaster
+    left behind keeps the next start from taking the data directory."""
     pg = postgres_bin()
-    # A server that stopped with a PANIC on a full disk cannot finish its
-    # recovery there; pg_ctl would wait its whole minute for it.
     as_postgres(f"{pg}/pg_ctl stop -w -t 10 -m fast -D {data}/db", check=False)
-    pidfile = os.path.join(data, "db", "postmaster.pid")
-    if os.path.exists(pidfile):
-        try:
-            os.kill(int(open(pidfile).readline()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+    end = time.time() + 30
+    while time.time() < end:
+        left = []
+        for p in glob.glob("/proc/[0-9]*"):
+            try:
+                if os.readlink(p + "/cwd").startswith(data):
+                    left.append(int(os.path.basename(p)))
+            except OSError:
+                continue
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    # The postmaster killed leaves its pid file, which a start may take
+    # for a live server's.
+    try:
+        os.unlink(os.path.join(data, "db", "postmaster.pid"))
+    except OSError:
+        pass
 
 
 def worker_main(args):
@@ -285,7 +304,11 @@ def check(name, d, acked, src, side):
         r = as_postgres(f"{pg}/pg_ctl start -w -D {data}/db -l {side}/server2.log "
                         f"-o \"-c listen_addresses='' -k {side} -p {PG_PORT}\"", check=False)
         if r.returncode != 0:
-            return False, f"does not start: {r.stdout}{r.stderr}"
+            try:
+                log = open(os.path.join(side, "server2.log")).read()[-1500:]
+            except OSError:
+                log = ""
+            return False, f"does not start: {r.stdout}{r.stderr} {log}"
         q = as_postgres(f"{pg}/psql -h {side} -p {PG_PORT} -Atc 'select count(*) from acks' postgres",
                         check=False)
         stop_postgres(data)
