@@ -533,7 +533,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                     Some((kept, cut)) => {
                         (d.fork, d.fork_root) = (ForkFormat::Extents, 0);
                         d.size = d.size.min(cut);
-                        set_inline(&mut d, &kept);
+                        d.set_inline(&kept);
                         let new = d.clone();
                         edit_inode(c, ino, |d| *d = new);
                         entries = kept;
@@ -795,20 +795,6 @@ fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option
     c.fixed(structure, addr, format!("inode {ino}: {reason}; {done}"));
     let cut = if kept.is_empty() { 0 } else { cut };
     Some((kept, cut))
-}
-
-/// Pack `entries` into `d`'s literal area, as inline fork entries (key
-/// u64, length u16, value); the caller checked that they fit.
-fn set_inline(d: &mut DiskInode, entries: &[(u64, Vec<u8>)]) {
-    d.literal.fill(0);
-    let mut at = 0;
-    for (k, v) in entries {
-        d.literal[at..at + 8].copy_from_slice(&k.to_le_bytes());
-        d.literal[at + 8..at + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
-        d.literal[at + 10..at + 10 + v.len()].copy_from_slice(v);
-        at += 10 + v.len();
-    }
-    d.fork_count = entries.len() as u16;
 }
 
 /// The leaf entries of tree `t` at `root` that read, in key order, up to

@@ -341,6 +341,21 @@ pub fn inline_len(entries: &[(u64, Vec<u8>)]) -> usize {
 }
 
 impl DiskInode {
+    /// Pack `entries` into the literal area as inline fork entries (key
+    /// u64, length u16, value), the rest zeroed; the caller checked that
+    /// they fit. The fork's format is the caller's to set.
+    pub fn set_inline(&mut self, entries: &[(u64, Vec<u8>)]) {
+        self.literal = [0; LITERAL_SIZE];
+        let mut at = 0;
+        for (k, v) in entries {
+            self.literal[at..at + 8].copy_from_slice(&k.to_le_bytes());
+            self.literal[at + 8..at + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
+            self.literal[at + 10..at + 10 + v.len()].copy_from_slice(v);
+            at += 10 + v.len();
+        }
+        self.fork_count = entries.len() as u16;
+    }
+
     /// The data fork the literal area holds, checked against the mode.
     pub fn decode_fork(&self, blk: u64) -> Result<Fork> {
         let bad = |r: &str| Error::corrupted("inode", blk, format!("inode {}: {r}", self.ino));

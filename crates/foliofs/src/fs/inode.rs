@@ -144,14 +144,7 @@ impl Inode {
         d.literal = [0; LITERAL_SIZE];
         match &self.fork {
             Fork::Inline(entries) => {
-                let mut p = 0;
-                for (k, v) in entries {
-                    d.literal[p..p + 8].copy_from_slice(&k.to_le_bytes());
-                    d.literal[p + 8..p + 10].copy_from_slice(&(v.len() as u16).to_le_bytes());
-                    d.literal[p + 10..p + 10 + v.len()].copy_from_slice(v);
-                    p += 10 + v.len();
-                }
-                d.fork_count = entries.len() as u16;
+                d.set_inline(entries);
                 d.fork = if self.is_dir() {
                     ForkFormat::DirInline
                 } else {
