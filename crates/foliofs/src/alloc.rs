@@ -38,6 +38,9 @@ pub struct AgState {
 }
 
 pub struct Alloc {
+    /// Per-AG free-space state. Lock order: third, under the inode I/O
+    /// lock and the metadata lock (`Shared::inner`); one AG's at a time,
+    /// and no device I/O is waited for while one is held.
     pub ags: Vec<Mutex<AgState>>,
     /// Delayed-allocation reservations: blocks promised to dirty data.
     pub reserved: u64,

@@ -13,15 +13,14 @@ use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
-use crate::format::extent::Extent;
 use crate::format::inode::{
     inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
 };
 use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
 use crate::format::{bitmap, csum, data_crc, magic};
 use crate::fs::RENAME_NOREPLACE;
+use crate::fs::{Fs, MountOptions};
 use crate::meta::{self, Kind, Meta};
-use crate::{Fs, MountOptions};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -564,7 +563,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let mut nblocks = 0;
     let mut prev_end = 0;
     for (k, v) in entries {
-        match Extent::decode(ino, k, &v, &geo) {
+        match geo.extent(ino, k, &v) {
             Ok(e) => {
                 if e.lblk < prev_end {
                     c.problem(

@@ -9,6 +9,8 @@
 //! then         data and tree blocks
 //! ```
 
+use crate::error::Result;
+use crate::format::extent::Extent;
 use crate::format::superblock::Superblock;
 use crate::format::{bitmap, csum, inode::INODE_SIZE};
 
@@ -146,5 +148,19 @@ impl Geometry {
     /// True if `blk` is in the data area of its AG (where files and trees live).
     pub fn is_data_block(&self, blk: u64) -> bool {
         blk < self.total_blocks && self.agbno(blk) >= self.data_start_agbno(self.ag_of(blk))
+    }
+
+    /// Decode the extent of `ino` under `key` and check that it lies in
+    /// one AG's data area.
+    pub fn extent(&self, ino: u64, key: u64, v: &[u8]) -> Result<Extent> {
+        let e = Extent::decode(ino, key, v)?;
+        let last = e.pblk + e.len - 1;
+        if !self.is_data_block(e.pblk)
+            || !self.is_data_block(last)
+            || self.ag_of(e.pblk) != self.ag_of(last)
+        {
+            return Err(e.outside(ino));
+        }
+        Ok(e)
     }
 }

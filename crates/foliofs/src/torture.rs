@@ -17,8 +17,8 @@
 pub mod fuzz;
 
 use crate::device::{AlignedBuf, CrashDevice, MemDevice};
+use crate::fs::Fs;
 use crate::fs::{mkfs, Falloc, MkfsOptions, MountOptions, SetAttr};
-use crate::Fs;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! The command line of `foliofs bench`.
 
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -48,4 +49,21 @@ pub struct BenchArgs {
     /// Keep the image file.
     #[arg(long)]
     pub keep: bool,
+}
+
+impl BenchArgs {
+    /// `--vs DIR`: the working directory for the kernel variant (made anew)
+    /// and the variant's name, `kernel (DIR)`.
+    pub(super) fn vs_dir(&self) -> Result<Option<(PathBuf, String)>> {
+        let Some(t) = &self.vs else {
+            return Ok(None);
+        };
+        if !t.is_dir() {
+            bail!("--vs {}: not a directory", t.display());
+        }
+        let d = t.join("foliofs-bench-vs");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
+        Ok(Some((d, format!("kernel ({})", t.display()))))
+    }
 }

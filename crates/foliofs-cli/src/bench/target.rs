@@ -6,7 +6,7 @@
 
 use super::args::BenchArgs;
 use super::report::{fill, median, plural, progress, ratio, run_threads, Outcome, Ratio, Series};
-use super::w6::{content, file_count, tree, Entry, PHASES};
+use super::w6::{file_count, tree, w6_pass, PHASES};
 use anyhow::{bail, Context, Result};
 use foliofs::device::AlignedBuf;
 use std::fs::{File, OpenOptions};
@@ -287,21 +287,6 @@ fn w3(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     })
 }
 
-/// `--vs DIR`: the working directory for the kernel variant (made anew)
-/// and the variant's name, `kernel (DIR)`.
-pub(super) fn vs_dir(args: &BenchArgs) -> Result<Option<(PathBuf, String)>> {
-    let Some(t) = &args.vs else {
-        return Ok(None);
-    };
-    if !t.is_dir() {
-        bail!("--vs {}: not a directory", t.display());
-    }
-    let d = t.join("foliofs-bench-vs");
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
-    Ok(Some((d, format!("kernel ({})", t.display()))))
-}
-
 /// W4: four writers, each a file in its own directory, 1 MiB buffered
 /// writes, fsync at the end.
 fn w4(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
@@ -408,76 +393,6 @@ fn w5(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
                 .join(", ")
         )],
     })
-}
-
-/// Make `dir`'s file system durable: syncfs, and on a foliofs mount also
-/// the daemon's own sync (`foliofs_fuse::sync_mount`), which Linux's
-/// syncfs does not reach, so that every target's "sync" means the same.
-fn syncfs(dir: &Path) -> Result<()> {
-    foliofs_fuse::sync_mount(&File::open(dir)?)
-        .with_context(|| format!("sync of {}", dir.display()))?;
-    Ok(())
-}
-
-/// One W6 round through system calls in `dir` (the tree made in
-/// `dir/w6` and removed again): entries per second for each phase, and
-/// whether the kernel's caches could be dropped before "stat cold"
-/// (root only; otherwise cold = warm).
-pub(super) fn w6_pass(dir: &Path, entries: &[Entry]) -> Result<([f64; PHASES.len()], bool)> {
-    let root = dir.join("w6");
-    let mut r = [0f64; PHASES.len()];
-    let timed = |n: usize, f: &mut dyn FnMut() -> Result<()>| {
-        let t0 = Instant::now();
-        f()?;
-        Ok::<f64, anyhow::Error>(n as f64 / t0.elapsed().as_secs_f64())
-    };
-    std::fs::create_dir(&root)?;
-    r[0] = timed(entries.len(), &mut || {
-        for (i, e) in entries.iter().enumerate() {
-            let p = root.join(&e.path);
-            match e.size {
-                None => std::fs::create_dir(&p)?,
-                Some(n) => std::fs::write(&p, content(i, n))?,
-            }
-        }
-        syncfs(&root)
-    })?;
-    let dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
-    for phase in [1, 2] {
-        r[phase] = timed(entries.len(), &mut || {
-            for e in entries {
-                let m = std::fs::symlink_metadata(root.join(&e.path))?;
-                anyhow::ensure!(m.is_dir() == e.size.is_none(), "{}: wrong type", e.path);
-            }
-            Ok(())
-        })?;
-    }
-    let mut listed = 0;
-    let t0 = Instant::now();
-    for e in entries.iter().filter(|e| e.size.is_none()) {
-        listed += std::fs::read_dir(root.join(&e.path))?.count();
-    }
-    r[3] = listed as f64 / t0.elapsed().as_secs_f64();
-    let files = entries.iter().filter(|e| e.size.is_some()).count();
-    r[4] = timed(files, &mut || {
-        for e in entries.iter().filter(|e| e.size.is_some()) {
-            let p = root.join(&e.path);
-            std::fs::rename(&p, p.with_extension("txt.r"))?;
-        }
-        Ok(())
-    })?;
-    r[5] = timed(entries.len(), &mut || {
-        for e in entries.iter().rev() {
-            let p = root.join(&e.path);
-            match e.size {
-                Some(_) => std::fs::remove_file(p.with_extension("txt.r"))?,
-                None => std::fs::remove_dir(&p)?,
-            }
-        }
-        std::fs::remove_dir(&root)?;
-        syncfs(dir)
-    })?;
-    Ok((r, dropped))
 }
 
 /// W6: the metadata tree through system calls; "cold" after the kernel's

@@ -5,7 +5,7 @@
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, make_file, open_raw, raw_write_at};
 use super::report::{fill, progress, ratio, run_threads, Outcome, Series};
-use super::target::{vs_dir, w1_files, w1_pass};
+use super::target::{w1_files, w1_pass};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
 use foliofs::fs::CounterSnapshot;
@@ -71,7 +71,7 @@ pub fn w1(args: &BenchArgs) -> Result<Outcome> {
             Variant::Raw { unit: 16 * bs },
         ));
     }
-    let vs = vs_dir(args)?;
+    let vs = args.vs_dir()?;
     if let Some((dir, name)) = &vs {
         w1_files(dir, jobs, mib)?;
         variants.push((name.clone(), Variant::Kernel));

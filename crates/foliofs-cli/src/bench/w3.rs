@@ -5,7 +5,7 @@
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, make_file, open_raw};
 use super::report::{fill, plural, progress, ratio, run_threads, Outcome, Series};
-use super::target::{vs_dir, w3_file, w3_pass};
+use super::target::{w3_file, w3_pass};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
 use foliofs::fs::CounterSnapshot;
@@ -57,7 +57,7 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
     if args.raw {
         variants.push(("raw O_DIRECT".into(), Variant::Raw));
     }
-    let vs = vs_dir(args)?;
+    let vs = args.vs_dir()?;
     if let Some((dir, name)) = &vs {
         w3_file(dir, args.file_mib)?;
         variants.push((name.clone(), Variant::Kernel));

@@ -7,13 +7,14 @@
 use super::args::BenchArgs;
 use super::engine::fresh_fs;
 use super::report::{progress, ratio, Outcome, Series};
-use super::target::{vs_dir, w6_pass};
 use anyhow::{Context, Result};
 use foliofs::fs::{listing, FileType};
 use foliofs::{Fs, MountOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
 use std::time::Instant;
 
 /// One entry of the tree: its path below the tree's root ('/'-separated),
@@ -88,7 +89,7 @@ fn split(path: &str) -> (&str, &str) {
 /// W6 on the engine: each phase's entries per second.
 pub fn w6(args: &BenchArgs) -> Result<Outcome> {
     let entries = tree(file_count(args));
-    let vs = vs_dir(args)?;
+    let vs = args.vs_dir()?;
     let pb = progress(args.rounds as u64 * (1 + vs.is_some() as u64));
     let (dev, fs) = fresh_fs(args)?;
     let mut rates = vec![Vec::new(); PHASES.len()];
@@ -248,4 +249,74 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
         ratios,
         notes,
     })
+}
+
+/// Make `dir`'s file system durable: syncfs, and on a foliofs mount also
+/// the daemon's own sync (`foliofs_fuse::sync_mount`), which Linux's
+/// syncfs does not reach, so that every target's "sync" means the same.
+fn syncfs(dir: &Path) -> Result<()> {
+    foliofs_fuse::sync_mount(&File::open(dir)?)
+        .with_context(|| format!("sync of {}", dir.display()))?;
+    Ok(())
+}
+
+/// One W6 round through system calls in `dir` (the tree made in
+/// `dir/w6` and removed again): entries per second for each phase, and
+/// whether the kernel's caches could be dropped before "stat cold"
+/// (root only; otherwise cold = warm).
+pub(super) fn w6_pass(dir: &Path, entries: &[Entry]) -> Result<([f64; PHASES.len()], bool)> {
+    let root = dir.join("w6");
+    let mut r = [0f64; PHASES.len()];
+    let timed = |n: usize, f: &mut dyn FnMut() -> Result<()>| {
+        let t0 = Instant::now();
+        f()?;
+        Ok::<f64, anyhow::Error>(n as f64 / t0.elapsed().as_secs_f64())
+    };
+    std::fs::create_dir(&root)?;
+    r[0] = timed(entries.len(), &mut || {
+        for (i, e) in entries.iter().enumerate() {
+            let p = root.join(&e.path);
+            match e.size {
+                None => std::fs::create_dir(&p)?,
+                Some(n) => std::fs::write(&p, content(i, n))?,
+            }
+        }
+        syncfs(&root)
+    })?;
+    let dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+    for phase in [1, 2] {
+        r[phase] = timed(entries.len(), &mut || {
+            for e in entries {
+                let m = std::fs::symlink_metadata(root.join(&e.path))?;
+                anyhow::ensure!(m.is_dir() == e.size.is_none(), "{}: wrong type", e.path);
+            }
+            Ok(())
+        })?;
+    }
+    let mut listed = 0;
+    let t0 = Instant::now();
+    for e in entries.iter().filter(|e| e.size.is_none()) {
+        listed += std::fs::read_dir(root.join(&e.path))?.count();
+    }
+    r[3] = listed as f64 / t0.elapsed().as_secs_f64();
+    let files = entries.iter().filter(|e| e.size.is_some()).count();
+    r[4] = timed(files, &mut || {
+        for e in entries.iter().filter(|e| e.size.is_some()) {
+            let p = root.join(&e.path);
+            std::fs::rename(&p, p.with_extension("txt.r"))?;
+        }
+        Ok(())
+    })?;
+    r[5] = timed(entries.len(), &mut || {
+        for e in entries.iter().rev() {
+            let p = root.join(&e.path);
+            match e.size {
+                Some(_) => std::fs::remove_file(p.with_extension("txt.r"))?,
+                None => std::fs::remove_dir(&p)?,
+            }
+        }
+        std::fs::remove_dir(&root)?;
+        syncfs(dir)
+    })?;
+    Ok((r, dropped))
 }

@@ -3,7 +3,6 @@
 //! length u32, flags u32 (bit 0: unwritten, reads as zeros).
 
 use crate::error::{Error, Result};
-use crate::geometry::Geometry;
 
 pub const EXT_UNWRITTEN: u32 = 1;
 /// Longest extent: keeps `len` in a u32 with room to merge.
@@ -29,9 +28,10 @@ impl Extent {
         v.extend_from_slice(&(if self.unwritten { EXT_UNWRITTEN } else { 0 }).to_le_bytes());
         v
     }
-    /// Decode the extent of `ino` under `key`, checking that it lies in
-    /// one AG's data area.
-    pub fn decode(ino: u64, key: u64, v: &[u8], geo: &Geometry) -> Result<Self> {
+    /// Decode the extent of `ino` under `key`, checking what the value
+    /// alone can tell (its size, a length, no overflow). Where it lies
+    /// is the geometry's to check: `Geometry::extent`.
+    pub fn decode(ino: u64, key: u64, v: &[u8]) -> Result<Self> {
         if v.len() != 16 {
             return Err(Error::corrupted(
                 "extent",
@@ -45,21 +45,21 @@ impl Extent {
             len: u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64,
             unwritten: u32::from_le_bytes(v[12..16].try_into().unwrap()) & EXT_UNWRITTEN != 0,
         };
-        if e.len == 0
-            || !geo.is_data_block(e.pblk)
-            || !geo.is_data_block(e.pblk + e.len - 1)
-            || geo.ag_of(e.pblk) != geo.ag_of(e.pblk + e.len - 1)
-            || e.lblk.checked_add(e.len).is_none()
+        if e.len == 0 || e.lblk.checked_add(e.len).is_none() || e.pblk.checked_add(e.len).is_none()
         {
-            return Err(Error::corrupted(
-                "extent",
-                e.pblk,
-                format!(
-                    "inode {ino}: extent at file block {} ({} blocks) outside the data area",
-                    e.lblk, e.len
-                ),
-            ));
+            return Err(e.outside(ino));
         }
         Ok(e)
+    }
+    /// The error naming this extent of `ino` as outside the data area.
+    pub fn outside(&self, ino: u64) -> Error {
+        Error::corrupted(
+            "extent",
+            self.pblk,
+            format!(
+                "inode {ino}: extent at file block {} ({} blocks) outside the data area",
+                self.lblk, self.len
+            ),
+        )
     }
 }

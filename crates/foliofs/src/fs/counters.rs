@@ -150,3 +150,12 @@ pub struct AgUsage {
     pub inodes: u64,
     pub free_inodes: u64,
 }
+
+/// What a writeback context has done, readable without locks.
+#[derive(Debug, Default)]
+pub(crate) struct ContextStats {
+    pub bytes: AtomicU64,
+    pub passes: AtomicU64,
+    /// Bytes per second, a moving average over passes.
+    pub bandwidth: AtomicU64,
+}

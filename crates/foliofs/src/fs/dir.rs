@@ -9,7 +9,7 @@ pub use crate::format::dirent::{
     cookie_of, decode, encode, key_after, name_key, Dirent, COOKIE_DOT, COOKIE_DOTDOT,
     MAX_COLLISIONS,
 };
-use crate::fs::state::Ctx;
+use crate::fs::ctx::Ctx;
 
 /// Where fsck's repair names what lost its name (`Fs::reconnect`).
 pub const LOST_FOUND: &[u8] = b"lost+found";

@@ -7,7 +7,7 @@ use super::bump;
 use super::inode::{inline_len, Fork, Inode};
 use crate::error::{Error, Result};
 use crate::format::inode::LITERAL_SIZE;
-use crate::fs::state::Ctx;
+use crate::fs::ctx::Ctx;
 
 pub use crate::format::extent::{Extent, MAX_EXTENT_LEN};
 
@@ -118,7 +118,7 @@ impl Inode {
         bump(&cx.counters.mapping_lookups, 1);
         match self.kv_le(cx, lblk)? {
             Some((k, v)) => {
-                let e = Extent::decode(self.d.ino, k, &v, &cx.meta.geo)?;
+                let e = cx.meta.geo.extent(self.d.ino, k, &v)?;
                 Ok((e.end() > lblk).then_some(e))
             }
             None => Ok(None),
@@ -176,7 +176,7 @@ impl Inode {
         while key < to {
             let batch = self.kv_range(cx, key, to - 1, 64)?;
             for (k, v) in &batch {
-                if !each(Extent::decode(self.d.ino, *k, v, &cx.meta.geo)?) {
+                if !each(cx.meta.geo.extent(self.d.ino, *k, v)?) {
                     return Ok(());
                 }
             }
@@ -198,7 +198,7 @@ impl Inode {
             let Some((k, v)) = self.kv_le(cx, key)? else {
                 break;
             };
-            let e = Extent::decode(self.d.ino, k, &v, &cx.meta.geo)?;
+            let e = cx.meta.geo.extent(self.d.ino, k, &v)?;
             if e.end() <= first {
                 break;
             }

@@ -158,7 +158,7 @@ pub fn plan(bytes: u64, o: &MkfsOptions) -> Result<Superblock> {
         csum_blocks: csum_blocks as u32,
         itable_blocks: itable_blocks as u32,
         label,
-        mkfs_time: crate::fs::state::now_precise().sec as u64,
+        mkfs_time: crate::fs::clock::now_precise().sec as u64,
     };
     sb.check(0)?;
     Ok(sb)
@@ -250,7 +250,7 @@ pub fn mkfs(
         progress(ag + 1, geo.ag_count);
     }
     // The root directory: an empty inline directory.
-    let t = crate::fs::state::now_precise();
+    let t = crate::fs::clock::now_precise();
     let mut root = DiskInode::new(sb.root_ino);
     root.mode = 0o040755;
     (root.uid, root.gid) = o.root_owner;

@@ -10,12 +10,14 @@
 //! mapping of fresh folio memory.
 
 mod acl;
+mod clock;
 mod counters;
+mod ctx;
 mod data;
-use data::{contexts, folio, iolock};
 pub(crate) mod dir;
 pub(crate) mod fork;
 pub(crate) mod inode;
+mod itable;
 mod mkfs;
 mod ns;
 mod options;
@@ -34,17 +36,19 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::meta::{self, Meta};
-use data::Locked;
-use iolock::{IoLocks, Mode};
+use clock::now;
+use data::iolock::{IoLocks, Mode};
+use data::write::{drive, Locked};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use state::{now, Inner, Knobs, Shared};
+use state::{Inner, Knobs, Shared};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A mounted foliofs file system. Send + Sync: share it with `Arc`.
 pub struct Fs {
     s: Arc<Shared>,
-    /// The writeback context threads (see `writeback`).
+    /// The writeback context threads (see `writeback`). Taken alone, at
+    /// mount, unmount and when the number of contexts changes.
     workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
@@ -83,7 +87,7 @@ impl Fs {
             meta,
             alloc,
             inodes: Default::default(),
-            inodes_trim_at: ScanFloor::new(inode::INODES_KEPT as u64),
+            inodes_trim_at: ScanFloor::new(itable::INODES_KEPT as u64),
             held: Default::default(),
             evict_floor: ScanFloor::new(opts.cache_bytes),
             opts,
@@ -91,7 +95,7 @@ impl Fs {
             cache_bytes: 0,
             tick: 0,
             counters: counters.clone(),
-            pool: folio::BufPool::new(),
+            pool: data::folio::BufPool::new(),
             dirty_queues: Vec::new(),
             behind_queues: Vec::new(),
             wb_errors: 0,
@@ -140,9 +144,9 @@ impl Fs {
                 dio_overwrites_now: AtomicU64::new(0),
                 wb_done: Condvar::new(),
                 wb_kick: Condvar::new(),
-                batch_written: Condvar::new(),
+                group: Default::default(),
                 wb_stats: (0..MAX_WB_CONTEXTS)
-                    .map(|_| contexts::ContextStats::default())
+                    .map(|_| ContextStats::default())
                     .collect(),
                 stopping: AtomicBool::new(false),
             }),
@@ -457,7 +461,12 @@ impl Fs {
         gid: u32,
         rdev: u32,
     ) -> Result<Attr> {
-        self.grow(|g| g.create(parent, name, kind, perm, umask, uid, gid, rdev, None))
+        let node = NewNode {
+            umask,
+            rdev,
+            ..NewNode::new(kind, perm, uid, gid)
+        };
+        self.grow(|g| g.create(parent, name, &node))
     }
 
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
@@ -503,19 +512,11 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        self.grow(|g| {
-            g.create(
-                parent,
-                name,
-                FileType::Symlink,
-                0o777,
-                0,
-                uid,
-                gid,
-                0,
-                Some(target),
-            )
-        })
+        let node = NewNode {
+            target: Some(target),
+            ..NewNode::new(FileType::Symlink, 0o777, uid, gid)
+        };
+        self.grow(|g| g.create(parent, name, &node))
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -869,7 +870,7 @@ impl Fs {
                 self.s.wait_wb_idle(&mut g, ino);
             }
             let mut h = Locked { g, s: &self.s };
-            let r = data::drive(&mut h, ino, offset, data, whole).map(|(n, behind)| {
+            let r = drive(&mut h, ino, offset, data, whole).map(|(n, behind)| {
                 if behind {
                     self.s.wb_kick.notify_all();
                 }

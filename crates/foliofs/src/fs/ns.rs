@@ -8,7 +8,8 @@ use super::types::*;
 use super::xattr::XATTR_CREATE;
 use crate::error::{Error, Result};
 use crate::format::inode::{FLAG_ORPHAN, LITERAL_SIZE};
-use crate::fs::state::{Ctx, Inner};
+use crate::fs::ctx::Ctx;
+use crate::fs::state::Inner;
 
 const LINK_MAX: u32 = 65000;
 
@@ -93,7 +94,7 @@ impl Inner {
         }
         let (ip, mut cx) = self.with(ino)?;
         let ts = |t: TimeSet| match t {
-            TimeSet::Now => crate::fs::state::now(),
+            TimeSet::Now => crate::fs::clock::now(),
             TimeSet::At(t) => t,
         };
         if let Some(m) = set.mode {
@@ -158,18 +159,8 @@ impl Inner {
     /// as its default ACL. Under a set-group-ID directory the node takes
     /// the directory's group, and a directory the set-group-ID bit too.
     #[allow(clippy::too_many_arguments)]
-    pub fn create(
-        &mut self,
-        parent: u64,
-        name: &[u8],
-        kind: FileType,
-        perm: u32,
-        umask: u32,
-        uid: u32,
-        gid: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
-    ) -> Result<Attr> {
+    pub fn create(&mut self, parent: u64, name: &[u8], node: &NewNode) -> Result<Attr> {
+        let (kind, target) = (node.kind, node.target);
         check_name(name)?;
         self.dir_of(parent)?;
         self.check_unfrozen(parent, true)?;
@@ -194,7 +185,7 @@ impl Inner {
                 return Err(Error::TooManyLinks);
             }
         }
-        let ino = self.new_node(parent, kind, perm, umask, uid, gid, rdev, target)?;
+        let ino = self.new_node(parent, node)?;
         self.enter(parent, name, ino, kind)?;
         self.getattr(ino)
     }
@@ -216,7 +207,11 @@ impl Inner {
         if self.with(parent)?.0.d.nlink == 0 {
             return Err(Error::NotFound);
         }
-        let ino = self.new_node(parent, FileType::File, perm, umask, uid, gid, 0, None)?;
+        let node = NewNode {
+            umask,
+            ..NewNode::new(FileType::File, perm, uid, gid)
+        };
+        let ino = self.new_node(parent, &node)?;
         {
             let (ip, mut cx) = self.with(ino)?;
             ip.d.nlink = 0;
@@ -229,19 +224,16 @@ impl Inner {
 
     /// The inode of a new node under `parent` (see `create`), not yet
     /// named.
-    #[allow(clippy::too_many_arguments)]
-    fn new_node(
-        &mut self,
-        parent: u64,
-        kind: FileType,
-        perm: u32,
-        umask: u32,
-        uid: u32,
-        gid: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
-    ) -> Result<u64> {
-        let (mut perm, mut gid) = (perm & 0o7777, gid);
+    fn new_node(&mut self, parent: u64, node: &NewNode) -> Result<u64> {
+        let NewNode {
+            kind,
+            umask,
+            uid,
+            rdev,
+            target,
+            ..
+        } = *node;
+        let (mut perm, mut gid) = (node.perm & 0o7777, node.gid);
         let inherited = {
             let (pp, _) = self.with(parent)?;
             if pp.d.mode & S_ISGID != 0 {
@@ -367,7 +359,7 @@ impl Inner {
             Ok(a) if a.kind == FileType::Dir => a.ino,
             Ok(_) => return Err(Error::Invalid("/lost+found is not a directory".into())),
             Err(Error::NotFound) => {
-                self.create(root, LOST_FOUND, FileType::Dir, 0o700, 0, 0, 0, 0, None)?
+                self.create(root, LOST_FOUND, &NewNode::new(FileType::Dir, 0o700, 0, 0))?
                     .ino
             }
             Err(e) => return Err(e),
@@ -613,7 +605,7 @@ impl Inner {
             self.drop_link(d.ino)?;
         }
         if let Some((uid, gid)) = whiteout {
-            self.create(p, name, FileType::CharDev, 0, 0, uid, gid, 0, None)?;
+            self.create(p, name, &NewNode::new(FileType::CharDev, 0, uid, gid))?;
         }
         Ok(())
     }

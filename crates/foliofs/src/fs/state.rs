@@ -1,23 +1,23 @@
 //! The engine's shared state: `Inner` behind the metadata lock (the
 //! metadata cache and journal, the allocator, the in-memory inodes and the
-//! page cache's books), `Shared` between the API and the writeback
-//! threads, and `Ctx`, what the parts borrow together. Every metadata
-//! change runs through `Inner::guarded` and ends with `maybe_commit`.
+//! page cache's books) and `Shared` between the API and the writeback
+//! threads. Every metadata change runs through `Inner::guarded` and ends
+//! with `maybe_commit`.
 
-use super::contexts::ContextStats;
-use super::counters::Counters;
-use super::folio::BufPool;
+use super::counters::{ContextStats, Counters};
+use super::ctx::Ctx;
+use super::data::folio::BufPool;
+use super::data::iolock::IoLocks;
 use super::inode::Inode;
-use super::iolock::IoLocks;
 use super::options::{Atime, MountOptions};
 use crate::alloc::Alloc;
 use crate::books::ScanFloor;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::Timespec;
-use crate::meta::Meta;
-use crate::U64Map;
-use parking_lot::{Condvar, Mutex};
+use crate::meta::{Batch, GroupCommit, Journaled, Meta};
+use crate::u64map::U64Map;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
@@ -27,87 +27,6 @@ pub(crate) struct Knobs {
     pub dio_exclusive: AtomicBool,
     /// Writeback contexts in use (1 ..= MAX_WB_CONTEXTS).
     pub wb_contexts: AtomicUsize,
-}
-
-/// What the engine's parts borrow together: metadata cache/journal,
-/// allocator and counters.
-pub(crate) struct Ctx<'a> {
-    pub meta: &'a mut Meta,
-    pub alloc: &'a mut Alloc,
-    pub counters: &'a Counters,
-}
-
-impl Ctx<'_> {
-    /// Allocate, making room first if frees are only waiting for a checkpoint.
-    pub fn alloc(&mut self, ag: u32, goal: Option<u64>, want: u64) -> Result<(u64, u64)> {
-        match self.alloc.alloc(self.meta, ag, goal, want) {
-            Err(Error::NoSpace) if self.reclaimable() => {
-                self.reclaim()?;
-                self.alloc.alloc(self.meta, ag, goal, want)
-            }
-            r => r,
-        }
-    }
-
-    pub fn reclaimable(&self) -> bool {
-        !self.meta.freed_running.is_empty() || !self.meta.freed_committed.is_empty()
-    }
-
-    /// Commit and checkpoint so that freed blocks become reusable.
-    pub fn reclaim(&mut self) -> Result<()> {
-        self.meta.commit()?;
-        self.meta.checkpoint()?;
-        self.alloc.take_freed(self.meta);
-        Ok(())
-    }
-
-    /// Reserve blocks for dirty data, reclaiming first if that helps.
-    pub fn reserve(&mut self, n: u64) -> Result<()> {
-        self.reserve_from(n, false)
-    }
-
-    /// Before a change that may take metadata blocks (a name, a
-    /// symlink's target, an xattr block): ENOSPC, before anything
-    /// changes, unless more than half of the blocks kept for metadata
-    /// are free, reclaiming first if that helps. The other half is for
-    /// what must not fail: writeback's extent and checksum records for
-    /// data already reserved, and removals. One change takes a few blocks
-    /// at most (a split per tree level), so one that starts never runs
-    /// out half way (a rename did: its old name went, and the new one
-    /// found no block).
-    pub fn meta_room(&mut self) -> Result<()> {
-        self.alloc.take_freed(self.meta);
-        if !self.alloc.meta_room() && self.reclaimable() {
-            self.reclaim()?;
-        }
-        match self.alloc.meta_room() {
-            true => Ok(()),
-            false => Err(Error::NoSpace),
-        }
-    }
-
-    /// `reserve` for a write from a client's cache (`Alloc::reserve_cached`).
-    pub fn reserve_cached(&mut self, n: u64) -> Result<()> {
-        self.reserve_from(n, true)
-    }
-
-    fn reserve_from(&mut self, n: u64, cached: bool) -> Result<()> {
-        let try_once = |a: &mut Alloc| {
-            if cached {
-                a.reserve_cached(n)
-            } else {
-                a.reserve(n)
-            }
-        };
-        self.alloc.take_freed(self.meta);
-        match try_once(self.alloc) {
-            Err(Error::NoSpace) if self.reclaimable() => {
-                self.reclaim()?;
-                try_once(self.alloc)
-            }
-            r => r,
-        }
-    }
 }
 
 pub(crate) struct Inner {
@@ -143,8 +62,45 @@ pub(crate) struct Inner {
     /// reported.
     pub wb_errors: u64,
     pub wb_errors_synced: u64,
-    /// Durable commits gathering (`Shared::commit_to`).
+    /// Durable commits gathering (`meta::commit`).
     pub batch: Batch,
+}
+
+impl Shared {
+    /// Make every change made so far durable (group commit: see
+    /// `meta::commit`).
+    pub(crate) fn commit_sync<'a>(
+        &'a self,
+        g: MutexGuard<'a, Inner>,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        self.commit_to(g, true)
+    }
+
+    /// `commit_sync`, or with `durable` false: every change made so far is
+    /// written to the log, not necessarily flushed.
+    pub(crate) fn commit_to<'a>(
+        &'a self,
+        g: MutexGuard<'a, Inner>,
+        durable: bool,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        self.group.commit(&self.inner, g, durable)
+    }
+
+    pub(crate) fn commit_wait(&self, g: MutexGuard<'_, Inner>) -> Result<()> {
+        self.commit_sync(g).map(drop)
+    }
+}
+
+impl Journaled for Inner {
+    fn meta(&mut self) -> &mut Meta {
+        &mut self.meta
+    }
+    fn batch(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
+    fn waited_for_group(&mut self) {
+        super::bump(&self.counters.commit_batch_waits, 1);
+    }
 }
 
 impl Inner {
@@ -154,29 +110,12 @@ impl Inner {
     }
 }
 
-/// Durable commits batched across threads, as jbd2 batches fsync: a
-/// committer that expects others (the last group had more than one)
-/// waits a moment, at most about one commit's time, for them to join the
-/// running transaction, so one write and one flush serve them all.
-/// Commits that only write (direct overwrites) never wait for others: a
-/// flush is what batching saves.
-#[derive(Default)]
-pub(crate) struct Batch {
-    /// The running transaction being gathered for, and its committers.
-    pub seq: u64,
-    pub joined: usize,
-    /// Threads committing now, and how many there were when the last
-    /// durable transaction was sealed (the group to expect).
-    pub active: usize,
-    pub last_group: usize,
-    /// Committers asleep in the wait for the group (`Shared::batch_written`).
-    pub waiting: usize,
-    /// Average time of a commit's write and flush.
-    pub avg_ns: u64,
-}
-
 /// What the API and the writeback threads share.
 pub(crate) struct Shared {
+    /// The metadata lock. Lock order: second, under an inode I/O lock
+    /// (`iolocks`); over the AG allocator locks (`Alloc::ags`), the
+    /// journal's I/O state (`JournalIo`) and `csum_pool`. Let go of for
+    /// device I/O and large copies.
     pub inner: Mutex<Inner>,
     pub counters: Arc<Counters>,
     pub dev: Arc<dyn Device>,
@@ -184,6 +123,7 @@ pub(crate) struct Shared {
     pub iolocks: IoLocks,
     pub knobs: Knobs,
     /// Checksum arrays for direct reads, each at most the I/O cap long.
+    /// Lock order: last; nothing is taken while it is held.
     pub csum_pool: Mutex<Vec<Vec<u32>>>,
     pub next_dio_id: AtomicU64,
     /// Direct overwrites in progress (`Counters::dio_overwrites_peak`).
@@ -194,9 +134,8 @@ pub(crate) struct Shared {
     pub wb_done: Condvar,
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
-    /// Signalled (with `inner`) when a durable commit's write completes
-    /// while committers wait for their group to gather.
-    pub batch_written: Condvar,
+    /// Group commit under `inner` (`meta::commit`).
+    pub group: GroupCommit,
     /// Per-context statistics, `MAX_WB_CONTEXTS` long.
     pub wb_stats: Vec<ContextStats>,
     /// Set at unmount: the writeback threads exit.
@@ -310,37 +249,4 @@ impl Inner {
         self.alloc.take_freed(&mut self.meta);
         Ok(())
     }
-}
-
-/// The time the system clock reads, to the nanosecond (mkfs).
-pub(crate) fn now_precise() -> crate::format::inode::Timespec {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    crate::format::inode::Timespec {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
-    }
-}
-
-/// The time for a file's timestamps: the kernel's coarse clock (one tick,
-/// a few milliseconds), the one Linux stamps files with. Through a FUSE
-/// mount with the writeback cache the kernel sets mtime and ctime itself
-/// from that clock: stamps the engine makes (a create's atime, a rename's
-/// ctime) must come from it too, or a new file's atime lands after the
-/// kernel's later mtime and relatime never updates it. Writes within a
-/// tick also leave the inode record unchanged and out of the transaction.
-pub(crate) fn now() -> crate::format::inode::Timespec {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
-        return crate::format::inode::Timespec {
-            sec: ts.tv_sec,
-            nsec: ts.tv_nsec as u32,
-        };
-    }
-    now_precise()
 }

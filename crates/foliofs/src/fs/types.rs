@@ -4,6 +4,36 @@ pub use crate::format::dirent::NAME_MAX;
 pub use crate::format::inode::{FileType, Timespec, S_IFMT, S_ISGID, S_ISUID};
 use serde::Serialize;
 
+/// A node to make (`Fs::mknod`): its kind, permission bits, the
+/// creator's umask (taken off the bits unless the parent has a default
+/// ACL, which decides instead), owner, device number (character and
+/// block devices) and symlink target.
+#[derive(Clone, Copy, Debug)]
+pub struct NewNode<'a> {
+    pub kind: FileType,
+    pub perm: u32,
+    pub umask: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub target: Option<&'a [u8]>,
+}
+
+impl NewNode<'_> {
+    /// A node of `kind` with `perm`, owned by `uid`:`gid`, no umask.
+    pub fn new(kind: FileType, perm: u32, uid: u32, gid: u32) -> Self {
+        NewNode {
+            kind,
+            perm,
+            umask: 0,
+            uid,
+            gid,
+            rdev: 0,
+            target: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Attr {
     pub ino: u64,
@@ -108,17 +138,19 @@ impl Falloc {
     /// The operation fallocate(2)'s `mode` asks for: KEEP_SIZE,
     /// PUNCH_HOLE (with KEEP_SIZE, as Linux requires) and ZERO_RANGE; any
     /// other bit is unsupported (EOPNOTSUPP).
-    pub fn from_linux(mode: i32) -> crate::Result<Falloc> {
+    pub fn from_linux(mode: i32) -> crate::error::Result<Falloc> {
         use libc::FALLOC_FL_ZERO_RANGE as ZERO;
         use libc::{FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH};
         let keep_size = mode & KEEP != 0;
         match mode {
-            m if m & !(KEEP | PUNCH | ZERO) != 0 => Err(crate::Error::Unsupported(
+            m if m & !(KEEP | PUNCH | ZERO) != 0 => Err(crate::error::Error::Unsupported(
                 "fallocate modes other than keep size, punch hole and zero range",
             )),
-            m if m & PUNCH != 0 && (!keep_size || m & ZERO != 0) => Err(crate::Error::Invalid(
-                "a hole is punched with FALLOC_FL_KEEP_SIZE and alone".into(),
-            )),
+            m if m & PUNCH != 0 && (!keep_size || m & ZERO != 0) => {
+                Err(crate::error::Error::Invalid(
+                    "a hole is punched with FALLOC_FL_KEEP_SIZE and alone".into(),
+                ))
+            }
             m if m & PUNCH != 0 => Ok(Falloc::PunchHole),
             m if m & ZERO != 0 => Ok(Falloc::ZeroRange { keep_size }),
             _ => Ok(Falloc::Allocate { keep_size }),
@@ -132,9 +164,9 @@ impl Falloc {
 /// cookie) or the directory ends.
 pub fn listing<T>(
     mut cookie: u64,
-    fetch: impl Fn(u64) -> crate::Result<Vec<T>>,
+    fetch: impl Fn(u64) -> crate::error::Result<Vec<T>>,
     mut add: impl FnMut(T) -> (bool, u64),
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     loop {
         let batch = fetch(cookie)?;
         if batch.is_empty() {

@@ -39,6 +39,8 @@ pub const MAX_IN_FLIGHT: usize = 8;
 
 /// Completion state of the journal writes in flight. Waiting on it needs
 /// no other lock, so a writer never needs the caller's lock to finish.
+/// Lock order: last, under the metadata lock; `state` is held only for
+/// its own fields.
 #[derive(Default)]
 pub struct JournalIo {
     state: Mutex<IoState>,
@@ -315,7 +317,8 @@ impl CheckpointJob {
     }
 }
 
-/// Completion of a checkpoint's writes.
+/// Completion of a checkpoint's writes. Lock order: last, like
+/// `JournalIo`'s.
 #[derive(Default)]
 pub(super) struct CheckpointIo {
     done: Mutex<Option<std::result::Result<Superblock, String>>>,
@@ -901,7 +904,7 @@ pub fn replay(dev: &dyn Device, sb: &mut Superblock) -> Result<u64> {
     // The newest contents of each checksum block imaged so far, and those
     // changed since by checksums derived from logged data (written home
     // at the end).
-    let mut csum_blocks: crate::U64Map<AlignedBuf> = Default::default();
+    let mut csum_blocks: crate::u64map::U64Map<AlignedBuf> = Default::default();
     let mut derived: BTreeSet<u64> = BTreeSet::new();
     let read = |p: u64| -> Result<AlignedBuf> {
         let mut b = AlignedBuf::zeroed(bs);

@@ -34,6 +34,7 @@
 //! the logged data itself. A direct overwrite's transaction is then its
 //! descriptor and its data, not also a checksum block per block written.
 
+mod commit;
 mod journal;
 
 use crate::books::ScanFloor;
@@ -42,7 +43,8 @@ use crate::error::{Error, Result};
 use crate::format::superblock::Superblock;
 use crate::format::{csum, data_crc, header, magic};
 use crate::geometry::Geometry;
-use crate::U64Map;
+use crate::u64map::U64Map;
+pub(crate) use commit::{Batch, GroupCommit, Journaled};
 use journal::InFlight;
 pub use journal::{
     replay, replay_in_memory, CheckpointJob, DataFlush, JournalIo, JournalStats, SealedTx,

@@ -7,8 +7,8 @@ use crate::device::{AlignedBuf, Device, MemDevice};
 use crate::format::btree_node::{Node, TreeType};
 use crate::format::header::{stamp, BlockHeader};
 use crate::format::{ag_header::AgHeader, inode::DiskInode, journal, superblock::Superblock};
+use crate::fs::Fs;
 use crate::fs::{mkfs, Falloc, MkfsOptions, MountOptions, SetAttr};
-use crate::Fs;
 use std::sync::{Arc, OnceLock};
 
 /// Every on-disk decoder on arbitrary bytes, with the checksum re-stamped

@@ -16,7 +16,7 @@
 use super::writeback::BATCH_BYTES;
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Fs, Result};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,15 +28,6 @@ const PASS_BYTES: u64 = 16 << 20;
 const SMALL_FILE_BYTES: u64 = 256 << 10;
 /// Longest a throttled writer sleeps at once.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
-
-/// What a writeback context has done, readable without locks.
-#[derive(Debug, Default)]
-pub(crate) struct ContextStats {
-    pub bytes: AtomicU64,
-    pub passes: AtomicU64,
-    /// Bytes per second, a moving average over passes.
-    pub bandwidth: AtomicU64,
-}
 
 /// Whether an inode dirtied at `at` is due for writeback: over the
 /// background threshold, or dirtied before `expired`.

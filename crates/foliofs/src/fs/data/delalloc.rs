@@ -19,9 +19,11 @@ use crate::books::take;
 use crate::error::{Error, Result};
 use crate::format::inode::FLAG_PREALLOC;
 use crate::fs::bump;
-use crate::fs::fork::Extent;
+use crate::fs::ctx::Ctx;
+use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
 use crate::fs::inode::Inode;
-use crate::fs::state::{Ctx, Inner};
+use crate::fs::state::Inner;
+use crate::runs::runs;
 
 impl Inode {
     /// Allocate up to `want` blocks for file block `lblk` on, next to the
@@ -49,6 +51,78 @@ impl Inode {
         )?;
         self.d.nblocks += n;
         Ok((p, n))
+    }
+
+    /// Writeback's conversion of delayed allocation: allocate the dirty
+    /// blocks `holes` (sorted file blocks, unmapped), mapped unwritten
+    /// until their data is down, and return the runs allocated as
+    /// (file block, device block, blocks). A run that reaches into the
+    /// speculative preallocation takes all of it that lies past it, so
+    /// an appending file stays in one extent; the blocks past the run stay
+    /// mapped unwritten beyond EOF. Each allocation turns its reservation
+    /// (delayed or speculative) into the blocks.
+    pub(in crate::fs) fn allocate_delayed(
+        &mut self,
+        cx: &mut Ctx,
+        ag: u32,
+        holes: &[u64],
+    ) -> Result<Vec<(u64, u64, u64)>> {
+        let bs = cx.meta.geo.block_size;
+        let mut mapped = Vec::new();
+        let mut spec: Option<(u64, u64, u64)> = None; // (lblk, pblk, end)
+        for (start, len) in runs(holes) {
+            let end = start + len;
+            let mut l = start;
+            while l < end {
+                if let Some((l0, p0, l1)) = spec.filter(|s| s.0 <= l && l < s.2) {
+                    // Mapped by the preallocation allocated just before.
+                    let to = l1.min(end);
+                    mapped.push((l, p0 + (l - l0), to - l));
+                    l = to;
+                    continue;
+                }
+                match self.prealloc {
+                    Some((a, b)) if a <= l && l < b => {
+                        let (p, n) =
+                            self.alloc_unwritten(cx, ag, l, (b - l).min(MAX_EXTENT_LEN))?;
+                        // The preallocation's reservation becomes blocks;
+                        // what is left of it stays reserved as one range.
+                        cx.alloc.unreserve(n);
+                        take(&mut cx.alloc.speculative, n, "speculative blocks");
+                        self.prealloc = match (a < l, l + n < b) {
+                            (false, false) => None,
+                            (false, true) => Some((l + n, b)),
+                            (true, false) => Some((a, l)),
+                            (true, true) => {
+                                // Two pieces: the one past the allocation
+                                // is given up (its dirty blocks keep their
+                                // reservation as delayed allocation).
+                                self.release_range(cx, l + n, b);
+                                Some((a, l))
+                            }
+                        };
+                        bump(&cx.counters.prealloc_allocated, n);
+                        if l + n > self.size.div_ceil(bs) {
+                            self.spec_eof = true;
+                        }
+                        spec = Some((l, p, l + n));
+                    }
+                    pre => {
+                        let stop = match pre {
+                            Some((a, _)) if a > l => a.min(end),
+                            _ => end,
+                        };
+                        let (p, n) = self.alloc_unwritten(cx, ag, l, stop - l)?;
+                        // Delayed allocation: the reservation becomes the blocks.
+                        cx.alloc.unreserve(n);
+                        take(&mut self.delalloc, n, "delayed blocks");
+                        mapped.push((l, p, n));
+                        l += n;
+                    }
+                }
+            }
+        }
+        Ok(mapped)
     }
 }
 

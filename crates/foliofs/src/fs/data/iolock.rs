@@ -13,7 +13,7 @@
 //! operation holds two I/O locks.
 
 use crate::fs::{bump, Counters};
-use crate::U64Map;
+use crate::u64map::U64Map;
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
 use std::sync::Arc;
@@ -40,6 +40,10 @@ struct Table {
 
 /// The lock table. An entry nobody holds carries no state, so entries are
 /// dropped when the table doubles.
+///
+/// Lock order: an inode's I/O lock is first, taken before the metadata
+/// lock (`Shared::inner`), and a thread holds at most one; `table` is
+/// held only to find or make an entry, never while waiting for one.
 #[derive(Default)]
 pub(crate) struct IoLocks {
     table: Mutex<Table>,

@@ -48,11 +48,8 @@ pub(super) mod overwrite;
 mod pagecache;
 mod read;
 mod size;
-mod write;
+pub(super) mod write;
 pub(super) mod writeback;
-
-pub(in crate::fs) use crate::runs::runs;
-pub(in crate::fs) use write::{drive, Locked};
 
 /// Largest file offset: keeps block arithmetic far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;

@@ -29,9 +29,10 @@
 use crate::csums::set_csums;
 use crate::error::{Error, Result};
 use crate::fs::bump;
+use crate::fs::ctx::Ctx;
 use crate::fs::fork::Extent;
 use crate::fs::inode::Inode;
-use crate::fs::state::{Ctx, Inner};
+use crate::fs::state::Inner;
 
 /// Part of an out-of-place overwrite: file blocks [lblk, lblk + len) move
 /// to new device blocks from `pblk`.

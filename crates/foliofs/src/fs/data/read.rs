@@ -8,8 +8,9 @@ use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::data_crc;
 use crate::fs::bump;
+use crate::fs::ctx::Ctx;
 use crate::fs::inode::Inode;
-use crate::fs::state::{Ctx, Inner};
+use crate::fs::state::Inner;
 
 impl Inode {
     /// Read `count` mapped blocks starting at file block `lblk` (device

@@ -19,21 +19,18 @@
 //! here: the commit that makes the completion's metadata durable flushes
 //! the device before writing its journal blocks (`DataFlush`).
 
-use super::runs;
 use super::MAX_IO_BLOCKS;
 use crate::books::{take, take_clamped};
 use crate::csums::{clear_csums, set_csums};
 use crate::device::Device;
 use crate::format::data_crc;
 use crate::fs::data::overwrite::{cow_alloc, unalloc, Cow};
-use crate::fs::fork::{Extent, MAX_EXTENT_LEN};
+use crate::fs::fork::Extent;
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Error, Result};
-use crate::meta::MAX_IN_FLIGHT;
-use crate::runs::runs_by;
+use crate::runs::{runs, runs_by};
 use parking_lot::MutexGuard;
 use std::ops::Range;
-use std::time::{Duration, Instant};
 
 /// Most bytes one job writes: a writer that must change a folio under
 /// writeback waits for its whole job.
@@ -285,62 +282,9 @@ impl Inner {
             }
             bump(&cx.counters.overwrite_intents, overwrites.len() as u64);
         }
-        // Allocate holes, mapped unwritten until the data is down. A run
-        // that reaches into the speculative preallocation takes all of it
-        // that lies past it, so an appending file stays in one extent; the
-        // blocks past the run stay mapped unwritten beyond EOF.
-        let mut spec: Option<(u64, u64, u64)> = None; // (lblk, pblk, end)
-        for (start, len) in runs(&holes) {
-            let end = start + len;
-            let mut l = start;
-            while l < end {
-                if let Some((l0, p0, l1)) = spec.filter(|s| s.0 <= l && l < s.2) {
-                    // Mapped by the preallocation allocated just before.
-                    let to = l1.min(end);
-                    targets.extend((l..to).map(|k| (k, p0 + (k - l0), true)));
-                    l = to;
-                    continue;
-                }
-                match ip.prealloc {
-                    Some((a, b)) if a <= l && l < b => {
-                        let (p, n) =
-                            ip.alloc_unwritten(&mut cx, ag, l, (b - l).min(MAX_EXTENT_LEN))?;
-                        // The preallocation's reservation becomes blocks;
-                        // what is left of it stays reserved as one range.
-                        cx.alloc.unreserve(n);
-                        take(&mut cx.alloc.speculative, n, "speculative blocks");
-                        ip.prealloc = match (a < l, l + n < b) {
-                            (false, false) => None,
-                            (false, true) => Some((l + n, b)),
-                            (true, false) => Some((a, l)),
-                            (true, true) => {
-                                // Two pieces: the one past the allocation
-                                // is given up (its dirty blocks keep their
-                                // reservation as delayed allocation).
-                                ip.release_range(&mut cx, l + n, b);
-                                Some((a, l))
-                            }
-                        };
-                        bump(&cx.counters.prealloc_allocated, n);
-                        if l + n > ip.size.div_ceil(bs) {
-                            ip.spec_eof = true;
-                        }
-                        spec = Some((l, p, l + n));
-                    }
-                    pre => {
-                        let stop = match pre {
-                            Some((a, _)) if a > l => a.min(end),
-                            _ => end,
-                        };
-                        let (p, n) = ip.alloc_unwritten(&mut cx, ag, l, stop - l)?;
-                        // Delayed allocation: the reservation becomes the blocks.
-                        cx.alloc.unreserve(n);
-                        take(&mut ip.delalloc, n, "delayed blocks");
-                        targets.extend((l..l + n).map(|k| (k, p + (k - l), true)));
-                        l += n;
-                    }
-                }
-            }
+        // Allocate holes, mapped unwritten until the data is down.
+        for (l, p, n) in ip.allocate_delayed(&mut cx, ag, &holes)? {
+            targets.extend((l..l + n).map(|k| (k, p + (k - l), true)));
         }
         if !holes.is_empty() {
             // The new mapping goes into the same transaction as the
@@ -709,159 +653,6 @@ impl Shared {
             g.maybe_commit()?;
         }
         Ok((g, written))
-    }
-
-    /// Make every change made so far durable, without holding the metadata
-    /// lock over the journal write: while one transaction is being written,
-    /// other threads add to the next one, and the first of them to get
-    /// the journal seals and writes them all (group commit).
-    pub(in crate::fs) fn commit_sync<'a>(
-        &'a self,
-        g: MutexGuard<'a, Inner>,
-    ) -> Result<MutexGuard<'a, Inner>> {
-        self.commit_to(g, true)
-    }
-
-    /// `commit_sync`, or with `durable` false: every change made so far is
-    /// written to the log, not necessarily flushed (what a plain direct
-    /// overwrite needs: its data on the device, like XFS's, no flush).
-    pub(in crate::fs) fn commit_to<'a>(
-        &'a self,
-        mut g: MutexGuard<'a, Inner>,
-        durable: bool,
-    ) -> Result<MutexGuard<'a, Inner>> {
-        if !durable {
-            return self.commit_inner(g, false);
-        }
-        g.batch.active += 1;
-        match self.commit_inner(g, true) {
-            Ok(mut g) => {
-                g.batch.active -= 1;
-                Ok(g)
-            }
-            Err(e) => {
-                self.inner.lock().batch.active -= 1;
-                Err(e)
-            }
-        }
-    }
-
-    fn commit_inner<'a>(
-        &'a self,
-        mut g: MutexGuard<'a, Inner>,
-        durable: bool,
-    ) -> Result<MutexGuard<'a, Inner>> {
-        // The transaction holding the caller's changes: the running one,
-        // or, when that is empty, the last sealed.
-        let mut target = g.meta.running_seq();
-        if !g.meta.has_running() {
-            match target.checked_sub(1) {
-                Some(t) => target = t,
-                None => return Ok(g),
-            }
-        }
-        let mut joined = false;
-        let mut waited = false;
-        loop {
-            g.meta.reap()?;
-            g.meta.check_live()?;
-            let reached = if durable {
-                g.meta.done_seq() > target
-            } else {
-                // Its own write, not the ones before it: the data is on
-                // the device (a flush that makes it durable waits for
-                // them all).
-                g.meta.written_seq() > target || g.meta.journal_io().written_ok(target)
-            };
-            if reached {
-                return Ok(g);
-            }
-            if target >= g.meta.running_seq() {
-                // Still running: seal and write it, beside the writes in
-                // flight, if there is room.
-                if durable && !joined {
-                    joined = true;
-                    let b = &mut g.batch;
-                    if b.seq != target {
-                        b.seq = target;
-                        b.joined = 0;
-                    }
-                    // No wake-up for those waiting: the committer that
-                    // completes the group seals it itself, and they sleep
-                    // on until its write completes (below).
-                    b.joined += 1;
-                }
-                if durable && !waited && g.batch.joined < g.batch.last_group {
-                    // Others committed with us last time: give them a
-                    // moment to join this one.
-                    waited = true;
-                    let wait = Duration::from_nanos(g.batch.avg_ns.clamp(20_000, 2_000_000));
-                    let deadline = Instant::now() + wait;
-                    g.batch.waiting += 1;
-                    while g.batch.seq == target
-                        && g.batch.joined < g.batch.last_group
-                        && g.meta.running_seq() <= target
-                        && !self.batch_written.wait_until(&mut g, deadline).timed_out()
-                    {
-                    }
-                    g.batch.waiting -= 1;
-                    bump(&self.counters.commit_batch_waits, 1);
-                    continue;
-                }
-                if g.meta.in_flight() < MAX_IN_FLIGHT {
-                    if durable {
-                        // Committers now: the group to expect next time.
-                        g.batch.last_group = g.batch.active;
-                    }
-                    match g.meta.seal_with(durable)? {
-                        Some(tx) => {
-                            drop(g);
-                            let t = Instant::now();
-                            tx.write();
-                            let ns = t.elapsed().as_nanos() as u64;
-                            g = self.inner.lock();
-                            if durable {
-                                g.batch.avg_ns = (g.batch.avg_ns * 7 + ns) / 8;
-                            }
-                            if g.batch.waiting > 0 {
-                                // Those who waited for the group are done
-                                // if it is theirs, and look again if not.
-                                self.batch_written.notify_all();
-                            }
-                        }
-                        // Emptied since (its blocks freed): what is left
-                        // of the caller's changes was sealed before.
-                        None => match g.meta.running_seq().checked_sub(1) {
-                            Some(t) => target = t,
-                            None => return Ok(g),
-                        },
-                    }
-                    continue;
-                }
-            } else if durable && g.meta.written_seq() > target {
-                // Written without a flush: one flush makes it durable.
-                let upto = g.meta.written_seq();
-                drop(g);
-                let r = self.dev.flush();
-                g = self.inner.lock();
-                if let Err(e) = r {
-                    return Err(g.meta.poison(format!("journal flush failed: {e}")));
-                }
-                g.meta.mark_durable(upto);
-                g.meta.stats.flushes += 1;
-                continue;
-            }
-            // Wait for a journal write to complete.
-            let io = g.meta.journal_io();
-            let ticket = io.completions();
-            drop(g);
-            io.wait_after(ticket);
-            g = self.inner.lock();
-        }
-    }
-
-    pub(in crate::fs) fn commit_wait(&self, g: MutexGuard<'_, Inner>) -> Result<()> {
-        self.commit_sync(g).map(drop)
     }
 }
 
