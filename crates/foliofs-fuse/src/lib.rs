@@ -258,6 +258,11 @@ impl Default for CacheOptions {
     }
 }
 
+/// The unit of O_DIRECT requests: the logical sector of the disks Linux's
+/// own file systems sit on, which refuse (EINVAL) a direct request whose
+/// offset or length is not a multiple of it (`FuseFs::direct_path`).
+const DIRECT_IO_SECTOR: u64 = 512;
+
 /// Largest request the kernel sends (1 MiB: 256 pages, the default
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -557,27 +562,41 @@ impl FuseFs {
         f: impl FnOnce(foliofs::Result<&[u8]>) -> R,
     ) -> R {
         with_aligned(size, |buf| {
-            let r = if direct && self.block_aligned(offset, size) {
-                self.fs.read_direct(ino, offset, buf)
-            } else {
-                self.fs.read(ino, offset, buf)
+            let r = match self.direct_path(direct, offset, size) {
+                Ok(true) => self.fs.read_direct(ino, offset, buf),
+                Ok(false) => self.fs.read(ino, offset, buf),
+                Err(e) => Err(e),
             };
             f(r.map(|n| &buf[..n]))
         })
     }
 
-    /// Whether a direct request covers whole blocks of the engine. One
-    /// that does not (O_DIRECT in 512-byte sectors, as Linux's own file
-    /// systems take it) goes through the engine's page cache instead,
-    /// which is coherent with its direct path: the same data, checksummed
-    /// the same way, made durable by fsync as any write is.
-    fn block_aligned(&self, offset: u64, len: usize) -> bool {
+    /// Whether a request on a description takes the engine's direct path,
+    /// by the kernel's rule for O_DIRECT on its own file systems over a
+    /// disk of 512-byte sectors, which the C ABI follows too: an offset or
+    /// a length not in whole sectors is refused (EINVAL); whole blocks of
+    /// the engine take its direct path; whole sectors that are not whole
+    /// blocks go through the engine's page cache, which is coherent with
+    /// its direct path (the same data, checksummed the same way, made
+    /// durable by fsync as any write is). The caller's buffer is the
+    /// kernel's to check: it never reaches the daemon. Requests on other
+    /// descriptions (`direct` false) take the page cache.
+    fn direct_path(&self, direct: bool, offset: u64, len: usize) -> foliofs::Result<bool> {
+        if !direct {
+            return Ok(false);
+        }
+        if (offset | len as u64) % DIRECT_IO_SECTOR != 0 {
+            return Err(Error::Invalid(format!(
+                "O_DIRECT needs an offset and a length in whole {DIRECT_IO_SECTOR}-byte \
+                 sectors (offset {offset}, length {len})"
+            )));
+        }
         let bs = self.fs.block_size();
-        offset % bs == 0 && len as u64 % bs == 0
+        Ok(offset % bs == 0 && len as u64 % bs == 0)
     }
 
     fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
-        if direct && self.block_aligned(offset, data.len()) {
+        if self.direct_path(direct, offset, data.len())? {
             // The request buffer is not aligned for the device: copy once.
             with_aligned(data.len(), |buf| {
                 buf.copy_from_slice(data);
