@@ -326,7 +326,7 @@ impl KernelCache {
     /// engine's end of file: the kernel writes back the range of each
     /// itself, in the caller's context (fuse_direct_io, with
     /// FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+), but the size its cached
-    /// writes made stays its own until written back (`read`). A kernel
+    /// writes made stays its own until written back (`FuseFs::read`). A kernel
     /// without it (`dio_writeback` false) needs it before each
     /// (`direct_writeback`). SEEK_DATA and SEEK_HOLE it passes on as they
     /// are.
@@ -352,7 +352,7 @@ impl KernelCache {
     /// The kernel's side runs on the `foliofs-inval` thread, and the
     /// request waits for it at most `INVAL_WAIT`, a backstop: should the
     /// kernel hold locked a page that only this request's reply unlocks
-    /// (as a page-cache fill through an O_DIRECT handle did before `read`
+    /// (as a page-cache fill through an O_DIRECT handle did before `FuseFs::read`
     /// told fills apart; xfstests generic/647 hung on it), the request
     /// goes on, its reply unlocks the page, and the invalidation finishes
     /// after it.

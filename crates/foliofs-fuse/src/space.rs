@@ -96,6 +96,9 @@ struct Gate {
     mount_point: Option<PathBuf>,
     floor: OnceLock<u64>,
     /// Cached descriptions open for writing, by inode, and in all.
+    /// Lock order: taken under `KernelCache`'s handles (a description
+    /// opened or closed), and takes the engine's metadata lock under it
+    /// (`Fs::set_cache_reserve`); never `thread`.
     writers: Mutex<(HashMap<u64, u32>, u32)>,
     /// Cached writes must be refused: the attributes of cached writers
     /// are kept stale.
@@ -105,7 +108,9 @@ struct Gate {
     refused: AtomicU64,
     /// The thread that marks attributes stale, started when first armed
     /// (it holds the gate weakly); joined when the mount's file system
-    /// goes.
+    /// goes. Lock order: a leaf, taken under the engine's metadata lock
+    /// by the shutdown hook (`wake`), so nothing of the engine's is taken
+    /// under it.
     thread: Mutex<Option<(SyncSender<u64>, JoinHandle<()>)>>,
 }
 
