@@ -28,7 +28,6 @@ const INVAL_WAIT: Duration = Duration::from_secs(10);
 /// One FUSE_NOTIFY_INVAL_INODE for the `foliofs-inval` thread; `done` is
 /// told when the kernel has finished it.
 struct InvalJob {
-    notifier: Notifier,
     ino: u64,
     off: i64,
     len: i64,
@@ -41,6 +40,7 @@ struct InvalJob {
 /// whose queue has the fewest threads inside `kernel_drop`, one that has a
 /// thread free to serve them (`Drops`).
 fn spawn_invalidator(
+    notifier: Notifier,
     drops: Arc<Drops>,
     transport: Arc<Transport>,
 ) -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
@@ -56,7 +56,7 @@ fn spawn_invalidator(
                         pinned = q;
                     }
                 }
-                if let Err(e) = j.notifier.inval_inode(INodeNo(j.ino), j.off, j.len) {
+                if let Err(e) = notifier.inval_inode(INodeNo(j.ino), j.off, j.len) {
                     log::debug!("inode {}: dropping the kernel's pages: {e}", j.ino);
                 }
                 let _ = j.done.try_send(());
@@ -146,10 +146,9 @@ pub(crate) struct KernelCache {
     /// a request to the engine's data path or a wait for the kernel.
     handles: Mutex<Handles>,
     next_fh: AtomicU64,
-    /// Filled once the session exists (fuser makes the notifier with the
-    /// session, which takes the file system): lets a request make the
-    /// kernel write back and drop the pages it caches.
-    notifier: Arc<OnceLock<Notifier>>,
+    /// The session's: lets a request make the kernel write back and drop
+    /// the pages it caches.
+    notifier: Notifier,
     /// Request threads inside `kernel_drop`.
     drops: Arc<Drops>,
     /// Whether requests come through rings (for the invalidation thread).
@@ -162,7 +161,7 @@ pub(crate) struct KernelCache {
 impl KernelCache {
     pub(crate) fn new(
         writeback_cache: bool,
-        notifier: Arc<OnceLock<Notifier>>,
+        notifier: Notifier,
         drops: Arc<Drops>,
         transport: Arc<Transport>,
     ) -> Self {
@@ -379,17 +378,21 @@ impl KernelCache {
         off: i64,
         len: i64,
     ) -> Option<std::sync::mpsc::Receiver<()>> {
-        let n = self.notifier.get()?;
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         let job = InvalJob {
-            notifier: n.clone(),
             ino,
             off,
             len,
             done,
         };
         self.inval
-            .get_or_init(|| spawn_invalidator(self.drops.clone(), self.transport.clone()))
+            .get_or_init(|| {
+                spawn_invalidator(
+                    self.notifier.clone(),
+                    self.drops.clone(),
+                    self.transport.clone(),
+                )
+            })
             .lock()
             .send(job)
             .is_ok()
@@ -400,8 +403,6 @@ impl KernelCache {
     /// a kill_priv, its change time after chattr): it is told to ask
     /// again (FUSE_NOTIFY_INVAL_INODE without pages).
     pub(crate) fn stale_attrs(&self, ino: u64) {
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(ino), -1, 0);
-        }
+        let _ = self.notifier.inval_inode(INodeNo(ino), -1, 0);
     }
 }

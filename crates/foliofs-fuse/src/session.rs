@@ -20,7 +20,7 @@ use fuser::{Config, RawDispatcher, SessionUnmounter};
 use parking_lot::Mutex;
 use std::io;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -65,24 +65,16 @@ impl Session {
             spawn.clone(),
         ));
         let transport = Arc::new(Transport::default());
-        // fuser makes the notifier with the session, which takes the file
-        // system: filled once below, read by requests (none before INIT).
-        let notifier = Arc::new(OnceLock::new());
-        let kernel = KernelCache::new(
-            o.cache.writeback_cache,
-            notifier.clone(),
-            drops,
-            transport.clone(),
-        );
-        let space = SpaceGate::new(
-            fs.clone(),
-            o.cache.cache_floor,
-            Some(dir.to_path_buf()),
-            notifier.clone(),
-        );
-        let fuse = FuseFs::new(fs, o, kernel, space, transport.clone());
-        let session = fuser::Session::new(fuse, dir, &config)?;
-        let _ = notifier.set(session.notifier());
+        let t = transport.clone();
+        // The adapter is made with the session's notifier, once the
+        // session has its channel to the kernel.
+        let session = fuser::Session::new_with_notifier(dir, &config, |notifier| {
+            let writeback_cache = o.cache.writeback_cache;
+            let kernel = KernelCache::new(writeback_cache, notifier.clone(), drops, t.clone());
+            let floor = o.cache.cache_floor;
+            let space = SpaceGate::new(fs.clone(), floor, Some(dir.to_path_buf()), notifier);
+            FuseFs::new(fs, o, kernel, space, t)
+        })?;
         Ok(Session {
             session,
             transport,

@@ -103,7 +103,7 @@ struct Gate {
     /// Cached writes must be refused: the attributes of cached writers
     /// are kept stale.
     armed: AtomicBool,
-    notifier: Arc<OnceLock<Notifier>>,
+    notifier: Notifier,
     /// Cached writes refused (at their GETATTR).
     refused: AtomicU64,
     /// The thread that marks attributes stale, started when first armed
@@ -119,7 +119,7 @@ impl SpaceGate {
         fs: Arc<Fs>,
         setting: CacheFloor,
         mount_point: Option<PathBuf>,
-        notifier: Arc<OnceLock<Notifier>>,
+        notifier: Notifier,
     ) -> Self {
         let gate = Arc::new(Gate {
             fs,
@@ -310,9 +310,8 @@ impl Gate {
     /// Mark the attributes of these inodes stale (FUSE_NOTIFY_INVAL_INODE
     /// with a negative offset: no pages).
     fn mark(&self, inos: impl IntoIterator<Item = u64>) {
-        let Some(n) = self.notifier.get() else { return };
         for ino in inos {
-            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            let _ = self.notifier.inval_inode(INodeNo(ino), -1, 0);
         }
     }
 }
