@@ -6,7 +6,7 @@
 //! (`KernelCache::kernel_drop`) waits for a writeback that other request
 //! threads serve. This module counts the threads inside such a wait and
 //! makes more (`Spawn`) before the last free one would enter it; the
-//! session (`session::serve`) says how a thread is made.
+//! session (`Session::serve`) says how a thread is made.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -104,15 +104,15 @@ pub(crate) fn serve_queue(qid: usize) {
 /// `Some(q)`, or one more /dev/fuse loop for None; true once it serves.
 pub type Spawn = Box<dyn Fn(Option<usize>) -> bool + Send + Sync>;
 
-/// Where the session puts its `Spawn` while it runs (`session::serve`).
+/// Where the session puts its `Spawn` while it runs (`Session::serve`).
 /// A slot filled late, and the only one: a `Spawn` holds the session's
 /// dispatcher, which holds the file system that holds this, so no order
 /// of construction can pass it in. `clear` it when the session ends,
 /// before the file system is destroyed.
 ///
-/// Lock order: the slot's mutex is a leaf; a `Spawn` called under it
-/// takes only the session's own locks (its list of added threads), never
-/// one of the file system's.
+/// Lock order: held while a `Spawn` runs, which takes the session's list
+/// of added ring threads (`AddedRings::threads`) under it and no lock of
+/// the file system's; taken by a request thread that holds none.
 #[derive(Clone, Default)]
 pub(crate) struct SpawnSlot(Arc<Mutex<Option<Spawn>>>);
 
