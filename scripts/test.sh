@@ -19,6 +19,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
+echo "== vendor/fuser against the published fuser 0.18.0 (vendor/fuser/FOLIOFS.md names every change)"
+scripts/vendor-check.sh
 echo "== fuzz targets compile (their saved inputs replay in cargo test, tests/fuzz_seeds.rs; fuzz with cargo +nightly fuzz, see docs/RELIABILITY.md)"
 cargo check --locked --manifest-path fuzz/Cargo.toml -q
 echo "== FUSE over io_uring: turned on where the kernel has it"

@@ -41,7 +41,11 @@ int foliofs_unmount(foliofs *fs);
 int64_t foliofs_open(foliofs *fs, const char *path, int flags, uint32_t mode);
 int foliofs_close(foliofs *fs, int64_t fh);
 
-/* pread/pwrite. With O_DIRECT, BUF, LEN and OFFSET must be block aligned. */
+/* pread/pwrite. With O_DIRECT, as on Linux's own file systems over a disk of
+ * 512-byte sectors (and through the FUSE mount): BUF, LEN and OFFSET in whole
+ * sectors, else -EINVAL. Whole blocks with BUF aligned to min(block size,
+ * 4096) take the engine's direct path; other whole sectors its page cache,
+ * coherent with it. */
 int64_t foliofs_pread(foliofs *fs, int64_t fh, void *buf, size_t len, uint64_t offset);
 int64_t foliofs_pwrite(foliofs *fs, int64_t fh, const void *buf, size_t len, uint64_t offset);
 

@@ -412,6 +412,36 @@ unsafe fn io_target<'a>(
     Ok(Some((f, h)))
 }
 
+/// The unit of O_DIRECT requests: the logical sector of the disks Linux's
+/// own file systems sit on.
+const DIRECT_IO_SECTOR: u64 = 512;
+
+/// Whether a request on a handle takes the engine's direct path, by the
+/// kernel's rule for O_DIRECT on its own file systems over a disk of
+/// 512-byte sectors, which the FUSE mount follows too: an offset, a
+/// length or a buffer not in whole sectors is refused (EINVAL); whole
+/// blocks of the engine in a buffer aligned as its direct path wants
+/// (min(block size, 4096) bytes) take that path; other whole sectors go
+/// through the engine's page cache, which is coherent with it. Requests
+/// on other handles (`direct` false) take the page cache.
+fn direct_path(fs: &Fs, direct: bool, offset: u64, buf: &[u8]) -> Result<bool, Fail> {
+    if !direct {
+        return Ok(false);
+    }
+    let (len, addr) = (buf.len() as u64, buf.as_ptr() as u64);
+    if (offset | len | addr) % DIRECT_IO_SECTOR != 0 {
+        return Err(fail(
+            libc::EINVAL,
+            format!(
+                "O_DIRECT needs an offset, a length and a buffer in whole \
+                 {DIRECT_IO_SECTOR}-byte sectors (offset {offset}, length {len})"
+            ),
+        ));
+    }
+    let bs = fs.block_size();
+    Ok(offset % bs == 0 && len % bs == 0 && addr % bs.min(4096) == 0)
+}
+
 /// # Safety
 /// `fs` is live; `buf` holds `len` writable bytes.
 #[no_mangle]
@@ -429,7 +459,7 @@ pub unsafe extern "C" fn foliofs_pread(
         };
         // SAFETY: the caller gives `len` writable bytes at `buf`.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
-        let n = if h.direct {
+        let n = if direct_path(&f.fs, h.direct, offset, b)? {
             f.fs.read_direct(h.file.ino, offset, b)?
         } else {
             f.fs.read(h.file.ino, offset, b)?
@@ -456,10 +486,12 @@ pub unsafe extern "C" fn foliofs_pwrite(
         // SAFETY: the caller gives `len` readable bytes at `buf`.
         let b = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
         let n = match (h.direct, h.append) {
-            (true, false) => f.fs.write_direct(h.file.ino, offset, b)?,
             (true, true) => f.fs.append_direct(h.file.ino, b)?.1,
-            (false, false) => f.fs.write(h.file.ino, offset, b)?,
             (false, true) => f.fs.append(h.file.ino, b)?.1,
+            (_, false) if direct_path(&f.fs, h.direct, offset, b)? => {
+                f.fs.write_direct(h.file.ino, offset, b)?
+            }
+            (_, false) => f.fs.write(h.file.ino, offset, b)?,
         };
         Ok(n as i64)
     })
@@ -1062,6 +1094,62 @@ mod tests {
             names.dedup();
             assert_eq!(names.len(), 702);
             assert!(names.iter().any(|n| n == "entry-699"));
+            assert_eq!(foliofs_unmount(fs), 0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// O_DIRECT by the kernel's rule, as through the FUSE mount: whole
+    /// 512-byte sectors are served (whole blocks by the direct path, the
+    /// rest by the page cache, coherent with it), anything off the sector
+    /// (offset, length or buffer) is EINVAL and changes nothing.
+    #[test]
+    fn direct_io_in_sectors_and_off_them() {
+        let (dir, img) = scratch("capi-dio");
+        // SAFETY: every pointer below is a live CString, buffer or handle,
+        // and every length within its buffer.
+        unsafe {
+            assert_eq!(foliofs_mkfs(img.as_ptr(), 64 << 20, 0), 0);
+            let fs = foliofs_mount(img.as_ptr(), std::ptr::null());
+            assert!(!fs.is_null(), "{}", last_error());
+            let path = c("f");
+            let flags = libc::O_RDWR | libc::O_CREAT | libc::O_DIRECT;
+            let fh = foliofs_open(fs, path.as_ptr(), flags, 0o644);
+            assert!(fh >= 0, "{}", last_error());
+            let mut model = vec![0u8; 16384];
+            let mut buf = foliofs::device::AlignedBuf::zeroed(8192);
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            // Whole blocks: the direct path.
+            assert_eq!(foliofs_pwrite(fs, fh, buf.as_ptr().cast(), 8192, 0), 8192);
+            model[..8192].copy_from_slice(&buf[..8192]);
+            // Whole sectors, not whole blocks: served, not EINVAL.
+            for (off, len) in [(512u64, 1024usize), (8192 + 3584, 1024)] {
+                buf[..len].fill(off as u8 | 1);
+                let n = foliofs_pwrite(fs, fh, buf.as_ptr().cast(), len, off);
+                assert_eq!(n, len as i64, "{}", last_error());
+                model[off as usize..off as usize + len].copy_from_slice(&buf[..len]);
+            }
+            let n = foliofs_pread(fs, fh, buf.as_mut_ptr().add(512).cast(), 1536, 2048);
+            assert_eq!(n, 1536, "{}", last_error());
+            assert_eq!(&buf[512..2048], &model[2048..3584]);
+            // Off the sector: EINVAL, for reads and writes alike.
+            for (at, len, off) in [(0, 512, 100u64), (0, 100, 512), (1, 4096, 0)] {
+                let p = buf.as_mut_ptr().add(at);
+                let n = foliofs_pwrite(fs, fh, p.cast(), len, off);
+                assert_eq!(n, -(libc::EINVAL as i64), "write {at} {len} {off}");
+                let n = foliofs_pread(fs, fh, p.cast(), len, off);
+                assert_eq!(n, -(libc::EINVAL as i64), "read {at} {len} {off}");
+            }
+            assert_eq!(foliofs_fsync(fs, fh, 0), 0);
+            let n = foliofs_pread(fs, fh, buf.as_mut_ptr().cast(), 8192, 8192);
+            assert_eq!(n, 4608, "{}", last_error());
+            assert_eq!(&buf[..4608], &model[8192..12800]);
+            let n = foliofs_pread(fs, fh, buf.as_mut_ptr().cast(), 8192, 0);
+            assert_eq!(n, 8192);
+            assert_eq!(&buf[..8192], &model[..8192]);
+            assert_eq!(foliofs_close(fs, fh), 0);
             assert_eq!(foliofs_unmount(fs), 0);
         }
         std::fs::remove_dir_all(&dir).unwrap();

@@ -25,7 +25,8 @@ use foliofs::device::lock;
 use foliofs::device::{DeviceOptions, FileDevice};
 use foliofs::fs::ENGINE_OPTIONS;
 use foliofs::{Fs, MountOptions};
-use foliofs_fuse::{CacheFloor, CacheOptions, FuseFs};
+use foliofs_fuse::session::{Serve, Session};
+use foliofs_fuse::{CacheFloor, CacheOptions, FuseOptions};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -351,22 +352,22 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         } else {
             SessionACL::Owner
         };
-        cfg.n_threads = Some(o.threads);
         cfg.clone_fd = true;
-        let fuse = FuseFs::new(fs.clone(), o.cache.clone())
-            .with_mount_point(dir)
-            .with_faults(faults)
-            .with_posix_acl(o.default_permissions)
-            .with_workers(o.threads, o.ring_depth)
-            .with_io_uring(o.io_uring);
-        let notifier = fuse.notifier_slot();
-        let uring = fuse.uring_slot();
-        let spawn = fuse.spawn_slot();
-        let session = fuser::Session::new(fuse, dir, &cfg)
+        let fuse = FuseOptions {
+            cache: o.cache.clone(),
+            posix_acl: o.default_permissions,
+            io_uring: o.io_uring,
+            faults,
+        };
+        let serve = Serve {
+            threads: o.threads,
+            ring_depth: o.ring_depth,
+            idle_reply: o.idle_reply,
+        };
+        let session = Session::mount(fs.clone(), dir, cfg, fuse, serve)
             .with_context(|| format!("cannot mount on {}", dir.display()))?;
-        let _ = notifier.set(session.notifier());
-        // INIT is done (Session::new waits for it): did the kernel agree?
-        let uring = uring.load(std::sync::atomic::Ordering::Acquire);
+        // INIT is done (Session::mount waits for it): did the kernel agree?
+        let uring = session.over_rings();
         log::info!(
             "mounted {} on {} ({}{}, over {})",
             image.display(),
@@ -379,9 +380,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
                 "/dev/fuse"
             }
         );
-        Ok((fs, session, uring, spawn))
+        Ok((fs, session))
     })();
-    let (fs, mut session, uring, spawn) = match r {
+    let (fs, mut session) = match r {
         Ok(v) => v,
         Err(e) => {
             log::error!("{e:#}");
@@ -391,7 +392,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             return Err(e);
         }
     };
-    let mut unmounter = session.unmount_callable();
+    let mut unmounter = session.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -406,53 +407,7 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
     if let Some(mut p) = ready.take() {
         let _ = writeln!(p, "ok");
     }
-    let (depth, idle_reply) = (o.ring_depth, o.idle_reply);
-    let served = session.run_with_transport(|d| {
-        let loops = d.clone();
-        let mut threads = Vec::new();
-        let mut rings = None;
-        if uring {
-            let payload = foliofs_fuse::MAX_WRITE as usize + (64 << 10);
-            match foliofs_fuse::uring::start(d.clone(), depth, payload, idle_reply) {
-                Ok(t) => {
-                    threads = t;
-                    rings = Some(Arc::new(foliofs_fuse::uring::LateRings::new(
-                        d.clone(),
-                        payload,
-                    )));
-                }
-                Err(e) => log::error!("FUSE over io_uring: {e}; serving /dev/fuse only"),
-            }
-        }
-        // More threads when the last free one would wait for the
-        // kernel's writeback (`foliofs_fuse::Spawn`), until the session
-        // ends: the closure holds the dispatcher, which holds the file
-        // system.
-        let late = rings.clone();
-        spawn.set(Box::new(move |queue| match (queue, &late) {
-            (Some(q), Some(rings)) => rings.spawn(q),
-            // A /dev/fuse loop would not serve that queue.
-            (Some(_), None) => false,
-            (None, _) => loops.spawn_loop().is_ok(),
-        }));
-        let clear = spawn.clone();
-        match std::thread::Builder::new()
-            .name("foliofs-spawn-end".into())
-            .spawn(move || {
-                d.wait_closed();
-                clear.clear();
-                if let Some(rings) = rings {
-                    rings.join();
-                }
-            }) {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                log::warn!("no threads added on demand: {e}");
-                spawn.clear();
-            }
-        }
-        threads
-    });
+    let served = session.serve();
     handle.close();
     let fs = match Arc::try_unwrap(fs) {
         Ok(fs) => fs,

@@ -1844,6 +1844,47 @@ fn direct_io_in_512_byte_sectors() {
     m.unmount_and_check();
 }
 
+/// O_DIRECT not in whole 512-byte sectors fails with EINVAL, as on
+/// Linux's own file systems (and through the C ABI): an offset or a
+/// length off the sector, for reads and writes alike, leaving the file
+/// as it was.
+#[test]
+fn direct_io_off_the_sector_is_einval() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let mut m = Mounted::new("diosector", "");
+    let p = m.path("f");
+    let model: Vec<u8> = (0..16384u32).map(|i| (i * 13 % 251) as u8).collect();
+    std::fs::write(&p, &model).unwrap();
+    let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: a non-zero size; freed below with the same layout.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    // SAFETY: ptr points to 4096 bytes owned here until dealloc.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 4096) };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    for (off, len) in [(100u64, 512usize), (512, 100), (4096 + 1, 4096), (0, 4095)] {
+        let e = f.write_at(&buf[..len], off).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "write {off}+{len}");
+        let e = f.read_at(&mut buf[..len], off).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "read {off}+{len}");
+    }
+    // Whole sectors still go.
+    assert_eq!(f.read_at(&mut buf[..1024], 512).unwrap(), 1024);
+    assert_eq!(&buf[..1024], &model[512..1536]);
+    drop(f);
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    assert_eq!(std::fs::read(&p).unwrap(), model, "nothing written");
+    m.unmount_and_check();
+}
+
 /// Directory offsets (d_off, telldir) are seekable file offsets: every
 /// one is positive, lseek takes it, and seekdir to it resumes the listing
 /// at the entry that followed it (xfstests generic/257 and 637; offsets

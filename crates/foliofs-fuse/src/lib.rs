@@ -25,6 +25,13 @@
 //!
 //! The counters are readable as the xattr `foliofs.counters` (JSON) of the
 //! mount's root directory (`foliofs stat --mount DIR` prints them).
+//!
+//! This file translates requests and nothing else. The rest by job:
+//! `session` mounts and serves (every request thread is made there),
+//! `uring` speaks the ring protocol, `threads` counts the request threads
+//! and keeps one free for the kernel's writeback, `coherence` keeps the
+//! kernel's page cache coherent with the engine (`KernelCache`), `space`
+//! keeps ENOSPC in write(2) under the kernel's write cache.
 
 use foliofs::device::AlignedBuf;
 use foliofs::fs::{
@@ -34,25 +41,28 @@ use foliofs::fs::{
 use foliofs::{Error, Fs};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod coherence;
+pub mod session;
 pub mod space;
+pub mod threads;
 pub mod uring;
 
+use coherence::{Handle, KernelCache};
 pub use space::CacheFloor;
 use space::SpaceGate;
+use threads::Transport;
 
 /// The virtual xattr on the root that returns the counters as JSON.
 pub const COUNTERS_XATTR: &str = "foliofs.counters";
@@ -199,193 +209,6 @@ fn caller_in_group(req: &Request, gid: u32) -> bool {
         .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
-/// How long a request waits for the kernel to drop its pages
-/// (`FuseFs::kernel_drop`).
-const INVAL_WAIT: Duration = Duration::from_secs(10);
-
-/// One FUSE_NOTIFY_INVAL_INODE for the `foliofs-inval` thread; `done` is
-/// told when the kernel has finished it.
-struct InvalJob {
-    notifier: Notifier,
-    ino: u64,
-    off: i64,
-    len: i64,
-    done: std::sync::mpsc::SyncSender<()>,
-}
-
-/// The invalidation thread. The kernel writes back the dirty pages it
-/// drops through requests of this thread's own, which over rings go to
-/// the queue of the CPU it runs on: so before each job it moves to the CPU
-/// whose queue has the fewest threads inside `kernel_drop`, one that has a
-/// thread free to serve them (`Drops`).
-fn spawn_invalidator(
-    drops: Arc<Drops>,
-    rings: Arc<AtomicBool>,
-) -> Mutex<std::sync::mpsc::Sender<InvalJob>> {
-    let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
-    let r = std::thread::Builder::new()
-        .name("foliofs-inval".into())
-        .spawn(move || {
-            let mut pinned = None;
-            for j in rx {
-                if rings.load(Ordering::Acquire) {
-                    let q = drops.quietest_queue();
-                    if q.is_some() && q != pinned && q.is_some_and(uring::pin_to_cpu) {
-                        pinned = q;
-                    }
-                }
-                if let Err(e) = j.notifier.inval_inode(INodeNo(j.ino), j.off, j.len) {
-                    log::debug!("inode {}: dropping the kernel's pages: {e}", j.ino);
-                }
-                let _ = j.done.try_send(());
-            }
-        });
-    if let Err(e) = r {
-        log::warn!("cannot start the invalidation thread: {e}");
-    }
-    Mutex::new(tx)
-}
-
-/// Makes one more request thread while the session runs: for ring queue
-/// `Some(q)`, or one more /dev/fuse loop for None; true once it serves.
-pub type Spawn = Box<dyn Fn(Option<usize>) -> bool + Send + Sync>;
-
-/// Where the mount puts its `Spawn` while the session runs. It holds the
-/// session's dispatcher, and so the file system: `clear` it when the
-/// session ends, before the file system is destroyed.
-#[derive(Clone, Default)]
-pub struct SpawnSlot(Arc<Mutex<Option<Spawn>>>);
-
-impl SpawnSlot {
-    pub fn set(&self, s: Spawn) {
-        *self.0.lock() = Some(s);
-    }
-
-    pub fn clear(&self) {
-        self.0.lock().take();
-    }
-
-    fn spawn(&self, queue: Option<usize>) -> bool {
-        self.0.lock().as_ref().is_some_and(|s| s(queue))
-    }
-}
-
-/// Request threads inside `FuseFs::kernel_drop`. The kernel writes back
-/// the pages it drops through requests that other threads serve, so one
-/// must stay free to serve them.
-///
-/// Over /dev/fuse any worker serves any request. Over rings a request goes
-/// to the queue of the CPU that made it, and only that queue's threads
-/// serve it: each queue keeps its own account, and the invalidation thread
-/// makes its requests from the CPU of the queue with the fewest threads
-/// inside (`spawn_invalidator`). A thread that would leave its account none free
-/// first makes one more (`Spawn`, up to four times the threads it started
-/// with and at least `MIN_THREAD_CAP`), as libfuse's loop makes workers
-/// when all are busy. Past that, at most all but one wait, and a thread
-/// finding those waits taken waits for one; after 2 s it goes on without
-/// (a deadlock otherwise), logged and counted.
-struct Drops {
-    any: Account,
-    queues: Box<[Account]>,
-    spawn: SpawnSlot,
-    /// Waits had, requests that went on without one, threads made (the
-    /// counters' `fuse_kernel_drops`, `fuse_kernel_drops_skipped`,
-    /// `fuse_threads_added`).
-    had: AtomicU64,
-    skipped: AtomicU64,
-    added: AtomicU64,
-}
-
-/// One set of threads that serve the same requests.
-struct Account {
-    threads: AtomicUsize,
-    cap: usize,
-    inside: AtomicUsize,
-    waiting: AtomicUsize,
-}
-
-/// Threads an account may grow to whatever it started with: one thread
-/// (`-o threads=1` or `ring_depth=1`) with six readers waiting needs
-/// seven.
-const MIN_THREAD_CAP: usize = 16;
-
-impl Account {
-    fn new(threads: usize) -> Self {
-        Account {
-            threads: AtomicUsize::new(threads),
-            cap: (threads * 4).max(MIN_THREAD_CAP),
-            inside: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
-        }
-    }
-}
-
-/// A wait in `kernel_drop`, given back when dropped.
-struct DropSlot<'a>(&'a Account);
-
-impl Drop for DropSlot<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-        self.0.inside.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Drops {
-    fn new(workers: usize, depth: usize, queues: usize, spawn: SpawnSlot) -> Self {
-        Drops {
-            any: Account::new(workers),
-            queues: (0..queues).map(|_| Account::new(depth)).collect(),
-            spawn,
-            had: AtomicU64::new(0),
-            skipped: AtomicU64::new(0),
-            added: AtomicU64::new(0),
-        }
-    }
-
-    /// A wait for the calling thread: over rings on its queue's account,
-    /// otherwise on the workers'. None if none came free in 2 s.
-    fn enter(&self, ino: u64) -> Option<DropSlot<'_>> {
-        let queue = uring::current_queue().filter(|&q| q < self.queues.len());
-        let a = queue.map_or(&self.any, |q| &self.queues[q]);
-        let inside = a.inside.fetch_add(1, Ordering::AcqRel) + 1;
-        let threads = a.threads.load(Ordering::Acquire);
-        if inside >= threads && threads < a.cap && self.spawn.spawn(queue) {
-            a.threads.fetch_add(1, Ordering::AcqRel);
-            self.added.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut tries = 0;
-        while a
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                (b + 1 < a.threads.load(Ordering::Acquire)).then_some(b + 1)
-            })
-            .is_err()
-        {
-            tries += 1;
-            if tries > 2000 {
-                a.inside.fetch_sub(1, Ordering::AcqRel);
-                self.skipped.fetch_add(1, Ordering::Relaxed);
-                log::warn!(
-                    "inode {ino}: no thread free to wait for the kernel's writeback; \
-                     a request goes on without it"
-                );
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.had.fetch_add(1, Ordering::Relaxed);
-        Some(DropSlot(a))
-    }
-
-    /// The ring queue with the fewest threads inside `kernel_drop`. Not
-    /// the one with the most threads free: a thread added to a queue
-    /// takes only requests queued after it came, and those queued before
-    /// (behind which the writeback would wait) only as others finish.
-    fn quietest_queue(&self) -> Option<usize> {
-        (0..self.queues.len()).min_by_key(|&q| self.queues[q].inside.load(Ordering::Acquire))
-    }
-}
-
 /// How the kernel may cache what this mount serves.
 #[derive(Clone, Debug)]
 pub struct CacheOptions {
@@ -435,97 +258,30 @@ impl Default for CacheOptions {
     }
 }
 
+/// The unit of O_DIRECT requests: the logical sector of the disks Linux's
+/// own file systems sit on, which refuse (EINVAL) a direct request whose
+/// offset or length is not a multiple of it (`FuseFs::direct_path`).
+const DIRECT_IO_SECTOR: u64 = 512;
+
 /// Largest request the kernel sends (1 MiB: 256 pages, the default
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
-
-/// When the kernel's INIT arrived: one mount per daemon process.
-static MOUNTED_AT: OnceLock<std::time::Instant> = OnceLock::new();
-
-/// What `FuseFs::uncached` says of an uncached description: whether the
-/// kernel caches the file through another for writing, and whether this
-/// one takes the engine's direct path.
-#[derive(Clone, Copy)]
-struct Uncached {
-    cached_writable: bool,
-    odirect: bool,
-}
-
-/// One open file description.
-struct Handle {
-    ino: u64,
-    /// Not cached by the kernel (FOPEN_DIRECT_IO): opened with O_DIRECT,
-    /// or for writing while space was low (`CacheOptions::cache_floor`).
-    uncached: bool,
-    /// Opened with O_DIRECT: reads and writes take the engine's direct
-    /// path (the others its page cache).
-    odirect: bool,
-    /// Opened for writing: with the writeback cache, the kernel may hold
-    /// dirty pages of the file until this description's last close.
-    writable: bool,
-    /// The engine's description: its fsync hears of a writeback error once.
-    file: OpenFile,
-}
-
-/// What the kernel may cache of a file: its cached (not FOPEN_DIRECT_IO)
-/// descriptions, those open for writing (with the writeback cache the
-/// kernel may hold dirty pages of the file until their close), and
-/// whether its data was written around the kernel's page cache (a
-/// FOPEN_DIRECT_IO write, a copy in the engine) since its last open: the
-/// next open then drops the kernel's pages instead of keeping them.
-#[derive(Default)]
-struct FileCache {
-    cached: u32,
-    cached_writable: u32,
-    bypassed: bool,
-}
-
-/// Open descriptions by handle, and per file what they mean for the
-/// kernel's cache (`FileCache`): one lock, counted as descriptions come
-/// and go, so a direct request learns it in O(1).
-#[derive(Default)]
-struct Handles {
-    by_fh: HashMap<u64, Arc<Handle>>,
-    files: HashMap<u64, FileCache>,
-}
-
-impl Handles {
-    fn file(&mut self, ino: u64) -> &mut FileCache {
-        self.files.entry(ino).or_default()
-    }
-
-    /// Forget `ino`'s entry when it says nothing any more.
-    fn tidy(&mut self, ino: u64) {
-        if let Some(f) = self.files.get(&ino) {
-            if f.cached == 0 && !f.bypassed {
-                self.files.remove(&ino);
-            }
-        }
-    }
-}
 
 pub struct FuseFs {
     fs: Arc<Fs>,
     /// The space kept for the kernel's cached writes, and the gate that
     /// refuses them when it runs short.
     space: SpaceGate,
-    handles: Mutex<Handles>,
-    next_fh: AtomicU64,
+    /// What the kernel caches of the files, kept coherent with the engine.
+    kernel: KernelCache,
     cache: CacheOptions,
     posix_acl: bool,
-    /// Set once the session exists (`notifier_slot`): lets a request make
-    /// the kernel write back the pages it caches.
-    notifier: Arc<OnceLock<Notifier>>,
-    /// Request threads inside `kernel_drop`.
-    drops: Arc<Drops>,
-    /// The thread that runs `kernel_drop`'s invalidations.
-    inval: OnceLock<Mutex<std::sync::mpsc::Sender<InvalJob>>>,
-    /// Ask for FUSE over io_uring at INIT; whether the kernel agreed.
+    /// Ask for FUSE over io_uring at INIT; `transport` says whether the
+    /// kernel agreed, and counts what the rings serve.
     io_uring: bool,
-    uring_on: Arc<AtomicBool>,
-    /// The kernel writes back a direct request's range itself
-    /// (FUSE_DIRECT_IO_ALLOW_MMAP; `kernel_writeback`).
-    dio_writeback: bool,
+    transport: Arc<Transport>,
+    /// When the kernel's INIT arrived (the counters' `mounted_secs`).
+    mounted_at: Option<Instant>,
     /// The kernel agreed to send no opendir/releasedir (see `opendir`).
     no_opendir: bool,
     /// The kernel leaves taking suid/sgid and capabilities to us
@@ -535,6 +291,23 @@ pub struct FuseFs {
     uncached_opens: AtomicU64,
     /// The device's fault switches (`-o fault_injection`, `FAULT_XATTR`).
     faults: Option<Arc<foliofs::device::Faults>>,
+}
+
+/// What the mount asks of the adapter.
+#[derive(Clone, Default)]
+pub struct FuseOptions {
+    /// How the kernel may cache what the mount serves.
+    pub cache: CacheOptions,
+    /// Let the kernel enforce POSIX ACLs (FUSE_POSIX_ACL) and leave the
+    /// umask to the engine (FUSE_DONT_MASK), which applies it only where
+    /// the parent has no default ACL. The kernel then checks permissions
+    /// itself, as with `default_permissions`.
+    pub posix_acl: bool,
+    /// Ask the kernel for FUSE over io_uring (it offers it when the
+    /// `fuse.enable_uring` parameter is on).
+    pub io_uring: bool,
+    /// Let root switch the device's faults through `FAULT_XATTR`.
+    pub faults: Option<Arc<foliofs::device::Faults>>,
 }
 
 /// Engine errors to errnos, in one place. Corruption and device errors
@@ -625,192 +398,29 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<Fs>, cache: CacheOptions) -> Self {
-        let notifier = Arc::new(OnceLock::new());
+    /// The adapter for `fs`, with the kernel's cache, the space gate and
+    /// the transport the session made for it (`session::Session::mount`).
+    pub(crate) fn new(
+        fs: Arc<Fs>,
+        o: FuseOptions,
+        kernel: KernelCache,
+        space: SpaceGate,
+        transport: Arc<Transport>,
+    ) -> Self {
         FuseFs {
-            space: SpaceGate::new(fs.clone(), cache.cache_floor, None, notifier.clone()),
             fs,
-            handles: Mutex::new(Handles::default()),
-            next_fh: AtomicU64::new(1),
-            cache,
-            posix_acl: false,
-            notifier,
-            drops: Arc::new(Drops::new(1, 1, 0, SpawnSlot::default())),
-            inval: OnceLock::new(),
-            io_uring: false,
-            uring_on: Arc::new(AtomicBool::new(false)),
-            dio_writeback: false,
+            space,
+            kernel,
+            cache: o.cache,
+            posix_acl: o.posix_acl,
+            io_uring: o.io_uring,
+            transport,
+            mounted_at: None,
             no_opendir: false,
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
-            faults: None,
+            faults: o.faults,
         }
-    }
-
-    /// Let root switch the device's faults through `FAULT_XATTR`.
-    pub fn with_faults(mut self, faults: Option<Arc<foliofs::device::Faults>>) -> Self {
-        self.faults = faults;
-        self
-    }
-
-    /// Where the mount is: the kernel's dirty limit for it sizes the space
-    /// kept for its cached writes (`CacheFloor::Auto`).
-    pub fn with_mount_point(mut self, dir: &Path) -> Self {
-        self.space = SpaceGate::new(
-            self.fs.clone(),
-            self.cache.cache_floor,
-            Some(dir.to_path_buf()),
-            self.notifier.clone(),
-        );
-        self
-    }
-
-    /// Ask the kernel for FUSE over io_uring (it offers it when the
-    /// `fuse.enable_uring` parameter is on); `uring_slot` says after the
-    /// handshake whether it agreed, and then the mount starts the rings
-    /// (`uring::start`).
-    pub fn with_io_uring(mut self, on: bool) -> Self {
-        self.io_uring = on;
-        self
-    }
-
-    /// Set at INIT when the kernel agreed to FUSE over io_uring.
-    pub fn uring_slot(&self) -> Arc<AtomicBool> {
-        self.uring_on.clone()
-    }
-
-    /// The number of threads serving requests over /dev/fuse, and of
-    /// threads per queue over rings (`ring_depth`).
-    pub fn with_workers(mut self, n: usize, ring_depth: usize) -> Self {
-        let queues = uring::possible_cpus().unwrap_or(1);
-        let spawn = self.drops.spawn.clone();
-        self.drops = Arc::new(Drops::new(n, ring_depth, queues, spawn));
-        self
-    }
-
-    /// Where the mount puts, once the session runs, the way to make more
-    /// request threads (`Spawn`).
-    pub fn spawn_slot(&self) -> SpawnSlot {
-        self.drops.spawn.clone()
-    }
-
-    /// Where the mount puts the session's notifier once it exists.
-    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
-        self.notifier.clone()
-    }
-
-    /// Cached descriptions of `ino`: whether any is open, and whether any
-    /// is open for writing (`FileCache`).
-    fn cached_opens(&self, ino: u64) -> (bool, bool) {
-        match self.handles.lock().files.get(&ino) {
-            Some(f) => (f.cached > 0, f.cached_writable > 0),
-            None => (false, false),
-        }
-    }
-
-    /// For a request on description `fh` of `ino`: None unless it is
-    /// uncached (FOPEN_DIRECT_IO); for an uncached one, `cached_opens` of
-    /// the file, which a write also marks as written around the kernel's
-    /// cache, and whether it takes the engine's direct path (O_DIRECT).
-    /// One look at the table.
-    fn uncached(&self, fh: FileHandle, ino: u64, write: bool) -> Option<Uncached> {
-        let mut hs = self.handles.lock();
-        let odirect = match hs.by_fh.get(&fh.0) {
-            Some(h) if h.uncached => h.odirect,
-            _ => return None,
-        };
-        let f = hs.file(ino);
-        f.bypassed |= write;
-        let u = Uncached {
-            cached_writable: f.cached_writable > 0,
-            odirect,
-        };
-        hs.tidy(ino);
-        Some(u)
-    }
-
-    /// Before a request that works on the engine's copy of a file from
-    /// `from` to its end rather than the kernel's, where the kernel does
-    /// not write back first: with the writeback cache and a cached
-    /// description open for writing (`cached_writable`), make the kernel
-    /// write back and drop what it caches of the file there.
-    ///
-    /// Direct reads and writes (FOPEN_DIRECT_IO) need it only past the
-    /// engine's end of file: the kernel writes back the range of each
-    /// itself, in the caller's context (fuse_direct_io, with
-    /// FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+), but the size its cached
-    /// writes made stays its own until written back (`read`). A kernel
-    /// without it (`dio_writeback` false) needs it before each
-    /// (`direct_writeback`). SEEK_DATA and SEEK_HOLE it passes on as they
-    /// are.
-    fn kernel_writeback(&self, ino: u64, cached_writable: bool, from: u64) {
-        if self.cache.writeback_cache && cached_writable {
-            self.kernel_drop(ino, from as i64, 0);
-        }
-    }
-
-    /// Before a direct read or write, on a kernel that does not write
-    /// back its range itself.
-    fn direct_writeback(&self, ino: u64, u: Option<Uncached>) {
-        if let Some(u) = u.filter(|_| !self.dio_writeback) {
-            self.kernel_writeback(ino, u.cached_writable, 0);
-        }
-    }
-
-    /// FUSE_NOTIFY_INVAL_INODE for a range of `ino` (len 0: to the end):
-    /// the kernel drops its pages there, writing dirty ones back first,
-    /// through requests that other threads serve (`Drops` keeps some
-    /// free).
-    ///
-    /// The kernel's side runs on the `foliofs-inval` thread, and the
-    /// request waits for it at most `INVAL_WAIT`, a backstop: should the
-    /// kernel hold locked a page that only this request's reply unlocks
-    /// (as a page-cache fill through an O_DIRECT handle did before `read`
-    /// told fills apart; xfstests generic/647 hung on it), the request
-    /// goes on, its reply unlocks the page, and the invalidation finishes
-    /// after it.
-    fn kernel_drop(&self, ino: u64, off: i64, len: i64) {
-        let Some(_slot) = self.drops.enter(ino) else {
-            return;
-        };
-        if let Some(wait) = self.queue_drop(ino, off, len) {
-            if wait.recv_timeout(INVAL_WAIT).is_err() {
-                log::warn!(
-                    "inode {ino}: the kernel's invalidation waits on a page this request fills; \
-                     going on"
-                );
-            }
-        }
-    }
-
-    /// `kernel_drop` without waiting for it: the invalidation thread runs
-    /// it, after this request's reply if it waits on pages the reply
-    /// releases. Returns what tells when it is done, if it was queued.
-    fn queue_drop(&self, ino: u64, off: i64, len: i64) -> Option<std::sync::mpsc::Receiver<()>> {
-        let n = self.notifier.get()?;
-        let (done, wait) = std::sync::mpsc::sync_channel(1);
-        let job = InvalJob {
-            notifier: n.clone(),
-            ino,
-            off,
-            len,
-            done,
-        };
-        self.inval
-            .get_or_init(|| spawn_invalidator(self.drops.clone(), self.uring_on.clone()))
-            .lock()
-            .send(job)
-            .is_ok()
-            .then_some(wait)
-    }
-
-    /// Let the kernel enforce POSIX ACLs (FUSE_POSIX_ACL) and leave the
-    /// umask to the engine (FUSE_DONT_MASK), which applies it only where
-    /// the parent has no default ACL. The kernel then checks permissions
-    /// itself, as with `default_permissions`.
-    pub fn with_posix_acl(mut self, on: bool) -> Self {
-        self.posix_acl = on;
-        self
     }
 
     /// FUSE's root is inode 1; so is the engine's.
@@ -873,16 +483,12 @@ impl FuseFs {
     }
 
     /// A new description of `ino` and the open flags the kernel gets for
-    /// it. O_DIRECT: FOPEN_DIRECT_IO, so requests come as the caller made
-    /// them, writes in parallel (the kernel serializes them itself while
-    /// a cached description is open). Opened for writing while the free
-    /// space does not cover the kernel's cached writes (`SpaceGate::
-    /// room_for_cache`): FOPEN_DIRECT_IO too, through the engine's page
-    /// cache, so ENOSPC reaches write(2). The kernel keeps its cached
-    /// pages of the file unless they may be stale: data written around
-    /// them since the last open.
+    /// it (`KernelCache::open`). O_DIRECT: uncached, so requests come as
+    /// the caller made them. Opened for writing while the free space does
+    /// not cover the kernel's cached writes (`SpaceGate::room_for_cache`):
+    /// uncached too, through the engine's page cache, so ENOSPC reaches
+    /// write(2).
     fn new_handle(&self, ino: u64, flags: i32, file: OpenFile) -> (u64, FopenFlags) {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let odirect = flags & libc::O_DIRECT != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let low =
@@ -907,36 +513,12 @@ impl FuseFs {
             writable,
             file,
         };
-        let mut open = FopenFlags::empty();
-        if h.uncached {
-            open |= FopenFlags::FOPEN_DIRECT_IO;
-        }
-        if h.odirect {
-            open |= FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
-        }
         // A read that updates the access time must reach the engine: the
         // kernel's cached pages are dropped at open when one is due.
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
         let atime_due = readable && !h.uncached && self.fs.atime_due(ino).unwrap_or(false);
-        let mut hs = self.handles.lock();
-        let f = hs.file(ino);
-        if !std::mem::take(&mut f.bypassed) && !atime_due {
-            open |= FopenFlags::FOPEN_KEEP_CACHE;
-        }
-        if !h.uncached {
-            f.cached += 1;
-            f.cached_writable += h.writable as u32;
-            if h.writable && self.cache.writeback_cache {
-                self.space.writer_opened(ino);
-            }
-        }
-        hs.tidy(ino);
-        hs.by_fh.insert(fh, Arc::new(h));
-        (fh, open)
-    }
-
-    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
-        self.handles.lock().by_fh.get(&fh.0).cloned()
+        self.kernel
+            .open(h, atime_due, || self.space.writer_opened(ino))
     }
 
     /// Take set-ID bits and capabilities from `ino` for `req`'s caller
@@ -945,39 +527,15 @@ impl FuseFs {
     /// to ask again.
     fn kill_priv(&self, req: &Request, ino: u64) -> foliofs::Result<()> {
         if self.fs.kill_priv(ino, |gid| caller_in_group(req, gid))? {
-            if let Some(n) = self.notifier.get() {
-                let _ = n.inval_inode(INodeNo(ino), -1, 0);
-            }
+            self.kernel.stale_attrs(ino);
         }
         Ok(())
-    }
-
-    /// Whether `fh` takes the engine's direct path (O_DIRECT).
-    fn is_odirect(&self, fh: FileHandle) -> bool {
-        self.handle(fh).is_some_and(|h| h.odirect)
-    }
-
-    /// Data of `ino` changed where the kernel's page cache did not see
-    /// it (a FOPEN_DIRECT_IO write, a copy in the engine).
-    fn bypass(&self, ino: u64) {
-        self.handles.lock().file(ino).bypassed = true;
-    }
-
-    /// A write that bypassed the kernel's cache is done: mark it again
-    /// (an open while it ran took the mark, and may have cached the old
-    /// data since), and say whether a cached description is open now,
-    /// whose pages of the range the caller must drop.
-    fn bypass_done(&self, ino: u64) -> bool {
-        let mut hs = self.handles.lock();
-        let f = hs.file(ino);
-        f.bypassed = true;
-        f.cached > 0
     }
 
     /// fsync through the description when there is one, so a writeback
     /// error reaches each description's fsync once.
     fn fsync_fh(&self, ino: u64, fh: FileHandle, datasync: bool) -> Result<(), Error> {
-        match self.handle(fh) {
+        match self.kernel.handle(fh) {
             Some(h) => self.fs.fsync_file(&h.file, datasync),
             None => self.fs.fsync(ino, datasync),
         }
@@ -1004,27 +562,41 @@ impl FuseFs {
         f: impl FnOnce(foliofs::Result<&[u8]>) -> R,
     ) -> R {
         with_aligned(size, |buf| {
-            let r = if direct && self.block_aligned(offset, size) {
-                self.fs.read_direct(ino, offset, buf)
-            } else {
-                self.fs.read(ino, offset, buf)
+            let r = match self.direct_path(direct, offset, size) {
+                Ok(true) => self.fs.read_direct(ino, offset, buf),
+                Ok(false) => self.fs.read(ino, offset, buf),
+                Err(e) => Err(e),
             };
             f(r.map(|n| &buf[..n]))
         })
     }
 
-    /// Whether a direct request covers whole blocks of the engine. One
-    /// that does not (O_DIRECT in 512-byte sectors, as Linux's own file
-    /// systems take it) goes through the engine's page cache instead,
-    /// which is coherent with its direct path: the same data, checksummed
-    /// the same way, made durable by fsync as any write is.
-    fn block_aligned(&self, offset: u64, len: usize) -> bool {
+    /// Whether a request on a description takes the engine's direct path,
+    /// by the kernel's rule for O_DIRECT on its own file systems over a
+    /// disk of 512-byte sectors, which the C ABI follows too: an offset or
+    /// a length not in whole sectors is refused (EINVAL); whole blocks of
+    /// the engine take its direct path; whole sectors that are not whole
+    /// blocks go through the engine's page cache, which is coherent with
+    /// its direct path (the same data, checksummed the same way, made
+    /// durable by fsync as any write is). The caller's buffer is the
+    /// kernel's to check: it never reaches the daemon. Requests on other
+    /// descriptions (`direct` false) take the page cache.
+    fn direct_path(&self, direct: bool, offset: u64, len: usize) -> foliofs::Result<bool> {
+        if !direct {
+            return Ok(false);
+        }
+        if (offset | len as u64) % DIRECT_IO_SECTOR != 0 {
+            return Err(Error::Invalid(format!(
+                "O_DIRECT needs an offset and a length in whole {DIRECT_IO_SECTOR}-byte \
+                 sectors (offset {offset}, length {len})"
+            )));
+        }
         let bs = self.fs.block_size();
-        offset % bs == 0 && len as u64 % bs == 0
+        Ok(offset % bs == 0 && len as u64 % bs == 0)
     }
 
     fn write_at(&self, ino: u64, direct: bool, offset: u64, data: &[u8]) -> foliofs::Result<usize> {
-        if direct && self.block_aligned(offset, data.len()) {
+        if self.direct_path(direct, offset, data.len())? {
             // The request buffer is not aligned for the device: copy once.
             with_aligned(data.len(), |buf| {
                 buf.copy_from_slice(data);
@@ -1049,14 +621,12 @@ impl FuseFs {
         let was = self.fs.getattr(ino)?.flags;
         let flags = new(was);
         if flags & !was & (FL_IMMUTABLE | FL_SYNC) != 0 {
-            self.kernel_drop(ino, 0, 0);
+            self.kernel.kernel_drop(ino, 0, 0);
             self.fs.fsync(ino, true)?;
         }
         self.fs.set_flags(ino, flags, true)?;
         // The change time moved: the kernel's cached one is stale.
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(ino), -1, 0);
-        }
+        self.kernel.stale_attrs(ino);
         Ok(())
     }
 
@@ -1065,19 +635,28 @@ impl FuseFs {
         if let Some(m) = c.as_object_mut() {
             // For `foliofs stat --mount`'s page: how requests arrive, how
             // long the mount has been up (rates since mount), the cache now.
-            let rings = self.uring_on.load(Ordering::Acquire);
+            let rings = self.transport.rings();
             m.insert(
                 "fuse_transport".into(),
                 if rings { "io_uring" } else { "/dev/fuse" }.into(),
             );
-            let up = MOUNTED_AT.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let up = self.mounted_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
             m.insert("mounted_secs".into(), up.into());
             let cache = self.fs.cache_stats();
             m.insert("cached_bytes".into(), cache.cached_bytes.into());
             m.insert("dirty_bytes".into(), cache.dirty_bytes.into());
-            m.insert("fuse_ring_requests".into(), uring::served().into());
-            m.insert("fuse_idle_replies".into(), uring::idle_replies().into());
-            m.insert("fuse_idle_rescues".into(), uring::idle_rescues().into());
+            m.insert(
+                "fuse_ring_requests".into(),
+                self.transport.ring_requests().into(),
+            );
+            m.insert(
+                "fuse_idle_replies".into(),
+                self.transport.idle_replies().into(),
+            );
+            m.insert(
+                "fuse_idle_rescues".into(),
+                self.transport.idle_rescues().into(),
+            );
             m.insert(
                 "fuse_uncached_opens".into(),
                 self.uncached_opens.load(Ordering::Relaxed).into(),
@@ -1085,15 +664,15 @@ impl FuseFs {
             m.insert("fuse_enospc_gated".into(), self.space.refused().into());
             m.insert(
                 "fuse_kernel_drops".into(),
-                self.drops.had.load(Ordering::Relaxed).into(),
+                self.kernel.drops().had.load(Ordering::Relaxed).into(),
             );
             m.insert(
                 "fuse_kernel_drops_skipped".into(),
-                self.drops.skipped.load(Ordering::Relaxed).into(),
+                self.kernel.drops().skipped.load(Ordering::Relaxed).into(),
             );
             m.insert(
                 "fuse_threads_added".into(),
-                self.drops.added.load(Ordering::Relaxed).into(),
+                self.kernel.drops().added.load(Ordering::Relaxed).into(),
             );
         }
         let mut v = serde_json::to_vec_pretty(&c).unwrap_or_default();
@@ -1163,16 +742,18 @@ fn xattr_reply(data: &[u8], size: u32, reply: ReplyXattr) {
 
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = MOUNTED_AT.set(std::time::Instant::now());
+        self.mounted_at = Some(Instant::now());
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_background(self.cache.max_background);
         let _ = config.set_congestion_threshold(self.cache.max_background / 4 * 3);
         // Each one alone: a kernel that lacks one still gets the others.
         // With it the kernel also writes back the range of a direct read
         // or write before sending it (Linux 6.6+; `kernel_writeback`).
-        self.dio_writeback = config
-            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-            .is_ok();
+        self.kernel.set_dio_writeback(
+            config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_ok(),
+        );
         for cap in [
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
@@ -1199,7 +780,7 @@ impl Filesystem for FuseFs {
         }
         if self.io_uring {
             match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
-                Ok(()) => self.uring_on.store(true, Ordering::Release),
+                Ok(()) => self.transport.set_rings(),
                 Err(_) => uring_refused(),
             }
         }
@@ -1264,7 +845,7 @@ impl Filesystem for FuseFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let ino = self.ino(ino);
         let cached_writer = fh
-            .and_then(|fh| self.handle(fh))
+            .and_then(|fh| self.kernel.handle(fh))
             .is_some_and(|h| h.writable && !h.uncached);
         if cached_writer && self.cache.writeback_cache {
             if let Err(e) = self.space.check_write(ino) {
@@ -1549,10 +1130,10 @@ impl Filesystem for FuseFs {
         // of a file opened so) and holds its pages locked: it is a cached
         // read, and must not wait for the kernel to drop those pages.
         let uncached = match lock_owner {
-            Some(_) => self.uncached(fh, ino, false),
+            Some(_) => self.kernel.uncached(fh, ino, false),
             None => None,
         };
-        self.direct_writeback(ino, uncached);
+        self.kernel.direct_writeback(ino, uncached);
         let odirect = uncached.is_some_and(|u| u.odirect);
         let size = size as usize;
         // A direct read that meets the engine's end of file may be short
@@ -1562,7 +1143,7 @@ impl Filesystem for FuseFs {
         // written back the whole file already.)
         let past_eof = |n: usize| {
             n < size
-                && self.dio_writeback
+                && self.kernel.dio_writeback()
                 && self.cache.writeback_cache
                 && uncached.is_some_and(|u| u.cached_writable)
         };
@@ -1578,7 +1159,7 @@ impl Filesystem for FuseFs {
             }
         });
         if let Some(reply) = retry {
-            self.kernel_writeback(ino, true, offset);
+            self.kernel.kernel_writeback(ino, true, offset);
             self.read_into(ino, odirect, offset, size, |r| match r {
                 Ok(d) => reply.data(d),
                 Err(e) => reply.error(errno(e)),
@@ -1605,7 +1186,7 @@ impl Filesystem for FuseFs {
         let uncached = if from_cache {
             None
         } else {
-            self.uncached(fh, ino, true)
+            self.kernel.uncached(fh, ino, true)
         };
         // An unprivileged writer takes suid/sgid and capabilities.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
@@ -1613,7 +1194,7 @@ impl Filesystem for FuseFs {
                 return reply.error(errno(e));
             }
         }
-        self.direct_writeback(ino, uncached);
+        self.kernel.direct_writeback(ino, uncached);
         let r = if from_cache {
             // The kernel takes its writeback as done whatever count comes
             // back: all of it goes in, or an error.
@@ -1628,8 +1209,8 @@ impl Filesystem for FuseFs {
             // those of a description open now, or open during the
             // write (xfstests generic/451: buffered readers racing
             // direct writes read old data after the write returned).
-            if uncached.is_some() && n > 0 && self.bypass_done(ino) {
-                self.kernel_drop(ino, offset as i64, n as i64);
+            if uncached.is_some() && n > 0 && self.kernel.bypass_done(ino) {
+                self.kernel.kernel_drop(ino, offset as i64, n as i64);
             }
             // O_SYNC / O_DSYNC: durable before the reply (after its
             // own writeback the kernel asks for an fsync itself).
@@ -1659,7 +1240,8 @@ impl Filesystem for FuseFs {
                             e.errno()
                         );
                     }
-                    self.queue_drop(ino, offset as i64, data.len() as i64);
+                    self.kernel
+                        .queue_drop(ino, offset as i64, data.len() as i64);
                 }
                 reply.error(errno(e));
             }
@@ -1691,22 +1273,9 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let h = {
-            let mut hs = self.handles.lock();
-            let h = hs.by_fh.remove(&fh.0);
-            if let Some(h) = h.as_ref().filter(|h| !h.uncached) {
-                let f = hs.file(h.ino);
-                f.cached -= 1;
-                f.cached_writable -= h.writable as u32;
-                hs.tidy(h.ino);
-                if h.writable && self.cache.writeback_cache {
-                    self.space.writer_closed(h.ino);
-                }
-            }
-            h
-        };
-        let r = match h.and_then(|h| Arc::try_unwrap(h).ok()) {
-            Some(h) => self.fs.release_file(h.file),
+        let file = self.kernel.close(fh, |ino| self.space.writer_closed(ino));
+        let r = match file {
+            Some(f) => self.fs.release_file(f),
             None => self.fs.release(self.ino(ino)),
         };
         done(r, reply)
@@ -2057,7 +1626,8 @@ impl Filesystem for FuseFs {
         }
         let ino = self.ino(ino);
         // What lies before `offset` moves neither answer.
-        self.kernel_writeback(ino, self.cached_opens(ino).1, offset as u64);
+        self.kernel
+            .kernel_writeback(ino, self.kernel.cached_opens(ino).1, offset as u64);
         match self.fs.seek(ino, offset as u64, w) {
             Ok(Some(o)) => reply.offset(o as i64),
             Ok(None) => reply.error(Errno::ENXIO),
@@ -2080,7 +1650,10 @@ impl Filesystem for FuseFs {
     ) {
         // A copy inside the engine: no trip through the kernel's buffers.
         let len = len.min(u32::MAX as u64 & !0xFFFF);
-        let (din, dout) = (self.is_odirect(fh_in), self.is_odirect(fh_out));
+        let (din, dout) = (
+            self.kernel.is_odirect(fh_in),
+            self.kernel.is_odirect(fh_out),
+        );
         let mut done = 0u64;
         while done < len {
             let chunk = (len - done).min(MAX_WRITE as u64) as usize;
@@ -2091,7 +1664,7 @@ impl Filesystem for FuseFs {
             if data.is_empty() {
                 break;
             }
-            self.bypass(self.ino(ino_out));
+            self.kernel.bypass(self.ino(ino_out));
             if let Err(e) = self.write_at(self.ino(ino_out), dout, offset_out + done, &data) {
                 return reply.error(errno(e));
             }
@@ -2101,7 +1674,7 @@ impl Filesystem for FuseFs {
             }
         }
         // Marked again once done: an open during the copy took the mark.
-        self.bypass(self.ino(ino_out));
+        self.kernel.bypass(self.ino(ino_out));
         reply.written(done as u32)
     }
 }

@@ -96,16 +96,21 @@ struct Gate {
     mount_point: Option<PathBuf>,
     floor: OnceLock<u64>,
     /// Cached descriptions open for writing, by inode, and in all.
+    /// Lock order: taken under `KernelCache`'s handles (a description
+    /// opened or closed), and takes the engine's metadata lock under it
+    /// (`Fs::set_cache_reserve`); never `thread`.
     writers: Mutex<(HashMap<u64, u32>, u32)>,
     /// Cached writes must be refused: the attributes of cached writers
     /// are kept stale.
     armed: AtomicBool,
-    notifier: Arc<OnceLock<Notifier>>,
+    notifier: Notifier,
     /// Cached writes refused (at their GETATTR).
     refused: AtomicU64,
     /// The thread that marks attributes stale, started when first armed
     /// (it holds the gate weakly); joined when the mount's file system
-    /// goes.
+    /// goes. Lock order: a leaf, taken under the engine's metadata lock
+    /// by the shutdown hook (`wake`), so nothing of the engine's is taken
+    /// under it.
     thread: Mutex<Option<(SyncSender<u64>, JoinHandle<()>)>>,
 }
 
@@ -114,7 +119,7 @@ impl SpaceGate {
         fs: Arc<Fs>,
         setting: CacheFloor,
         mount_point: Option<PathBuf>,
-        notifier: Arc<OnceLock<Notifier>>,
+        notifier: Notifier,
     ) -> Self {
         let gate = Arc::new(Gate {
             fs,
@@ -305,9 +310,8 @@ impl Gate {
     /// Mark the attributes of these inodes stale (FUSE_NOTIFY_INVAL_INODE
     /// with a negative offset: no pages).
     fn mark(&self, inos: impl IntoIterator<Item = u64>) {
-        let Some(n) = self.notifier.get() else { return };
         for ino in inos {
-            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            let _ = self.notifier.inval_inode(INodeNo(ino), -1, 0);
         }
     }
 }

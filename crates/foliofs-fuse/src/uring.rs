@@ -21,6 +21,7 @@
 //! payload, `payload_sz` bytes; a reply's `fuse_out_header` goes into
 //! `in_out` and all its arguments into the payload.
 
+use crate::threads::{pin_to_cpu, serve_queue, Transport};
 use fuser::{Filesystem, RawDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -30,31 +31,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use std::time::Instant;
-
-/// Requests served through rings since the process started.
-static SERVED: AtomicU64 = AtomicU64::new(0);
-
-/// Requests served through rings so far (the counters' `fuse_ring_requests`).
-pub fn served() -> u64 {
-    SERVED.load(Ordering::Relaxed)
-}
-
-/// Replies sent from SCHED_IDLE (`IdleReply`) since the process started.
-static IDLE_REPLIES: AtomicU64 = AtomicU64::new(0);
-
-/// Replies sent from SCHED_IDLE so far (the counters' `fuse_idle_replies`).
-pub fn idle_replies() -> u64 {
-    IDLE_REPLIES.load(Ordering::Relaxed)
-}
-
-/// Ring threads the watchdog took out of SCHED_IDLE (`Limbo`).
-static IDLE_RESCUES: AtomicU64 = AtomicU64::new(0);
-
-/// Ring threads taken out of SCHED_IDLE by the watchdog so far (the
-/// counters' `fuse_idle_rescues`).
-pub fn idle_rescues() -> u64 {
-    IDLE_RESCUES.load(Ordering::Relaxed)
-}
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -136,9 +112,10 @@ pub fn start<FS: Filesystem>(
     depth: usize,
     payload: usize,
     idle_reply: bool,
+    transport: Arc<Transport>,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let queues = possible_cpus()?;
-    let limbo = Arc::new(Limbo::new(queues * depth));
+    let limbo = Arc::new(Limbo::new(queues * depth, transport));
     let mut threads = Vec::new();
     for qid in 0..queues {
         for i in 0..depth {
@@ -152,9 +129,10 @@ pub fn start<FS: Filesystem>(
                         if !pin_to_cpu(qid) {
                             log::debug!("FUSE ring thread: cannot pin to CPU {qid}");
                         }
-                        QUEUE.set(Some(qid));
+                        serve_queue(qid);
                         let idle = idle_reply.then_some((&*limbo, slot));
-                        if let Err(e) = serve(&d, qid as u16, payload, idle, None) {
+                        let t = &limbo.transport;
+                        if let Err(e) = serve(&d, t, qid as u16, payload, idle, None) {
                             log::error!("FUSE ring {qid}.{i}: {e}");
                         }
                         limbo.ended();
@@ -186,11 +164,15 @@ pub fn start<FS: Filesystem>(
 /// is always harmless: what matters happens inside the reply's submit.
 struct Limbo {
     epoch: Instant,
+    /// Where replies from SCHED_IDLE and rescues are counted.
+    transport: Arc<Transport>,
     slots: Vec<LimboSlot>,
     /// Ring threads with a slot still serving: none left (the session is
     /// over), the watchdog ends.
     live: AtomicUsize,
     parked: AtomicBool,
+    /// Lock order: a leaf, held only around `parked` and the condvar's
+    /// wait, by the watchdog and by ring threads entering SCHED_IDLE.
     wake: Mutex<()>,
     cv: Condvar,
 }
@@ -208,9 +190,10 @@ const LIMBO_TICK: Duration = Duration::from_millis(2);
 const LIMBO_IDLE_TICKS: u32 = 50;
 
 impl Limbo {
-    fn new(n: usize) -> Limbo {
+    fn new(n: usize, transport: Arc<Transport>) -> Limbo {
         Limbo {
             epoch: Instant::now(),
+            transport,
             slots: (0..n).map(|_| LimboSlot::default()).collect(),
             live: AtomicUsize::new(n),
             parked: AtomicBool::new(false),
@@ -283,7 +266,7 @@ impl Limbo {
                 // SAFETY: sched_setscheduler on a thread of this process
                 // with a valid sched_param.
                 if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &p) } == 0 {
-                    IDLE_RESCUES.fetch_add(1, Ordering::Relaxed);
+                    self.transport.idle_rescue();
                 }
             }
         }
@@ -330,36 +313,6 @@ impl Limbo {
             self.parked.store(false, Ordering::SeqCst);
             quiet = 0;
         }
-    }
-}
-
-thread_local! {
-    /// The queue a ring thread serves; None on other threads.
-    static QUEUE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// The queue the calling thread serves, if it is a ring thread: a request
-/// it serves came from that queue's CPU, and while it waits no other
-/// request of that CPU reaches it.
-pub fn current_queue() -> Option<usize> {
-    QUEUE.get()
-}
-
-/// Run on the queue's own CPU: the kernel queues a request on the CPU
-/// that made it, so its server wakes there (as libfuse's ring threads).
-/// Also moves a thread whose own requests to the kernel must land on
-/// queue `cpu` (`FuseFs::kernel_drop`'s invalidations). False if the
-/// CPU cannot run it (offline).
-pub fn pin_to_cpu(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for
-    // cpu < CPU_SETSIZE, and sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
 }
 
@@ -478,73 +431,36 @@ fn command(
     }
 }
 
-/// Ring threads made while the session runs, for a queue whose threads
-/// would all be busy otherwise (`FuseFs::kernel_drop`). `join` them once
-/// the session has ended: none starts after.
-pub struct LateRings<FS: Filesystem> {
-    d: RawDispatcher<FS>,
+/// Start one more thread serving one more entry of queue `qid`, called
+/// `fuse-ring-{qid}.+{n}`, while the session runs; the receiver hears
+/// once the entry is registered, so that the next request queued there
+/// finds it.
+pub fn add_thread<FS: Filesystem>(
+    d: &RawDispatcher<FS>,
+    transport: &Arc<Transport>,
+    qid: usize,
+    n: usize,
     payload: usize,
-    threads: Mutex<Option<Vec<JoinHandle<()>>>>,
-}
-
-impl<FS: Filesystem> LateRings<FS> {
-    pub fn new(d: RawDispatcher<FS>, payload: usize) -> Self {
-        LateRings {
-            d,
-            payload,
-            threads: Mutex::new(Some(Vec::new())),
-        }
-    }
-
-    /// Start one more thread serving one more entry of queue `qid`; true
-    /// once the entry is registered, so that the next request queued
-    /// there finds it.
-    pub fn spawn(&self, qid: usize) -> bool {
-        let mut g = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(threads) = g.as_mut() else {
-            return false;
-        };
-        let (ready, registered) = std::sync::mpsc::sync_channel(1);
-        let (d, payload) = (self.d.clone(), self.payload);
-        let r = std::thread::Builder::new()
-            .name(format!("fuse-ring-{qid}.+{}", threads.len()))
-            .spawn(move || {
-                pin_to_cpu(qid);
-                QUEUE.set(Some(qid));
-                if let Err(e) = serve(&d, qid as u16, payload, None, Some(ready)) {
-                    log::error!("FUSE ring {qid}, a thread added: {e}");
-                }
-            });
-        match r {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                log::warn!("FUSE ring {qid}: cannot add a thread: {e}");
-                return false;
+) -> io::Result<(JoinHandle<()>, std::sync::mpsc::Receiver<()>)> {
+    let (ready, registered) = std::sync::mpsc::sync_channel(1);
+    let (d, t) = (d.clone(), transport.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("fuse-ring-{qid}.+{n}"))
+        .spawn(move || {
+            pin_to_cpu(qid);
+            serve_queue(qid);
+            if let Err(e) = serve(&d, &t, qid as u16, payload, None, Some(ready)) {
+                log::error!("FUSE ring {qid}, a thread added: {e}");
             }
-        }
-        drop(g);
-        registered.recv_timeout(Duration::from_secs(1)).is_ok()
-    }
-
-    /// Join the threads started, once the session has ended (they end
-    /// with it).
-    pub fn join(&self) {
-        let threads = self
-            .threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .unwrap_or_default();
-        for t in threads {
-            let _ = t.join();
-        }
-    }
+        })?;
+    Ok((thread, registered))
 }
 
 /// Serve one entry of queue `qid` until the session ends; `ready` is told
 /// once the entry is registered.
 fn serve<FS: Filesystem>(
     d: &RawDispatcher<FS>,
+    transport: &Transport,
     qid: u16,
     payload: usize,
     idle: Option<(&Limbo, usize)>,
@@ -584,7 +500,7 @@ fn serve<FS: Filesystem>(
                 idle = None;
             }
             r?;
-            IDLE_REPLIES.fetch_add(1, Ordering::Relaxed);
+            transport.idle_reply();
         }
         let res = loop {
             let args = types::SubmitArgs::new().timespec(&tick);
@@ -622,7 +538,7 @@ fn serve<FS: Filesystem>(
         // The header's length as /dev/fuse would give it.
         let total = request.len() as u32;
         request[0..4].copy_from_slice(&total.to_ne_bytes());
-        if SERVED.fetch_add(1, Ordering::Relaxed) == 0 {
+        if transport.ring_request() {
             log::info!("serving requests through FUSE over io_uring");
         }
         reply.clear();
@@ -656,7 +572,7 @@ mod tests {
     #[test]
     fn the_watchdog_ends_with_the_last_ring_thread() {
         for wait_parked in [false, true] {
-            let limbo = Arc::new(Limbo::new(2));
+            let limbo = Arc::new(Limbo::new(2, Arc::default()));
             let (done, ended) = mpsc::channel();
             let l = limbo.clone();
             std::thread::spawn(move || {

@@ -156,6 +156,17 @@ impl<FS: Filesystem> Session<FS> {
         mountpoint: P,
         options: &Config,
     ) -> io::Result<Session<FS>> {
+        Self::new_with_notifier(mountpoint, options, |_| filesystem)
+    }
+
+    /// Create a session as `new` does, with the filesystem made from the
+    /// session's notifier, which it may keep to send notifications (the
+    /// kernel's INIT reaches it already made).
+    pub fn new_with_notifier<P: AsRef<Path>>(
+        mountpoint: P,
+        options: &Config,
+        filesystem: impl FnOnce(Notifier) -> FS,
+    ) -> io::Result<Session<FS>> {
         check_option_conflicts(options)?;
 
         let mountpoint = mountpoint.as_ref();
@@ -173,6 +184,7 @@ impl<FS: Filesystem> Session<FS> {
         let (file, mount) = Mount::new(mountpoint, &options.mount_options, options.acl)?;
 
         let ch = Channel::new(file);
+        let filesystem = filesystem(Notifier::new(ch.sender()));
 
         let mut session = Session {
             filesystem: FilesystemHolder {
