@@ -35,8 +35,8 @@
 
 use foliofs::device::AlignedBuf;
 use foliofs::fs::{
-    listing, Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND, FL_DIRSYNC,
-    FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC,
+    listing, Attr, Falloc, FileType, NewNode, OpenFile, SetAttr, TimeSet, Whence, FL_APPEND,
+    FL_DIRSYNC, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP, FL_SYNC,
 };
 use foliofs::{Error, Fs};
 use fuser::{
@@ -934,12 +934,11 @@ impl Filesystem for FuseFs {
         let r = self.fs.mknod(
             self.ino(parent),
             name.as_bytes(),
-            k,
-            mode & 0o7777,
-            umask,
-            req.uid(),
-            req.gid(),
-            rdev,
+            &NewNode {
+                umask,
+                rdev,
+                ..NewNode::new(k, mode & 0o7777, req.uid(), req.gid())
+            },
         );
         self.entry(r, reply);
     }
@@ -956,12 +955,10 @@ impl Filesystem for FuseFs {
         let r = self.fs.mknod(
             self.ino(parent),
             name.as_bytes(),
-            FileType::Dir,
-            mode & 0o7777,
-            umask,
-            req.uid(),
-            req.gid(),
-            0,
+            &NewNode {
+                umask,
+                ..NewNode::new(FileType::Dir, mode & 0o7777, req.uid(), req.gid())
+            },
         );
         self.entry(r, reply);
     }
@@ -1081,12 +1078,10 @@ impl Filesystem for FuseFs {
             .mknod(
                 self.ino(parent),
                 name.as_bytes(),
-                FileType::File,
-                mode & 0o7777,
-                umask,
-                req.uid(),
-                req.gid(),
-                0,
+                &NewNode {
+                    umask,
+                    ..NewNode::new(FileType::File, mode & 0o7777, req.uid(), req.gid())
+                },
             )
             .and_then(|a| self.fs.open_file(a.ino));
         self.created(r, flags, reply);

@@ -447,30 +447,14 @@ impl Fs {
     }
 
     /// Create a node of any type (regular file, directory, fifo, device,
-    /// socket) with mode `perm` less `umask`; under a directory with a
-    /// default ACL the ACL decides instead of the umask (POSIX.1e).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mknod(
-        &self,
-        parent: u64,
-        name: &[u8],
-        kind: FileType,
-        perm: u32,
-        umask: u32,
-        uid: u32,
-        gid: u32,
-        rdev: u32,
-    ) -> Result<Attr> {
-        let node = NewNode {
-            umask,
-            rdev,
-            ..NewNode::new(kind, perm, uid, gid)
-        };
-        self.grow(|g| g.create(parent, name, &node))
+    /// socket) with mode `node.perm` less `node.umask`; under a directory
+    /// with a default ACL the ACL decides instead of the umask (POSIX.1e).
+    pub fn mknod(&self, parent: u64, name: &[u8], node: &NewNode) -> Result<Attr> {
+        self.grow(|g| g.create(parent, name, node))
     }
 
     pub fn create(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.mknod(parent, name, FileType::File, perm, 0, uid, gid, 0)
+        self.mknod(parent, name, &NewNode::new(FileType::File, perm, uid, gid))
     }
 
     /// An unnamed regular file in `parent`, open (O_TMPFILE): it goes
@@ -501,7 +485,7 @@ impl Fs {
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.mknod(parent, name, FileType::Dir, perm, 0, uid, gid, 0)
+        self.mknod(parent, name, &NewNode::new(FileType::Dir, perm, uid, gid))
     }
 
     pub fn symlink(
