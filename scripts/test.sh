@@ -3,12 +3,13 @@
 # FUSE tests with real programs (fio, tar, git, sqlite3, cp -a, PostgreSQL,
 # pjdfstest, stress-ng) over both
 # FUSE transports (io_uring rings where the kernel has them, /dev/fuse), the
-# Debian package installed and mounted, CLI smoke.
+# Debian package installed and mounted, an image in a real S3 server
+# (SeaweedFS), CLI smoke.
 # FUSE tests skip without /dev/fuse or root unless FOLIOFS_REQUIRE_FUSE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng python3 e2fsprogs"
+PKGS="build-essential pkg-config fuse3 fio git sqlite3 attr acl libacl1-dev diffutils tar jq dpkg-dev fonts-dejavu-core curl ca-certificates postgresql stress-ng python3 python3-venv e2fsprogs"
 if command -v apt-get >/dev/null && ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
@@ -75,6 +76,8 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
 else
   echo "SKIPPED: full-disk needs /dev/fuse and root"
 fi
+echo "== an image in a real S3 server (SeaweedFS from PyPI) through the mount: kill -9, takeover, fencing, the server restarted"
+python3 scripts/object-s3.py target/release/foliofs
 echo "== the Debian package: dpkg -i, mount -t fuse.foliofs, an fstab line, dpkg -r"
 bash scripts/package-test.sh
 echo "== CLI smoke"

@@ -6,6 +6,7 @@ mod fsx;
 mod generate;
 mod logging;
 mod mount;
+mod object;
 mod status;
 
 use anyhow::{bail, Context, Result};
@@ -234,24 +235,42 @@ fn mkfs_cmd(
     force: bool,
     json: bool,
 ) -> Result<()> {
-    let dev = match foliofs::fs::open_for_mkfs(image, size, force) {
-        Err(foliofs::Error::Exists) => bail!(
-            "{} already holds a foliofs file system: use --force to overwrite it",
-            image.display()
-        ),
-        Err(foliofs::Error::NotFound) => bail!(
-            "{} does not exist: give --size to create an image file",
-            image.display()
-        ),
-        Err(foliofs::Error::Io(e)) => return Err(open_error(image, e)),
-        r => r.with_context(|| format!("cannot prepare {}", image.display()))?,
+    let (dev, object): (Arc<dyn foliofs::device::Device>, _) = match object::url_of(image) {
+        Some(url) => {
+            if force {
+                bail!("{url}: --force: an object image is never overwritten; delete its objects first");
+            }
+            let Some(size) = size else {
+                bail!("{url}: give --size for a new object image");
+            };
+            let dev = Arc::new(object::create(url, size)?);
+            (dev.clone(), Some(dev))
+        }
+        None => {
+            let dev = match foliofs::fs::open_for_mkfs(image, size, force) {
+                Err(foliofs::Error::Exists) => bail!(
+                    "{} already holds a foliofs file system: use --force to overwrite it",
+                    image.display()
+                ),
+                Err(foliofs::Error::NotFound) => bail!(
+                    "{} does not exist: give --size to create an image file",
+                    image.display()
+                ),
+                Err(foliofs::Error::Io(e)) => return Err(open_error(image, e)),
+                r => r.with_context(|| format!("cannot prepare {}", image.display()))?,
+            };
+            (Arc::new(dev), None)
+        }
     };
     let pb = bar(0, "mkfs");
-    let sb = foliofs::mkfs(&dev, &o, |done, total| {
+    let sb = foliofs::mkfs(&*dev, &o, |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;
     pb.finish_and_clear();
+    if let Some(o) = object {
+        o.close()?;
+    }
     let size = sb.total_blocks * sb.block_size as u64;
     if json {
         println!(
@@ -282,7 +301,12 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool) -> Result<i32> {
-    let dev = if read_only {
+    let mut object = None;
+    let dev: Arc<dyn foliofs::device::Device> = if let Some(url) = object::url_of(image) {
+        let d = Arc::new(object::open(url, !repair, false)?);
+        object = Some(d.clone());
+        d
+    } else if read_only {
         // Look without owning: warn when someone else has the image.
         if let Ok(Some(h)) = foliofs::device::lock::probe(image) {
             log::warn!(
@@ -319,6 +343,9 @@ fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool)
     )
     .with_context(|| format!("{}", image.display()))?;
     pb.finish_and_clear();
+    if let Some(o) = object {
+        o.close()?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -68,6 +68,9 @@ pub struct Options {
     /// writes, flushes or reads root can make fail while mounted, through
     /// the `foliofs.fault` xattr of the mount's root.
     pub fault_injection: bool,
+    /// `-o takeover`: claim an object image whose manifest names another
+    /// writer (one that died, or one to be fenced).
+    pub takeover: bool,
 }
 
 impl Options {
@@ -117,6 +120,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         suid: false,
         noexec: false,
         fault_injection: false,
+        takeover: false,
     };
     for opt in list
         .iter()
@@ -145,6 +149,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("exec", None) => o.noexec = false,
             ("noexec", None) => o.noexec = true,
             ("fault_injection", None) => o.fault_injection = true,
+            ("takeover", None) => o.takeover = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
@@ -175,7 +180,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, log=FILE, \
+                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, takeover, log=FILE, \
                  log_level=error|warn|info|debug)"
             ),
         }
@@ -279,34 +284,49 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             bail!("mount point {} is not a directory", dir.display());
         }
         // The mount's source names the image by its absolute path, so that
-        // openers of the image find the mount (see `device::lock`).
-        let image = image
-            .canonicalize()
-            .with_context(|| format!("cannot open {}", image.display()))?;
+        // openers of the image find the mount (see `device::lock`); an
+        // object image by its URL.
+        let url = crate::object::url_of(image).map(str::to_string);
+        let image = match &url {
+            Some(u) => PathBuf::from(u),
+            None => image
+                .canonicalize()
+                .with_context(|| format!("cannot open {}", image.display()))?,
+        };
         // A block device mounted by root is a fuseblk mount: the kernel
         // claims the device itself (so the daemon does not open it O_EXCL)
         // and passes syncfs(2) and sync(1) on (FUSE_SYNCFS).
         // SAFETY: geteuid has no preconditions.
-        let blkdev = unsafe { libc::geteuid() } == 0
+        let blkdev = url.is_none()
+            && unsafe { libc::geteuid() } == 0
             && std::fs::metadata(&image)
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
-        let dev = FileDevice::open_with(
-            &image,
-            &DeviceOptions {
-                writable: !o.engine.read_only,
-                daemon: true,
-                exclusive: !blkdev,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| crate::open_error(&image, e))?;
+        let (dev, object): (Arc<dyn foliofs::device::Device>, _) = match &url {
+            Some(u) => {
+                let d = Arc::new(crate::object::open(u, o.engine.read_only, o.takeover)?);
+                (d.clone(), Some(d))
+            }
+            None => {
+                let d = FileDevice::open_with(
+                    &image,
+                    &DeviceOptions {
+                        writable: !o.engine.read_only,
+                        daemon: true,
+                        exclusive: !blkdev,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| crate::open_error(&image, e))?;
+                (Arc::new(d), None)
+            }
+        };
         let (dev, faults): (Arc<dyn foliofs::device::Device>, _) = if o.fault_injection {
-            let d = foliofs::device::FaultDevice::new(Arc::new(dev));
+            let d = foliofs::device::FaultDevice::new(dev);
             let f = d.faults();
             log::warn!("fault injection on: root may make the device fail (foliofs.fault)");
             (Arc::new(d), Some(f))
         } else {
-            (Arc::new(dev), None)
+            (dev, None)
         };
         let fs = Arc::new(
             Fs::mount(dev, o.engine.clone())
@@ -380,9 +400,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
                 "/dev/fuse"
             }
         );
-        Ok((fs, session))
+        Ok((fs, session, object))
     })();
-    let (fs, mut session) = match r {
+    let (fs, mut session, object) = match r {
         Ok(v) => v,
         Err(e) => {
             log::error!("{e:#}");
@@ -422,6 +442,12 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             return Err(e).context("unmount");
         }
     }
+    // An object image: the WAL folded into chunks and a manifest that
+    // names no writer, so the next mount needs no takeover.
+    if let Some(o) = object {
+        o.close().context("closing the object image")?;
+        log::info!("closed the object image: {:?}", o.stats());
+    }
     served.context("FUSE session")?;
     Ok(())
 }
@@ -443,6 +469,17 @@ pub fn umount(dir: &Path) -> Result<i32> {
     else {
         bail!("{} is not a FUSE mount", dir.display());
     };
+    if let Some(url) = crate::object::url_of(Path::new(&m.source)) {
+        detach(&dir)?;
+        if m.read_only || crate::object::wait_closed(url, UMOUNT_WAIT)? {
+            return Ok(0);
+        }
+        bail!(
+            "{} was unmounted, but its daemon did not close {url} cleanly: the next \
+             mount needs -o takeover and replays its WAL and journal (see the daemon's log)",
+            dir.display()
+        );
+    }
     let image = PathBuf::from(&m.source);
     let holder = match lock::probe(&image) {
         Ok(Some(h)) if h.daemon => h.to_string(),

