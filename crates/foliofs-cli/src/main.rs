@@ -303,7 +303,7 @@ fn hex(b: &[u8]) -> String {
 fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool) -> Result<i32> {
     let mut object = None;
     let dev: Arc<dyn foliofs::device::Device> = if let Some(url) = object::url_of(image) {
-        let d = Arc::new(object::open(url, !repair, false)?);
+        let d = Arc::new(object::open(url, !repair, false, None)?);
         object = Some(d.clone());
         d
     } else if read_only {

@@ -303,7 +303,8 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
         let (dev, object): (Arc<dyn foliofs::device::Device>, _) = match &url {
             Some(u) => {
-                let d = Arc::new(crate::object::open(u, o.engine.read_only, o.takeover)?);
+                let d = crate::object::open(u, o.engine.read_only, o.takeover, Some(dir))?;
+                let d = Arc::new(d);
                 (d.clone(), Some(d))
             }
             None => {

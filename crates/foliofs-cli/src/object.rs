@@ -23,11 +23,17 @@ pub(crate) fn create(url: &str, size: u64) -> Result<ObjectDevice> {
 
 /// Open the image at `url`: read-only without claiming it, or claimed for
 /// writing (refused while its manifest names a writer, unless `takeover`).
-pub(crate) fn open(url: &str, read_only: bool, takeover: bool) -> Result<ObjectDevice> {
+pub(crate) fn open(
+    url: &str,
+    read_only: bool,
+    takeover: bool,
+    mount_point: Option<&Path>,
+) -> Result<ObjectDevice> {
     let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
     let opts = ObjectOptions {
         read_only,
         takeover,
+        mount_point: mount_point.map(|p| p.display().to_string()),
         ..Default::default()
     };
     ObjectDevice::open(store, prefix, opts).map_err(|e| for_people(url, e))

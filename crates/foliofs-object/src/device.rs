@@ -49,6 +49,9 @@ pub struct ObjectOptions {
     /// unreachable or answering 5xx) is tried again before its flush
     /// fails (EIO).
     pub retry: std::time::Duration,
+    /// Where the writer mounts the image, recorded in its claim so that a
+    /// refused mount elsewhere names it.
+    pub mount_point: Option<String>,
 }
 
 impl Default for ObjectOptions {
@@ -59,6 +62,7 @@ impl Default for ObjectOptions {
             cache_bytes: 256 << 20,
             checkpoint_bytes: 64 << 20,
             retry: std::time::Duration::from_secs(120),
+            mount_point: None,
         }
     }
 }
@@ -135,7 +139,7 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn this_writer() -> Writer {
+fn this_writer(at: &Option<String>) -> Writer {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most the given length into the buffer.
     let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
@@ -148,6 +152,7 @@ fn this_writer() -> Writer {
         host,
         pid: std::process::id(),
         since: now_secs(),
+        at: at.clone(),
     }
 }
 
@@ -232,7 +237,7 @@ impl ObjectDevice {
             block: BLOCK,
             chunk_blocks: CHUNK_BLOCKS,
             epoch: 1,
-            writer: Some(this_writer()),
+            writer: Some(this_writer(&opts.mount_point)),
             wal_start: 1,
             chunks: BTreeMap::new(),
         };
@@ -299,7 +304,7 @@ impl ObjectDevice {
                 }
                 let mut claim = manifest.clone();
                 claim.epoch += 1;
-                claim.writer = Some(this_writer());
+                claim.writer = Some(this_writer(&opts.mount_point));
                 let key = manifest_key(&prefix, id + 1);
                 match store
                     .put_opts(&key, PutPayload::from(claim.encode()), create_mode())

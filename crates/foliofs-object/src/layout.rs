@@ -81,11 +81,18 @@ pub struct Writer {
     pub pid: u32,
     /// Seconds since the epoch when it claimed the image.
     pub since: u64,
+    /// Where it is mounted, if it is a mount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 impl std::fmt::Display for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "host {} pid {}", self.host, self.pid)
+        write!(f, "host {} pid {}", self.host, self.pid)?;
+        match &self.at {
+            Some(at) => write!(f, " (mounted on {at})"),
+            None => Ok(()),
+        }
     }
 }
 
