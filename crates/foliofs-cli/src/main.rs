@@ -381,8 +381,33 @@ fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool)
 }
 
 fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
-    let dev = open(image, false)
-        .map_err(|e| e.context("a mounted image's counters: foliofs stat --mount DIR"))?;
+    let dev: Arc<dyn foliofs::device::Device> = match object::url_of(image) {
+        Some(url) => {
+            // The image as of now, without claiming it.
+            let d = object::open(url, true, false, None)?;
+            let st = d.stats();
+            if json && path.is_none() {
+                println!("{}", serde_json::to_string_pretty(&json!({"object": st}))?);
+            } else if !json {
+                println!(
+                    "object image {url}: manifest {}, writer epoch {}, {}; WAL {} bytes past \
+                     the last checkpoint (next WAL {}); {} chunk objects",
+                    st.manifest,
+                    st.epoch,
+                    match &st.writer {
+                        Some(w) => format!("held by {w}"),
+                        None => "closed cleanly".into(),
+                    },
+                    st.unfolded_bytes,
+                    st.next_wal,
+                    st.chunks
+                );
+            }
+            Arc::new(d)
+        }
+        None => open(image, false)
+            .map_err(|e| e.context("a mounted image's counters: foliofs stat --mount DIR"))?,
+    };
     let fs = Fs::mount(
         dev,
         MountOptions {

@@ -80,6 +80,10 @@ pub struct ObjectStats {
     pub checkpoints: u64,
     /// Bytes in the WAL not yet folded into chunks.
     pub unfolded_bytes: u64,
+    /// Chunk objects the manifest names (the rest of the device is zeros).
+    pub chunks: u64,
+    /// The writer the manifest names (None after a clean close).
+    pub writer: Option<Writer>,
     pub fenced: Option<String>,
 }
 
@@ -412,6 +416,8 @@ impl ObjectDevice {
         st.manifest = s.manifest_id;
         st.next_wal = s.next_wal;
         st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
+        st.chunks = s.manifest.chunks.len() as u64;
+        st.writer = s.manifest.writer.clone();
         st
     }
 
