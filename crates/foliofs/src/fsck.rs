@@ -34,7 +34,10 @@ pub struct FsckOptions {
     /// inode, a directory's second name, the entry closing a loop (each
     /// removed), one of the wrong type. A file with links but no name, and
     /// a directory that no entry names, get the name `#<ino>` in
-    /// /lost+found.
+    /// /lost+found. An extent over blocks that another file or the fixed
+    /// metadata claimed first, or outside the data area, is cut out of
+    /// its file's map with the extents after it, and the file is cut
+    /// where it started.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -184,6 +187,22 @@ impl Checker {
             ),
             other => self.problem("device", 0, other.to_string()),
         }
+    }
+
+    /// Why blocks `blk..blk + len` cannot be claimed without a second
+    /// owner: the first that lies past the device or is claimed already.
+    fn taken(&self, blk: u64, len: u64) -> Option<String> {
+        for b in blk..blk.saturating_add(len) {
+            if b >= self.meta.geo.total_blocks {
+                return Some(format!("block {b} is past the end of the device"));
+            }
+            match self.owner.get(&b) {
+                Some(0) => return Some(format!("block {b} is fixed metadata")),
+                Some(prev) => return Some(format!("block {b} is claimed by inode {prev}")),
+                None => {}
+            }
+        }
+        None
     }
 
     fn claim(&mut self, blk: u64, len: u64, owner: u64, what: &str) {
@@ -491,6 +510,9 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+    // The extent tree's blocks, if it read whole: a repair that rewrites
+    // the map gives them back.
+    let mut tree_blocks = Vec::new();
     let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
@@ -509,9 +531,10 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 Ok(())
             }) {
                 Ok(blocks) => {
-                    for b in blocks {
+                    for &b in &blocks {
                         c.claim(b, 1, ino, t.tt.name());
                     }
+                    tree_blocks = blocks;
                 }
                 Err(e) if kind == FileType::Dir => {
                     if c.repair {
@@ -563,29 +586,130 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     let mut nblocks = 0;
     let mut prev_end = 0;
+    let mut kept: Entries = Vec::new();
+    let total = entries.len();
     for (k, v) in entries {
-        match Extent::decode(ino, k, &v, &geo) {
-            Ok(e) => {
-                if e.lblk < prev_end {
-                    c.problem(
-                        "extent",
-                        e.pblk,
-                        format!(
-                            "inode {ino}: extent at file block {} overlaps the previous one",
-                            e.lblk
-                        ),
-                    );
-                }
-                prev_end = e.end();
-                nblocks += e.len;
-                c.claim(e.pblk, e.len, ino, "extent");
-                if !e.unwritten {
-                    c.written.push((e.pblk, e.len, ino, e.lblk));
-                }
+        let e = match Extent::decode(ino, k, &v, &geo) {
+            Ok(e) => e,
+            Err(Error::Corrupted { addr, reason, .. }) if c.repair => {
+                cut_map(c, &mut d, &mut kept, total, (k, addr), reason);
+                return finish_map(c, d, kept, &tree_blocks);
             }
-            Err(e) => c.err(e),
+            Err(e) => {
+                c.err(e);
+                continue;
+            }
+        };
+        let overlap = (e.lblk < prev_end).then(|| {
+            format!(
+                "inode {ino}: extent at file block {} overlaps the previous one",
+                e.lblk
+            )
+        });
+        if c.repair {
+            // Behind valid checksums, the first claimant of a block keeps
+            // it: this extent, and the map from it on, goes.
+            let taken = overlap.or_else(|| c.taken(e.pblk, e.len));
+            if let Some(why) = taken {
+                let reason = format!(
+                    "inode {ino}: extent at file block {} ({} blocks at {}): {why}",
+                    e.lblk, e.len, e.pblk
+                );
+                cut_map(c, &mut d, &mut kept, total, (e.lblk, e.pblk), reason);
+                return finish_map(c, d, kept, &tree_blocks);
+            }
+        } else if let Some(why) = overlap {
+            c.problem("extent", e.pblk, why);
         }
+        prev_end = e.end();
+        nblocks += e.len;
+        c.claim(e.pblk, e.len, ino, "extent");
+        if !e.unwritten {
+            c.written.push((e.pblk, e.len, ino, e.lblk));
+        }
+        kept.push((k, v));
     }
+    check_nblocks(c, &d, nblocks);
+}
+
+/// Inode `d`'s extent map was cut (`cut_map`): a repair writes the
+/// `kept` extents as its map, inline, and gives back the blocks of the
+/// extent tree it had (`tree_blocks`, claimed when it was walked).
+/// What does not fit inline is dropped as the cut was, the file cut
+/// where the first dropped extent starts.
+fn finish_map(c: &mut Checker, mut d: DiskInode, mut kept: Entries, tree_blocks: &[u64]) {
+    let ino = d.ino;
+    for &b in tree_blocks {
+        c.release(b);
+    }
+    let mut fit = 0;
+    while fit < kept.len() && inline_len(&kept[..=fit]) <= LITERAL_SIZE {
+        fit += 1;
+    }
+    if fit < kept.len() {
+        let from = kept[fit].0;
+        drop_claims(c, ino, &kept[fit..]);
+        kept.truncate(fit);
+        d.size = d.size.min(from.saturating_mul(c.meta.geo.block_size));
+    }
+    let nblocks = kept.iter().map(|(_, v)| extent_len(v)).sum();
+    (d.fork, d.fork_root, d.nblocks) = (ForkFormat::Extents, 0, nblocks);
+    d.set_inline(&kept);
+    edit_inode(c, ino, |x| *x = d);
+}
+
+/// The length (blocks) of an extent whose value decoded.
+fn extent_len(v: &[u8]) -> u64 {
+    u32::from_le_bytes(v[8..12].try_into().unwrap_or_default()) as u64
+}
+
+/// Give back what inode `ino` claimed for `extents` (they leave its map).
+fn drop_claims(c: &mut Checker, ino: u64, extents: &[(u64, Vec<u8>)]) {
+    for (k, v) in extents {
+        let pblk = u64::from_le_bytes(v[..8].try_into().unwrap_or_default());
+        for b in pblk..pblk + extent_len(v) {
+            c.release(b);
+        }
+        c.written.retain(|w| !(w.2 == ino && w.3 == *k));
+    }
+}
+
+/// Inode `d`'s extent map holds an extent that cannot stand (`reason`,
+/// at file block `lblk`, device block `addr`): out of the data area, over another file's blocks
+/// or its own, or over the previous extent. A repair keeps the `kept`
+/// extents before it and cuts the file where it starts (of `total`
+/// extents), as for a damaged tree: a hole in its place would pass zeros
+/// off as the file's data, and the extents past it could not be reached
+/// by reading through.
+fn cut_map(
+    c: &mut Checker,
+    d: &mut DiskInode,
+    kept: &mut Entries,
+    total: usize,
+    (lblk, addr): (u64, u64),
+    reason: String,
+) {
+    let bs = c.meta.geo.block_size;
+    let end = match kept.last() {
+        Some((k, v)) => k + extent_len(v),
+        None => 0,
+    };
+    // A hole before it stays (it reads as zeros, as it did).
+    let cut = lblk.max(end).saturating_mul(bs);
+    let dropped = total - kept.len();
+    let done = match d.size > cut {
+        true => format!(
+            "; cut out with the extents after it ({dropped} in all), the file cut at byte {cut}"
+        ),
+        false => format!("; cut out with the extents after it ({dropped} in all)"),
+    };
+    c.fixed("extent", addr, format!("{reason}{done}"));
+    d.size = d.size.min(cut);
+}
+
+/// The block count of inode `d` against the `nblocks` its extents map.
+fn check_nblocks(c: &mut Checker, d: &DiskInode, nblocks: u64) {
+    let (ino, blk) = (d.ino, c.meta.geo.inode_loc(d.ino).0);
     if nblocks != d.nblocks {
         c.fixed(
             "inode",

@@ -1237,3 +1237,97 @@ fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
     }
     fs.unmount().unwrap();
 }
+
+/// Inode `ino`'s inline extents in `raw`: (file block, device block,
+/// length) each.
+fn inline_extents(raw: &Raw, ino: u64) -> Vec<(u64, u64, u64)> {
+    use foliofs::format::inode::Fork;
+    let Fork::Inline(entries) = raw.inode(ino).decode_fork(0).unwrap() else {
+        panic!("inode {ino}'s extents are not inline");
+    };
+    entries
+        .iter()
+        .map(|(k, v)| {
+            let pblk = u64::from_le_bytes(v[..8].try_into().unwrap());
+            let len = u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64;
+            (*k, pblk, len)
+        })
+        .collect()
+}
+
+/// Point inode `ino`'s inline extent at file block `lblk` to device
+/// block `pblk`, its checksum made good.
+fn repoint(raw: &mut Raw, ino: u64, lblk: u64, pblk: u64) {
+    raw.edit_entries(ino, |entries| {
+        let (_, v) = entries.iter_mut().find(|(k, _)| *k == lblk).unwrap();
+        v[..8].copy_from_slice(&pblk.to_le_bytes());
+    });
+}
+
+/// Extents whose checksums hold but that cannot stand: one over another
+/// file's block, one over AG metadata, one past the device's end. A
+/// repair keeps the blocks with their first claimant and cuts each
+/// later claimant's map (and the file) where the extent starts, so no
+/// file reads another's bytes and nothing is passed off as data.
+#[test]
+fn a_repair_cuts_out_extents_that_claim_blocks_not_theirs() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let mut inos = Vec::new();
+    for name in [b"a", b"b", b"c", b"d"] {
+        inos.push(fs.create(root, name, 0o644, 0, 0).unwrap().ino);
+    }
+    // Blocks 0 and 2 of each: more than one extent.
+    for (i, &f) in inos.iter().enumerate() {
+        fs.write(f, 0, &[i as u8 + 1; 4096]).unwrap();
+        fs.write(f, 8192, &[i as u8 + 1; 4096]).unwrap();
+        fs.fsync(f, false).unwrap();
+    }
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (a, b, c, d) = (inos[0], inos[1], inos[2], inos[3]);
+    let n = inline_extents(&raw, b).len() as u64;
+    assert!(n > 1, "{:?}", inline_extents(&raw, b));
+    let last = inline_extents(&raw, b)[n as usize - 1].0;
+    let a_first = inline_extents(&raw, a)[0].1;
+    let (total, agh) = (raw.geo.total_blocks, raw.geo.agh_blk(0));
+    // b's last extent over a's first block: a (checked first) keeps it.
+    repoint(&mut raw, b, last, a_first);
+    // c's first over the AG header, d's last past the device.
+    repoint(&mut raw, c, 0, agh);
+    repoint(&mut raw, d, last, total + 3);
+    let (r, dev) = repaired(&raw.bytes);
+    let cut = |ino: u64, why: &str, rest: &str| {
+        assert!(
+            r.problems.iter().any(|p| p.repaired
+                && p.message
+                    .starts_with(&format!("inode {ino}: extent at file block "))
+                && p.message.contains(why)
+                && p.message.ends_with(rest)),
+            "inode {ino}: {:?}",
+            r.problems
+        );
+    };
+    let at = last * 4096;
+    let one = format!("; cut out with the extents after it (1 in all), the file cut at byte {at}");
+    cut(b, &format!("block {a_first} is claimed by inode {a}"), &one);
+    let all = format!("({n} in all), the file cut at byte 0");
+    cut(c, "outside the data area", &all);
+    cut(d, "outside the data area", &one);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for (i, &f) in inos.iter().enumerate() {
+        let want = [12288, at, 0, at][i];
+        assert_eq!(fs.getattr(f).unwrap().size, want, "file {i}");
+        let mut buf = vec![0; want as usize];
+        assert_eq!(fs.read(f, 0, &mut buf).unwrap(), want as usize);
+        for (blk, data) in buf.chunks(4096).enumerate() {
+            let v = if blk == 1 { 0 } else { i as u8 + 1 };
+            assert!(data.iter().all(|&x| x == v), "file {i} block {blk}");
+        }
+    }
+    // The blocks given back are free to use again, and a's are a's.
+    let f = fs.create(root, b"new", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[9; 1 << 20]).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
