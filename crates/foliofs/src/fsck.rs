@@ -106,6 +106,14 @@ struct Checker {
     /// (directory, name, inode). What they name is put back under its
     /// name once it is named in /lost+found (`fix_entries`).
     salvaged: Vec<(u64, Vec<u8>, u64)>,
+    /// Blocks a repair gave to a rebuilt extent tree (`build_trees`):
+    /// the space check marks them used without naming each.
+    allocated: HashSet<u64>,
+    /// Extent maps a repair rebuilds as trees once every inode has
+    /// claimed its blocks.
+    to_build: Vec<Build>,
+    /// Where the search for a free block for a rebuilt tree resumes.
+    free_from: u64,
     /// Runs of written data blocks: (first block, count, inode, first
     /// file block), so `fsck --data` names each file and offset.
     written: Vec<(u64, u64, u64, u64)>,
@@ -203,6 +211,18 @@ impl Checker {
             }
         }
         None
+    }
+
+    /// A block no one claims, for a rebuilt tree: in AG `ag`'s data area
+    /// if it has one, else in the next AG's.
+    fn free_block(&mut self, ag: u32) -> Option<u64> {
+        let geo = &self.meta.geo;
+        let start = geo.ag_start(ag).max(self.free_from);
+        let total = geo.total_blocks;
+        (start..total)
+            .chain(0..start)
+            .find(|&b| geo.is_data_block(b) && !self.is_used(b) && !self.shared.contains(&b))
+            .inspect(|&b| self.free_from = b + 1)
     }
 
     fn claim(&mut self, blk: u64, len: u64, owner: u64, what: &str) {
@@ -306,6 +326,9 @@ pub fn fsck(
         imap_lost: HashSet::new(),
         entry_fixes: Vec::new(),
         salvaged: Vec::new(),
+        allocated: HashSet::new(),
+        to_build: Vec::new(),
+        free_from: 0,
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -373,6 +396,7 @@ pub fn fsck(
         check_inode(&mut c, ino, imap_used[ino as usize]);
     }
     progress(slots, slots);
+    build_trees(&mut c);
     check_tree_and_links(&mut c);
     check_orphans(&mut c);
     check_space(&mut c);
@@ -513,6 +537,9 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     // The extent tree's blocks, if it read whole: a repair that rewrites
     // the map gives them back.
     let mut tree_blocks = Vec::new();
+    // Whether a repair salvaged the map from a damaged tree: it is
+    // written anew once checked.
+    let mut salvaged = false;
     let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
@@ -553,12 +580,11 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 Err(e) if !c.repair => return c.err(e),
                 Err(e) => match salvage_extents(c, &t, &d, e) {
                     // Checked below as the repair leaves them.
+                    // (Its blocks, claimed by no one, go back with the
+                    // space check.)
                     Some((kept, cut)) => {
-                        (d.fork, d.fork_root) = (ForkFormat::Extents, 0);
                         d.size = d.size.min(cut);
-                        d.set_inline(&kept);
-                        let new = d.clone();
-                        edit_inode(c, ino, |d| *d = new);
+                        salvaged = true;
                         entries = kept;
                     }
                     None => return,
@@ -629,16 +655,21 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         }
         kept.push((k, v));
     }
-    check_nblocks(c, &d, nblocks);
+    match salvaged {
+        true => finish_map(c, d, kept, &tree_blocks),
+        false => check_nblocks(c, &d, nblocks),
+    }
 }
 
-/// Inode `d`'s extent map was cut (`cut_map`): a repair writes the
-/// `kept` extents as its map, inline, and gives back the blocks of the
-/// extent tree it had (`tree_blocks`, claimed when it was walked).
-/// What does not fit inline is dropped as the cut was, the file cut
-/// where the first dropped extent starts.
-fn finish_map(c: &mut Checker, mut d: DiskInode, mut kept: Entries, tree_blocks: &[u64]) {
-    let ino = d.ino;
+/// Inode `d`'s extent map was cut (`cut_map`) or salvaged from a damaged
+/// tree (`salvage_extents`): a repair writes the `kept` extents as its
+/// map and gives back the blocks of the extent tree it had
+/// (`tree_blocks`, claimed when it was walked). The map is written
+/// inline, as much of it as fits; the rest waits for a new tree built
+/// once every inode has claimed its blocks (`build_trees`), and the
+/// file stays cut where it ends until then.
+fn finish_map(c: &mut Checker, d: DiskInode, mut kept: Entries, tree_blocks: &[u64]) {
+    let (ino, mut size) = (d.ino, d.size);
     for &b in tree_blocks {
         c.release(b);
     }
@@ -647,15 +678,127 @@ fn finish_map(c: &mut Checker, mut d: DiskInode, mut kept: Entries, tree_blocks:
         fit += 1;
     }
     if fit < kept.len() {
+        c.to_build.push(Build {
+            ino,
+            size: d.size,
+            nblocks: kept.iter().map(|(_, v)| extent_len(v)).sum(),
+            entries: kept.clone(),
+            fit,
+            problem: c.report.problems.len().saturating_sub(1),
+        });
         let from = kept[fit].0;
-        drop_claims(c, ino, &kept[fit..]);
         kept.truncate(fit);
-        d.size = d.size.min(from.saturating_mul(c.meta.geo.block_size));
+        size = size.min(from.saturating_mul(c.meta.geo.block_size));
     }
     let nblocks = kept.iter().map(|(_, v)| extent_len(v)).sum();
-    (d.fork, d.fork_root, d.nblocks) = (ForkFormat::Extents, 0, nblocks);
-    d.set_inline(&kept);
-    edit_inode(c, ino, |x| *x = d);
+    // Only the map's fields: the record on disk may have been repaired
+    // since `d` was read (its flags, its xattrs).
+    edit_inode(c, ino, |d| {
+        (d.fork, d.fork_root, d.nblocks, d.size) = (ForkFormat::Extents, 0, nblocks, size);
+        d.set_inline(&kept);
+    });
+}
+
+/// An extent map too long for the inode, to be written as a tree: the
+/// inode's size and block count with all of it, its extents, how many
+/// of them the inode holds inline meanwhile, and the problem whose
+/// repair this is.
+struct Build {
+    ino: u64,
+    size: u64,
+    nblocks: u64,
+    entries: Entries,
+    fit: usize,
+    problem: usize,
+}
+
+/// Write each queued extent map (`finish_map`) as a new tree, in blocks
+/// that no inode claims, and point its inode at it. Done once every
+/// inode has claimed its blocks, so a new node never lands on a block a
+/// file still holds. With no room, the inode keeps the extents that fit
+/// inline and the file stays cut where they end (said on the problem's
+/// line).
+fn build_trees(c: &mut Checker) {
+    for b in std::mem::take(&mut c.to_build) {
+        match build_tree(c, b.ino, &b.entries) {
+            Some(root) => edit_inode(c, b.ino, |d| {
+                (d.fork, d.fork_root, d.size, d.nblocks) =
+                    (ForkFormat::ExtentTree, root, b.size, b.nblocks);
+                d.set_inline(&[]);
+            }),
+            None => {
+                drop_claims(c, b.ino, &b.entries[b.fit..]);
+                let p = &mut c.report.problems[b.problem];
+                p.message += &format!(
+                    "; no room for a tree of its {} extents: the {} that fit in the inode kept",
+                    b.entries.len(),
+                    b.fit
+                );
+            }
+        }
+    }
+}
+
+/// A new extent tree of inode `ino` holding `entries` (sorted), built
+/// bottom up: leaves filled in key order, then each level of interior
+/// nodes over the one below, to a single root. Its blocks are claimed
+/// for `ino`. None when there are not enough free blocks (those taken
+/// are given back).
+fn build_tree(c: &mut Checker, ino: u64, entries: &Entries) -> Option<u64> {
+    use crate::format::btree_node::{capacity, Node, ENTRY_OVERHEAD, MAX_LEVELS};
+    let cap = capacity(c.meta.geo.block_size as usize);
+    let mut taken = Vec::new();
+    let mut level = 0u16;
+    let mut below: Entries = entries.clone();
+    loop {
+        // Pack this level's entries into nodes, each as full as it goes.
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut used = cap;
+        for (k, v) in below {
+            if used + ENTRY_OVERHEAD + v.len() > cap {
+                nodes.push(Node {
+                    level,
+                    entries: Vec::new(),
+                });
+                used = 0;
+            }
+            used += ENTRY_OVERHEAD + v.len();
+            nodes.last_mut()?.entries.push((k, v));
+        }
+        let mut above = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let Some(blk) = c.free_block(c.meta.geo.inode_ag(ino)) else {
+                for b in taken {
+                    c.release(b);
+                }
+                return None;
+            };
+            taken.push(blk);
+            c.claim(blk, 1, ino, TreeType::Extents.name());
+            c.allocated.insert(blk);
+            let uuid = c.meta.uuid;
+            node.encode(
+                c.meta.create(blk, Kind::Header),
+                blk,
+                uuid,
+                ino,
+                TreeType::Extents,
+            );
+            c.maybe_commit();
+            above.push((node.entries[0].0, blk.to_le_bytes().to_vec()));
+        }
+        if let [(_, root)] = &above[..] {
+            return root[..8].try_into().ok().map(u64::from_le_bytes);
+        }
+        if level + 1 >= MAX_LEVELS {
+            for b in taken {
+                c.release(b);
+            }
+            return None;
+        }
+        below = above;
+        level += 1;
+    }
 }
 
 /// The length (blocks) of an extent whose value decoded.
@@ -880,8 +1023,8 @@ fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&
 type Entries = Vec<(u64, Vec<u8>)>;
 
 /// A file's extent tree did not read whole (`e`): a repair keeps the
-/// extents before the first that was lost, as many as fit inline, and
-/// cuts the file there, for a hole in place of what was lost would pass
+/// extents before the first that was lost (in a new tree if they do
+/// not fit inline, `finish_map`) and cuts the file there, for a hole in place of what was lost would pass
 /// zeros off as its data. Returns them and the size (bytes) to cut the
 /// file to; None when the error is not corruption (it is named).
 fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option<(Entries, u64)> {
@@ -895,18 +1038,12 @@ fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option
         return None;
     };
     let (survivors, lost_from) = surviving_prefix(c, t, d.fork_root);
-    let mut kept = Vec::new();
-    let mut cut_blk = lost_from;
-    for (k, v) in survivors {
-        let fits = inline_len(&kept) + 10 + v.len() <= LITERAL_SIZE;
-        if k >= lost_from || !fits {
-            cut_blk = cut_blk.min(k);
-            break;
-        }
-        kept.push((k, v));
-    }
+    let kept: Entries = survivors
+        .into_iter()
+        .take_while(|(k, _)| *k < lost_from)
+        .collect();
     let bs = c.meta.geo.block_size;
-    let cut = cut_blk.saturating_mul(bs);
+    let cut = lost_from.saturating_mul(bs);
     let done = match (kept.is_empty(), d.size > cut) {
         (true, _) => "its data removed, left empty".to_string(),
         (false, true) => format!(
@@ -1733,9 +1870,10 @@ fn check_space(c: &mut Checker) {
                 if !used {
                     free += 1;
                 }
-                if on_disk != used && (rebuilt || c.freed.contains(&global)) {
-                    // Rebuilt, or freed by this repair with its owner:
-                    // named there.
+                let named = c.freed.contains(&global) || c.allocated.contains(&global);
+                if on_disk != used && (rebuilt || named) {
+                    // Rebuilt, freed by this repair with its owner, or
+                    // given to a rebuilt tree: named there.
                     bitmap::set_bit(&mut fixed, bit as u32, used);
                     changed = true;
                 } else if on_disk != used {

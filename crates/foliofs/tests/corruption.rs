@@ -1206,28 +1206,42 @@ fn a_repair_clears_unknown_inode_flags() {
     assert_eq!(Raw::of(dev.image()).inode(a).flags & (1 << 30), 0);
 }
 
-/// An extent tree leaf past the first that does not decode: the extents
-/// before it that fit inline are kept and the file is cut where they
-/// end, so what it still reads is its own data and its own holes.
+/// An extent tree leaf past the first that does not decode: every
+/// extent before it is kept (more than fit in the inode: in a new tree)
+/// and the file is cut where the damaged leaf's start, so what it still
+/// reads is its own data and its own holes.
 #[test]
 fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
     use foliofs::format::btree_node::{Node, TreeType};
+    use foliofs::format::inode::ForkFormat;
     let img = build();
     let root = inode(&img, img.big).fork_root;
-    let at = (root * 4096) as usize;
-    let node = Node::decode(&img.bytes[at..at + 4096], root, img.big, TreeType::Extents).unwrap();
-    assert!(node.level > 0 && node.entries.len() > 1);
-    let leaf = u64::from_le_bytes(node.entries[1].1[..8].try_into().unwrap());
-    let (r, fs) = repair_of(&img, |b| b[(leaf * 4096) as usize + 300] ^= 1);
-    // 13 extents fit inline; the file is cut where the 14th starts.
-    let kept = "the 13 extents before the damage kept, the file cut at byte ";
+    let node_at = |blk: u64| {
+        let at = (blk * 4096) as usize;
+        Node::decode(&img.bytes[at..at + 4096], blk, img.big, TreeType::Extents).unwrap()
+    };
+    let node = node_at(root);
+    assert!(node.level == 1 && node.entries.len() > 1);
+    let child = |i: usize| u64::from_le_bytes(node.entries[i].1[..8].try_into().unwrap());
+    let (first, leaf) = (child(0), child(1));
+    let n = node_at(first).entries.len();
+    assert!(n > 13, "{n} extents fit inline");
+    let mut bytes = img.bytes.clone();
+    bytes[(leaf * 4096) as usize + 300] ^= 1;
+    let (r, dev) = repaired(&bytes);
+    assert_eq!(
+        Raw::of(dev.image()).inode(img.big).fork,
+        ForkFormat::ExtentTree
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let kept = format!("the {n} extents before the damage kept, the file cut at byte ");
     let p = r
         .problems
         .iter()
-        .find(|p| p.addr == leaf && p.message.contains(kept) && p.repaired)
+        .find(|p| p.addr == leaf && p.message.contains(&kept) && p.repaired)
         .unwrap_or_else(|| panic!("{:?}", r.problems));
     let cut: u64 = p.message.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(cut > 0 && cut % 4096 == 0, "{cut}");
+    assert_eq!(cut, node.entries[1].0 * 4096);
     assert_eq!(fs.getattr(img.big).unwrap().size, cut);
     let mut buf = vec![0; cut as usize];
     assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
@@ -1235,7 +1249,13 @@ fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
         let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
         assert!(data.iter().all(|&b| b == want), "block {blk}");
     }
+    // The new tree takes writes past the cut and reads them back.
+    fs.write(img.big, cut + 4096, &[7; 8192]).unwrap();
+    let mut buf = vec![0; 8192];
+    fs.read(img.big, cut + 4096, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 7));
     fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
 }
 
 /// Inode `ino`'s inline extents in `raw`: (file block, device block,
@@ -1330,4 +1350,63 @@ fn a_repair_cuts_out_extents_that_claim_blocks_not_theirs() {
     fs.write(f, 0, &[9; 1 << 20]).unwrap();
     fs.unmount().unwrap();
     assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// An extent in a tree leaf whose checksum holds, pointed at a block
+/// of the file's own earlier extent: a repair cuts the map there and
+/// writes what is before it (more than fits inline) as a new tree.
+#[test]
+fn a_repair_cuts_a_tree_map_at_an_extent_over_its_own_blocks() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    use foliofs::format::inode::ForkFormat;
+    let img = build();
+    let root = inode(&img, img.big).fork_root;
+    let mut bytes = img.bytes.clone();
+    let node_at = |bytes: &[u8], blk: u64| {
+        let at = (blk * 4096) as usize;
+        Node::decode(&bytes[at..at + 4096], blk, img.big, TreeType::Extents).unwrap()
+    };
+    let top = node_at(&bytes, root);
+    let leaf = u64::from_le_bytes(top.entries[1].1[..8].try_into().unwrap());
+    let mut node = node_at(&bytes, leaf);
+    let first = node_at(
+        &bytes,
+        u64::from_le_bytes(top.entries[0].1[..8].try_into().unwrap()),
+    );
+    // The second leaf's third extent over the first extent's block.
+    let (lblk, v) = &mut node.entries[2];
+    let lblk = *lblk;
+    v[..8].copy_from_slice(&first.entries[0].1[..8]);
+    let at = (leaf * 4096) as usize;
+    node.encode(
+        &mut bytes[at..at + 4096],
+        leaf,
+        img.uuid,
+        img.big,
+        TreeType::Extents,
+    );
+    foliofs::format::header::stamp(&mut bytes[at..at + 4096]);
+    let (r, dev) = repaired(&bytes);
+    let cut = lblk * 4096;
+    assert!(
+        r.problems.iter().any(|p| p.repaired
+            && p.message
+                .starts_with(&format!("inode {}: extent at file block {lblk} ", img.big))
+            && p.message.ends_with(&format!("the file cut at byte {cut}"))),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(
+        Raw::of(dev.image()).inode(img.big).fork,
+        ForkFormat::ExtentTree
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.getattr(img.big).unwrap().size, cut);
+    let mut buf = vec![0; cut as usize];
+    assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
+    for (blk, data) in buf.chunks(4096).enumerate() {
+        let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {blk}");
+    }
+    fs.unmount().unwrap();
 }
