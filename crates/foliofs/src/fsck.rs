@@ -114,6 +114,14 @@ struct Checker {
     to_build: Vec<Build>,
     /// Where the search for a free block for a rebuilt tree resumes.
     free_from: u64,
+    /// Directories that lost their name, each with the directory its
+    /// record names as its parent, when the root reaches that one: a
+    /// repair names it `#<ino>` there rather than in /lost+found.
+    homes: HashMap<u64, u64>,
+    /// Inodes a repair cleared (their slot did not decode), each with
+    /// the problem that says so: one that directories name as their
+    /// parent is made anew (`remake_dirs`).
+    cleared: Vec<(u64, usize)>,
     /// Runs of written data blocks: (first block, count, inode, first
     /// file block), so `fsck --data` names each file and offset.
     written: Vec<(u64, u64, u64, u64)>,
@@ -329,6 +337,8 @@ pub fn fsck(
         allocated: HashSet::new(),
         to_build: Vec::new(),
         free_from: 0,
+        homes: HashMap::new(),
+        cleared: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -397,6 +407,7 @@ pub fn fsck(
     }
     progress(slots, slots);
     build_trees(&mut c);
+    remake_dirs(&mut c);
     check_tree_and_links(&mut c);
     check_orphans(&mut c);
     check_space(&mut c);
@@ -412,7 +423,13 @@ pub fn fsck(
         c.meta.checkpoint()?;
         if !c.entry_fixes.is_empty() {
             drop(c.meta);
-            fix_entries(dev, &mut c.entry_fixes, &c.salvaged, &mut c.report);
+            fix_entries(
+                dev,
+                &mut c.entry_fixes,
+                &c.salvaged,
+                &c.homes,
+                &mut c.report,
+            );
         }
     }
     Ok(c.report)
@@ -921,6 +938,9 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         true => "; the root directory made anew, empty",
         false => "; cleared",
     };
+    if !root {
+        c.cleared.push((ino, c.report.problems.len()));
+    }
     c.fixed(structure, addr, format!("{reason}{done}"));
     let (blk, off) = c.meta.geo.inode_loc(ino);
     let uuid = c.meta.uuid;
@@ -938,6 +958,44 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         }
     }
     c.maybe_commit();
+}
+
+/// Inodes whose slot did not decode and that a repair cleared, but that
+/// live directories name as their parent: each was a directory, and is
+/// made anew, empty, as the root is. The entry naming it, if it still
+/// reads, keeps its name; the directories below it, whose entries went
+/// with it, are named `#<ino>` in it (their records name it); its files,
+/// whose records name no parent, go to /lost+found.
+fn remake_dirs(c: &mut Checker) {
+    let parents: HashSet<u64> = c
+        .inodes
+        .iter()
+        .filter(|(ino, (kind, _, parent, _))| *kind == FileType::Dir && *parent != **ino)
+        .map(|(_, (_, _, parent, _))| *parent)
+        .collect();
+    for (ino, at) in std::mem::take(&mut c.cleared) {
+        if !parents.contains(&ino) {
+            continue;
+        }
+        let (blk, off) = c.meta.geo.inode_loc(ino);
+        let uuid = c.meta.uuid;
+        let r = c.meta.read_itable(blk).map(drop);
+        if let Err(e) = r.and_then(|()| {
+            new_root(ino).encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+            set_imap(c, ino, true)
+        }) {
+            c.err(e);
+            continue;
+        }
+        c.inodes.insert(ino, (FileType::Dir, 2, ino, 0));
+        c.dirs.push(ino);
+        let p = &mut c.report.problems[at];
+        p.message = p.message.replace(
+            "; cleared",
+            "; cleared, and made anew, an empty directory (directories name it as their parent)",
+        );
+        c.maybe_commit();
+    }
 }
 
 /// An empty root directory, as mkfs makes it (owned by root).
@@ -1270,6 +1328,7 @@ fn check_tree_and_links(c: &mut Checker) {
     let geo = c.meta.geo.clone();
     let inodes: Vec<(u64, (FileType, u32, u64, u32))> =
         c.inodes.iter().map(|(k, v)| (*k, *v)).collect();
+    let links_read: HashMap<u64, u32> = inodes.iter().map(|(k, v)| (*k, v.1)).collect();
     for (ino, (kind, nlink, parent, flags)) in inodes {
         let blk = geo.inode_loc(ino).0;
         let found = c.links.get(&ino).copied().unwrap_or(0);
@@ -1296,6 +1355,10 @@ fn check_tree_and_links(c: &mut Checker) {
                 let message = format!("directory {ino} is not reachable from the root");
                 match top {
                     Some(top) => {
+                        let recorded = links_read.get(&top).copied().unwrap_or(0);
+                        if let Some(home) = home_of(c, top, &seen, recorded) {
+                            c.homes.insert(top, home);
+                        }
                         c.entry_fix("directory", blk, message, EntryFix::Name { ino, top })
                     }
                     None => c.problem("directory", blk, message),
@@ -1507,6 +1570,21 @@ fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
     }
 }
 
+/// The directory that directory `top`'s record names as its parent,
+/// when `top` has links (`recorded`, its count before the repair set
+/// it) and that is another live directory the root
+/// reaches (`seen`): `top` is not above it, so naming `top` there makes
+/// no loop.
+fn home_of(c: &Checker, top: u64, seen: &HashMap<u64, ()>, recorded: u32) -> Option<u64> {
+    let parent = c.inodes.get(&top)?.2;
+    if recorded == 0 {
+        // Removed while open, or its count is wrong too: /lost+found.
+        return None;
+    }
+    let live = matches!(c.inodes.get(&parent), Some((FileType::Dir, ..)));
+    (parent != top && live && seen.contains_key(&parent)).then_some(parent)
+}
+
 /// The directory above unreachable directory `d` that no entry names
 /// (`d` itself, if none names it): naming it in /lost+found makes `d`
 /// reachable. None when the way up loops or ends elsewhere. (Its link
@@ -1551,6 +1629,7 @@ fn fix_entries(
     dev: Arc<dyn Device>,
     fixes: &mut [(EntryFix, usize)],
     salvaged: &[(u64, Vec<u8>, u64)],
+    homes: &HashMap<u64, u64>,
     report: &mut Report,
 ) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
@@ -1569,9 +1648,9 @@ fn fix_entries(
     };
     fixes.sort_by_key(|(fix, _)| matches!(fix, EntryFix::Name { .. }));
     let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
-    // Each inode named in /lost+found: its name there, and the problem
+    // Each inode named anew: the directory and name, and the problem
     // whose repair named it.
-    let mut in_lost_found: HashMap<u64, (Vec<u8>, usize)> = HashMap::new();
+    let mut placed: HashMap<u64, (u64, Vec<u8>, usize)> = HashMap::new();
     for (fix, at) in fixes.iter() {
         let r = match fix {
             EntryFix::Remove { dir, name, ino } => fs
@@ -1584,13 +1663,29 @@ fn fix_entries(
                 .map_err(|e| e.to_string()),
             EntryFix::Name { ino, top } => {
                 let path = named.entry(*top).or_insert_with(|| {
-                    fs.reconnect(*top)
-                        .map(|name| {
-                            let path = format!("/lost+found/{}", String::from_utf8_lossy(&name));
-                            in_lost_found.insert(*top, (name, *at));
-                            path
-                        })
-                        .map_err(|e| e.to_string())
+                    let name = fs.reconnect(*top).map_err(|e| e.to_string())?;
+                    let shown = String::from_utf8_lossy(&name).into_owned();
+                    let lf = fs
+                        .lookup(fs.root_ino(), b"lost+found")
+                        .map_err(|e| e.to_string())?;
+                    // A directory whose record names a parent that the
+                    // root reaches goes back below it (a rename, which
+                    // sets its parent and the link counts); its name is
+                    // lost with the entry.
+                    let home = homes.get(top).and_then(|&home| {
+                        fs.rename(lf.ino, &name, home, &name, RENAME_NOREPLACE)
+                            .ok()
+                            .map(|()| home)
+                    });
+                    let (dir, path) = match home {
+                        Some(home) => (
+                            home,
+                            format!("{shown} in directory {home}, its parent by its record"),
+                        ),
+                        None => (lf.ino, format!("/lost+found/{shown}")),
+                    };
+                    placed.insert(*top, (dir, name, *at));
+                    Ok(path)
                 });
                 match (path.clone(), ino == top) {
                     (Ok(path), true) => Ok(format!("; named {path}")),
@@ -1604,7 +1699,7 @@ fn fix_entries(
             Err(why) => unrepaired(report, *at, why),
         }
     }
-    put_back(&fs, salvaged, &in_lost_found, report);
+    put_back(&fs, salvaged, &placed, report);
     if let Err(e) = fs.unmount() {
         report.problems.push(Problem {
             structure: "device".into(),
@@ -1615,25 +1710,24 @@ fn fix_entries(
     }
 }
 
-/// Put what a dropped directory tree named, now in /lost+found, back
-/// under the names its entries that still read gave it (a rename, which
-/// keeps its link count). One that cannot go back (the name is taken
-/// meanwhile) stays in /lost+found, reachable: that is said on its line.
+/// Put what a dropped directory tree named, now named anew (`placed`:
+/// in /lost+found, or a directory in its recorded parent), back under
+/// the names its entries that still read gave it (a rename, which keeps
+/// its link count). One that cannot go back (the name is taken
+/// meanwhile) stays where it was named, reachable: that is said on its
+/// line.
 fn put_back(
     fs: &Fs,
     salvaged: &[(u64, Vec<u8>, u64)],
-    in_lost_found: &HashMap<u64, (Vec<u8>, usize)>,
+    placed: &HashMap<u64, (u64, Vec<u8>, usize)>,
     report: &mut Report,
 ) {
-    let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") else {
-        return;
-    };
     for (dir, name, ino) in salvaged {
-        let Some((there, at)) = in_lost_found.get(ino) else {
+        let Some((from, there, at)) = placed.get(ino) else {
             continue;
         };
         let shown = String::from_utf8_lossy(name);
-        let done = match fs.rename(lf.ino, there, *dir, name, RENAME_NOREPLACE) {
+        let done = match fs.rename(*from, there, *dir, name, RENAME_NOREPLACE) {
             Ok(()) => format!("; put back as {shown:?} in directory {dir}"),
             Err(e) => format!("; not put back as {shown:?} in directory {dir}: {e}"),
         };

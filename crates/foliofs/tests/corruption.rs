@@ -582,10 +582,10 @@ fn assert_ones(fs: &Fs, a: u64) {
 }
 
 /// A directory that lost its entry, and everything below it, is not
-/// reachable from the root: a repair names it in /lost+found, where the
-/// tree below it is whole again.
+/// reachable from the root: a repair names it `#<ino>` in the parent its
+/// record names, where the tree below it is whole again.
 #[test]
-fn a_repair_names_a_lost_directory_in_lost_found() {
+fn a_repair_names_a_lost_directory_in_its_recorded_parent() {
     let (dev, fs, free_before) = fresh_fs();
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
@@ -601,25 +601,26 @@ fn a_repair_names_a_lost_directory_in_lost_found() {
         assert_names(&r, &message, false);
     }
     let (r, dev) = repaired(&img.bytes);
-    let named = format!("directory {d} is not reachable from the root; named /lost+found/#{d}");
-    let below = format!("directory {e} is not reachable from the root; now below /lost+found/#{d}");
+    let home = format!("#{d} in directory {root}, its parent by its record");
+    let named = format!("directory {d} is not reachable from the root; named {home}");
+    let below = format!("directory {e} is not reachable from the root; now below {home}");
     for message in [named, below] {
         assert_names(&r, &message, true);
     }
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let lf = fs.lookup(root, b"lost+found").unwrap().ino;
     let name = format!("#{d}");
-    assert_eq!(fs.lookup(lf, name.as_bytes()).unwrap().ino, d);
-    assert_eq!(fs.lookup(d, b"..").unwrap().ino, lf);
-    assert_eq!(fs.getattr(lf).unwrap().nlink, 3);
-    assert_eq!(fs.getattr(root).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(root, name.as_bytes()).unwrap().ino, d);
+    assert_eq!(fs.lookup(d, b"..").unwrap().ino, root);
+    assert_eq!(fs.getattr(lf).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(root).unwrap().nlink, 4);
     assert_eq!(fs.lookup(e, b"f").unwrap().ino, f);
     let mut buf = [0u8; 8192];
     assert_eq!(fs.read(f, 0, &mut buf).unwrap(), 8192);
     assert!(buf.iter().all(|&b| b == 3));
     fs.unlink(e, b"f").unwrap();
     fs.rmdir(d, b"e").unwrap();
-    fs.rmdir(lf, name.as_bytes()).unwrap();
+    fs.rmdir(root, name.as_bytes()).unwrap();
     fs.rmdir(root, b"lost+found").unwrap();
     fs.unmount().unwrap();
     assert_eq!(free_counts(&dev), free_before);
@@ -836,7 +837,7 @@ fn a_repair_of_a_mistyped_second_name_keeps_the_recorded_one() {
 
 /// Two directories, each named only in the other, that the root does not
 /// reach: a repair removes the entry of the lower-numbered one and names
-/// it in /lost+found, the other below it.
+/// it `#<ino>` in the parent its record names, the other below it.
 #[test]
 fn a_repair_cuts_a_loop_of_directories() {
     let (dev, fs, _) = fresh_fs();
@@ -854,9 +855,8 @@ fn a_repair_cuts_a_loop_of_directories() {
     let message = format!("{message}; \"a\" removed from {b}");
     assert_names(&r, &message, true);
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
-    assert_eq!(fs.lookup(lf, format!("#{a}").as_bytes()).unwrap().ino, a);
-    assert_eq!(fs.lookup(a, b"..").unwrap().ino, lf);
+    assert_eq!(fs.lookup(root, format!("#{a}").as_bytes()).unwrap().ino, a);
+    assert_eq!(fs.lookup(a, b"..").unwrap().ino, root);
     assert_eq!(fs.lookup(a, b"b").unwrap().ino, b);
     assert!(matches!(fs.lookup(b, b"a"), Err(Error::NotFound)));
     assert_eq!(fs.getattr(b).unwrap().nlink, 2);
@@ -1002,8 +1002,9 @@ fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
     fs.unmount().unwrap();
 }
 
-/// The root's slot does not decode (not its checksum alone): a new, empty root, and what it named
-/// (found by the directories' own records) in /lost+found.
+/// The root's slot does not decode (not its checksum alone): a new,
+/// empty root; the directories it named are named `#<ino>` in it again
+/// (their records name it as their parent), its files in /lost+found.
 #[test]
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
@@ -1014,10 +1015,11 @@ fn a_repair_makes_a_damaged_root_anew() {
         "inode 1: bad magic; the root directory made anew, empty",
         true,
     );
-    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
     let name = format!("#{}", img.dir);
-    let dir = fs.lookup(lf, name.as_bytes()).unwrap().ino;
+    let dir = fs.lookup(fs.root_ino(), name.as_bytes()).unwrap().ino;
     assert!(fs.lookup(dir, b"entry-299").is_ok());
+    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
+    assert!(fs.lookup(lf, format!("#{}", img.big).as_bytes()).is_ok());
     fs.unmount().unwrap();
 }
 
@@ -1409,4 +1411,51 @@ fn a_repair_cuts_a_tree_map_at_an_extent_over_its_own_blocks() {
         assert!(data.iter().all(|&b| b == want), "block {blk}");
     }
     fs.unmount().unwrap();
+}
+
+/// A directory's slot that does not decode, though directories below
+/// it name it as their parent: a repair makes it anew, empty, under the
+/// name its parent's entry still gives it; the directories below it go
+/// back into it as `#<ino>` (their records name it), its files to
+/// /lost+found.
+#[test]
+fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let top = fs.mkdir(root, b"top", 0o755, 0, 0).unwrap().ino;
+    let mid = fs.mkdir(top, b"mid", 0o755, 0, 0).unwrap().ino;
+    let leaf = fs.mkdir(mid, b"leaf", 0o755, 0, 0).unwrap().ino;
+    let deep = fs.create(leaf, b"deep", 0o644, 0, 0).unwrap().ino;
+    fs.write(deep, 0, &[5; 5000]).unwrap();
+    let file = fs.create(mid, b"file", 0o644, 0, 0).unwrap().ino;
+    fs.write(file, 0, &[6; 3000]).unwrap();
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (blk, off) = raw.geo.inode_loc(mid);
+    raw.bytes[(blk * 4096) as usize + off] ^= 1;
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!(
+            "inode {mid}: bad magic; cleared, and made anew, an empty directory \
+             (directories name it as their parent)"
+        ),
+        true,
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.lookup(top, b"mid").unwrap().ino, mid);
+    let back = fs.lookup(mid, format!("#{leaf}").as_bytes()).unwrap().ino;
+    assert_eq!(back, leaf);
+    assert_eq!(fs.lookup(leaf, b"deep").unwrap().ino, deep);
+    let mut buf = vec![0; 5000];
+    assert_eq!(fs.read(deep, 0, &mut buf).unwrap(), 5000);
+    assert!(buf.iter().all(|&b| b == 5));
+    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
+    assert_eq!(
+        fs.lookup(lf, format!("#{file}").as_bytes()).unwrap().ino,
+        file
+    );
+    assert_eq!(fs.getattr(mid).unwrap().nlink, 3);
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
 }
