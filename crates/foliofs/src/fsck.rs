@@ -313,6 +313,13 @@ pub fn fsck(
     meta::check_device_size(&*dev, &sb)?;
     let (dev, replayed) = if opts.repair {
         let n = meta::replay(&*dev, &mut sb)?;
+        // A repair writes transactions of this engine's format: like a
+        // read-write mount, it raises an older version first (a copy's
+        // too: mkfs wrote it, and nothing after rewrites it).
+        if sb.version < crate::format::FORMAT_VERSION {
+            sb.version = crate::format::FORMAT_VERSION;
+            meta::write_superblock(&*dev, &mut sb)?;
+        }
         (dev, n)
     } else {
         meta::replay_in_memory(dev, &mut sb)?

@@ -1459,3 +1459,55 @@ fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
     fs.unmount().unwrap();
     assert!(fsck_of(&dev, false).is_clean());
 }
+
+/// mkfs writes the superblock copies and nothing rewrites them, so a
+/// repair takes from a copy only what cannot change after mkfs (the
+/// geometry, UUID, label, root); the journal position and clean flag are
+/// set anew, the version raised as a read-write mount raises it, and the
+/// counters live in the AG headers, which the check counts from the
+/// trees. After a life of mounts and journal wraps, with a version 1
+/// copy, a repair from it leaves the image as the primary described it.
+#[test]
+fn a_repair_from_a_superblock_copy_takes_only_what_mkfs_fixed() {
+    use foliofs::format::superblock::Superblock;
+    let img = build();
+    let mut bytes = img.bytes.clone();
+    let primary = foliofs::meta::read_superblock(&MemDevice::from_image(bytes.clone())).unwrap();
+    let copy_at = primary.ag_blocks;
+    for blk in [copy_at, copy_at + 1] {
+        let at = (blk * 4096) as usize;
+        let mut copy = Superblock::decode(&bytes[at..at + 4096], blk).unwrap();
+        let fixed = |s: &Superblock| {
+            let mut s = s.clone();
+            (s.flags, s.tail_pos, s.tail_seq, s.generation) = (0, 0, 0, 0);
+            s
+        };
+        assert_eq!(fixed(&copy), fixed(&primary), "the copy at {blk}");
+        // As an older mkfs wrote it.
+        copy.version = 1;
+        copy.encode(&mut bytes[at..at + 4096], blk);
+    }
+    bytes[60] ^= 1;
+    bytes[4096 + 60] ^= 1;
+    let (_, dev) = repaired(&bytes);
+    let sb = foliofs::meta::read_superblock(&*dev).unwrap();
+    assert_eq!(sb.version, foliofs::format::FORMAT_VERSION);
+    assert_eq!(
+        (sb.uuid, sb.total_blocks, sb.ag_count, sb.root_ino, sb.label),
+        (
+            primary.uuid,
+            primary.total_blocks,
+            primary.ag_count,
+            primary.root_ino,
+            primary.label
+        )
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let mut buf = vec![0; 4096];
+    fs.read(img.big, 99 * 8192, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 100));
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
+    fs.create(fs.root_ino(), b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
