@@ -945,9 +945,7 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         true => "; the root directory made anew, empty",
         false => "; cleared",
     };
-    if !root {
-        c.cleared.push((ino, c.report.problems.len()));
-    }
+    c.cleared.push((ino, c.report.problems.len()));
     c.fixed(structure, addr, format!("{reason}{done}"));
     let (blk, off) = c.meta.geo.inode_loc(ino);
     let uuid = c.meta.uuid;
@@ -980,8 +978,26 @@ fn remake_dirs(c: &mut Checker) {
         .filter(|(ino, (kind, _, parent, _))| *kind == FileType::Dir && *parent != **ino)
         .map(|(_, (_, _, parent, _))| *parent)
         .collect();
-    for (ino, at) in std::mem::take(&mut c.cleared) {
-        if !parents.contains(&ino) {
+    let cleared = std::mem::take(&mut c.cleared);
+    let mut found = old_dir_leaves(c, cleared.iter().map(|(ino, _)| *ino).collect());
+    let root = c.meta.sb.root_ino;
+    for (ino, at) in cleared {
+        let entries = found.remove(&ino).unwrap_or_default();
+        if !entries.is_empty() {
+            let p = &mut c.report.problems[at];
+            p.message += &format!(
+                "; {} entries found in leaves of its old tree (named by the inodes they name, \
+                 and put back under those names)",
+                entries.len()
+            );
+            for (name, child) in entries {
+                c.salvaged.push((ino, name, child));
+            }
+        } else if !parents.contains(&ino) || ino == root {
+            continue;
+        }
+        if ino == root {
+            // Made anew already (`clear_inode`).
             continue;
         }
         let (blk, off) = c.meta.geo.inode_loc(ino);
@@ -999,10 +1015,69 @@ fn remake_dirs(c: &mut Checker) {
         let p = &mut c.report.problems[at];
         p.message = p.message.replace(
             "; cleared",
-            "; cleared, and made anew, an empty directory (directories name it as their parent)",
+            "; cleared, and made anew, an empty directory (directories name it as their parent, \
+             or leaves of its tree name it as their owner)",
         );
         c.maybe_commit();
     }
+}
+
+/// The entries (name, inode) in directory-tree leaves that no inode
+/// claims and whose header names one of `owners` (inodes a repair
+/// cleared) as their owner: what a cleared directory held, if it was a
+/// tree. Each leaf verifies (checksum, own block number, owner, type)
+/// before it counts. A leaf freed long ago can still verify, so what it
+/// names is only put back if that inode has lost its name (`put_back`
+/// moves only what the repair named anew).
+fn old_dir_leaves(c: &mut Checker, owners: HashSet<u64>) -> HashMap<u64, Vec<(Vec<u8>, u64)>> {
+    let mut found: HashMap<u64, Vec<(Vec<u8>, u64)>> = HashMap::new();
+    if owners.is_empty() {
+        return found;
+    }
+    let geo = c.meta.geo.clone();
+    let bs = geo.block_size as usize;
+    // Read in runs of 256 blocks (1 MiB at 4 KiB) to look at headers.
+    const RUN: u64 = 256;
+    let mut buf = AlignedBuf::zeroed(bs * RUN as usize);
+    let mut at = 0;
+    while at < geo.total_blocks {
+        let n = RUN.min(geo.total_blocks - at);
+        let len = n as usize * bs;
+        if c.meta.dev.read_at(&mut buf[..len], at * bs as u64).is_err() {
+            at += n;
+            continue;
+        }
+        for i in 0..n {
+            let b = at + i;
+            let block = &buf[i as usize * bs..(i as usize + 1) * bs];
+            let h = crate::format::header::BlockHeader::decode(block);
+            if h.magic != magic::BTREE
+                || !owners.contains(&h.owner)
+                || !geo.is_data_block(b)
+                || c.is_used(b)
+            {
+                continue;
+            }
+            let t = Tree {
+                owner: h.owner,
+                tt: TreeType::Dir,
+                ag: geo.ag_of(b),
+            };
+            let Ok(node) = t.read(&mut c.meta, b) else {
+                continue;
+            };
+            if node.level != 0 {
+                continue;
+            }
+            for (k, v) in node.entries {
+                if let Ok(de) = dir::decode(h.owner, k, &v) {
+                    found.entry(h.owner).or_default().push((de.name, de.ino));
+                }
+            }
+        }
+        at += n;
+    }
+    found
 }
 
 /// An empty root directory, as mkfs makes it (owned by root).

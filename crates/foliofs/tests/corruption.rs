@@ -1003,8 +1003,8 @@ fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
 }
 
 /// The root's slot does not decode (not its checksum alone): a new,
-/// empty root; the directories it named are named `#<ino>` in it again
-/// (their records name it as their parent), its files in /lost+found.
+/// empty root, and what it named back under its names, by the leaves of
+/// its old tree (which name the root as their owner).
 #[test]
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
@@ -1012,14 +1012,15 @@ fn a_repair_makes_a_damaged_root_anew() {
     let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
     assert_names(
         &r,
-        "inode 1: bad magic; the root directory made anew, empty",
+        "inode 1: bad magic; the root directory made anew, empty; 102 entries found in \
+         leaves of its old tree (named by the inodes they name, and put back under those names)",
         true,
     );
-    let name = format!("#{}", img.dir);
-    let dir = fs.lookup(fs.root_ino(), name.as_bytes()).unwrap().ino;
-    assert!(fs.lookup(dir, b"entry-299").is_ok());
-    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
-    assert!(fs.lookup(lf, format!("#{}", img.big).as_bytes()).is_ok());
+    let root = fs.root_ino();
+    assert_eq!(fs.lookup(root, b"dir").unwrap().ino, img.dir);
+    assert!(fs.lookup(img.dir, b"entry-299").is_ok());
+    assert_eq!(fs.lookup(root, b"big").unwrap().ino, img.big);
+    assert!(fs.lookup(root, b"fill99").is_ok());
     fs.unmount().unwrap();
 }
 
@@ -1438,7 +1439,8 @@ fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
         &r,
         &format!(
             "inode {mid}: bad magic; cleared, and made anew, an empty directory \
-             (directories name it as their parent)"
+             (directories name it as their parent, or leaves of its tree name it as their \
+             owner)"
         ),
         true,
     );
@@ -1510,4 +1512,37 @@ fn a_repair_from_a_superblock_copy_takes_only_what_mkfs_fixed() {
     fs.create(fs.root_ino(), b"after", 0o644, 0, 0).unwrap();
     fs.unmount().unwrap();
     assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// A directory held as a tree whose slot does not decode: its tree's
+/// leaves still name it as their owner, so a repair makes it anew under
+/// its name and puts back every file its leaves name, by name.
+#[test]
+fn a_repair_makes_a_tree_directory_anew_from_its_leaves() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.dir);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    assert!(
+        r.problems.iter().any(|p| p.repaired
+            && p.message.starts_with(&format!(
+                "inode {}: bad magic; cleared, and made anew",
+                img.dir
+            ))
+            && p.message
+                .contains("; 300 entries found in leaves of its old tree")),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(fs.lookup(fs.root_ino(), b"dir").unwrap().ino, img.dir);
+    let mut names = names_in(&fs, img.dir);
+    names.sort();
+    let mut want: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("entry-{i}").into_bytes())
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+    if let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") {
+        assert!(names_in(&fs, lf.ino).is_empty());
+    }
+    fs.unmount().unwrap();
 }
