@@ -18,6 +18,7 @@ use crate::format::inode::{
     inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
 };
 use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
+use crate::format::superblock::Superblock;
 use crate::format::{bitmap, csum, data_crc, magic};
 use crate::fs::RENAME_NOREPLACE;
 use crate::meta::{self, Kind, Meta};
@@ -263,6 +264,144 @@ impl Checker {
     }
 }
 
+/// The fields of `sb` that mkfs fixes for good (FORMAT.md, "Copies"):
+/// the others zeroed.
+fn mkfs_fixed(sb: &Superblock) -> Superblock {
+    Superblock {
+        flags: 0,
+        tail_pos: 0,
+        tail_seq: 0,
+        generation: 0,
+        version: 0,
+        ..sb.clone()
+    }
+}
+
+/// The superblock copies of AG 1 (agbno 0 and 1), found where `sb`'s
+/// geometry puts them or, if none decodes there, by a scan (its
+/// geometry may be what is wrong): when both decode at their own place,
+/// agree with each other and disagree with `sb` in what mkfs fixed, the
+/// first, its block, and the fields that differ. None with one AG (no
+/// copies), or copies that do not decode or do not agree (nothing to
+/// go by).
+fn copies_disagree(dev: &dyn Device, sb: &Superblock) -> Result<Option<(Superblock, u64, String)>> {
+    if sb.ag_count < 2 {
+        return Ok(None);
+    }
+    let read = |blk: u64, bs: u32| -> Result<Option<Superblock>> {
+        let at = blk.saturating_mul(bs as u64);
+        if at.saturating_add(bs as u64) > dev.len() {
+            return Ok(None);
+        }
+        let mut buf = AlignedBuf::zeroed(bs as usize);
+        dev.read_at(&mut buf, at)?;
+        Ok(Superblock::decode(&buf, blk).ok())
+    };
+    let first = match read(sb.ag_blocks, sb.block_size)? {
+        Some(copy) => Some((copy, sb.ag_blocks)),
+        None => meta::read_superblock_backup(dev).ok(),
+    };
+    let Some((copy, at)) = first else {
+        return Ok(None);
+    };
+    let Some(second) = read(at + 1, copy.block_size)? else {
+        return Ok(None);
+    };
+    let (a, b, mine) = (mkfs_fixed(&copy), mkfs_fixed(&second), mkfs_fixed(sb));
+    if a != b || a == mine {
+        return Ok(None);
+    }
+    let fields = [
+        (
+            "uuid",
+            format!("{:x?}", mine.uuid),
+            format!("{:x?}", a.uuid),
+        ),
+        (
+            "block_size",
+            mine.block_size.to_string(),
+            a.block_size.to_string(),
+        ),
+        (
+            "total_blocks",
+            mine.total_blocks.to_string(),
+            a.total_blocks.to_string(),
+        ),
+        (
+            "ag_blocks",
+            mine.ag_blocks.to_string(),
+            a.ag_blocks.to_string(),
+        ),
+        (
+            "ag_count",
+            mine.ag_count.to_string(),
+            a.ag_count.to_string(),
+        ),
+        (
+            "inodes_per_ag",
+            mine.inodes_per_ag.to_string(),
+            a.inodes_per_ag.to_string(),
+        ),
+        (
+            "inode_size",
+            mine.inode_size.to_string(),
+            a.inode_size.to_string(),
+        ),
+        (
+            "journal_start",
+            mine.journal_start.to_string(),
+            a.journal_start.to_string(),
+        ),
+        (
+            "journal_blocks",
+            mine.journal_blocks.to_string(),
+            a.journal_blocks.to_string(),
+        ),
+        (
+            "root_ino",
+            mine.root_ino.to_string(),
+            a.root_ino.to_string(),
+        ),
+        (
+            "bmap_blocks",
+            mine.bmap_blocks.to_string(),
+            a.bmap_blocks.to_string(),
+        ),
+        (
+            "imap_blocks",
+            mine.imap_blocks.to_string(),
+            a.imap_blocks.to_string(),
+        ),
+        (
+            "csum_blocks",
+            mine.csum_blocks.to_string(),
+            a.csum_blocks.to_string(),
+        ),
+        (
+            "itable_blocks",
+            mine.itable_blocks.to_string(),
+            a.itable_blocks.to_string(),
+        ),
+        (
+            "label",
+            format!("{:?}", mine.label),
+            format!("{:?}", a.label),
+        ),
+        (
+            "mkfs_time",
+            mine.mkfs_time.to_string(),
+            a.mkfs_time.to_string(),
+        ),
+    ];
+    let wrong: Vec<String> = fields
+        .iter()
+        .filter(|(_, m, c)| m != c)
+        .map(|(name, m, c)| format!("{name} {m}, the copies {c}"))
+        .collect();
+    // The copy as read: its journal position is mkfs's, not taken.
+    Ok(Some((copy, at, wrong.join("; "))))
+}
+
 /// Check the file system on `dev`. With `repair` off nothing is written:
 /// a journal that needs replay is replayed into a memory overlay.
 pub fn fsck(
@@ -287,6 +426,31 @@ pub fn fsck(
                 };
                 meta::write_superblock(&*dev, &mut sb)?;
                 sb_problems.push((addr, format!("slot {addr}: {reason}; rewritten")));
+            }
+            if let Some((copy, at, wrong)) = copies_disagree(&*dev, &sb)? {
+                // Behind a valid checksum: the copies, two that agree,
+                // hold what mkfs fixed, and nothing rewrites those fields.
+                sb = Superblock {
+                    flags: sb.flags,
+                    tail_pos: sb.tail_pos,
+                    tail_seq: sb.tail_seq,
+                    generation: sb.generation,
+                    version: sb.version,
+                    ..copy
+                };
+                let done = match opts.repair {
+                    true => {
+                        meta::write_superblock(&*dev, &mut sb)?;
+                        meta::write_superblock(&*dev, &mut sb)?;
+                        "; taken from the copies, both slots rewritten"
+                    }
+                    false => "",
+                };
+                let message = format!(
+                    "fields fixed at mkfs differ from the copies at blocks {at} and {} ({wrong}){done}",
+                    at + 1
+                );
+                sb_problems.push((0, message));
             }
             sb
         }

@@ -741,6 +741,15 @@ fn a_repair_of_a_root_with_a_name_makes_no_loop() {
     let (img, root, d, e) = two_dirs();
     let mut bytes = img.bytes;
     edit_superblocks(&mut bytes, |_, sb| sb.root_ino = d);
+    // The copies too (else a repair takes the root from them).
+    let ag1 = img.geo.ag_start(1);
+    for blk in [ag1, ag1 + 1] {
+        use foliofs::format::superblock::Superblock;
+        let at = (blk * 4096) as usize;
+        let mut sb = Superblock::decode(&bytes[at..at + 4096], blk).unwrap();
+        sb.root_ino = d;
+        sb.encode(&mut bytes[at..at + 4096], blk);
+    }
     let (r, dev) = repaired(&bytes);
     let message =
         format!("the root directory {d} has entries in {root}; \"d\" removed from {root}");
@@ -1544,5 +1553,33 @@ fn a_repair_makes_a_tree_directory_anew_from_its_leaves() {
     if let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") {
         assert!(names_in(&fs, lf.ino).is_empty());
     }
+    fs.unmount().unwrap();
+}
+
+/// A field mkfs fixed, changed in both slots behind valid checksums
+/// (the root inode made a file's): the two copies in AG 1 agree with
+/// each other and not with the slots, so a repair takes the fixed fields
+/// from them, and the image mounts with its own root.
+#[test]
+fn a_repair_takes_fields_mkfs_fixed_from_copies_that_agree() {
+    let img = build();
+    let mut bytes = img.bytes.clone();
+    edit_superblocks(&mut bytes, |_, sb| sb.root_ino = img.big);
+    let dev = Arc::new(MemDevice::from_image(bytes.clone()));
+    let message = format!(
+        "fields fixed at mkfs differ from the copies at blocks 4096 and 4097 (root_ino {}, \
+         the copies 1)",
+        img.big
+    );
+    assert_names(&fsck_of(&dev, false), &message, false);
+    let (r, dev) = repaired(&bytes);
+    assert_names(
+        &r,
+        &format!("{message}; taken from the copies, both slots rewritten"),
+        true,
+    );
+    assert_eq!(foliofs::meta::read_superblock(&*dev).unwrap().root_ino, 1);
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
     fs.unmount().unwrap();
 }
