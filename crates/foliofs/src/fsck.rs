@@ -430,13 +430,26 @@ pub fn fsck(
             if let Some((copy, at, wrong)) = copies_disagree(&*dev, &sb)? {
                 // Behind a valid checksum: the copies, two that agree,
                 // hold what mkfs fixed, and nothing rewrites those fields.
-                sb = Superblock {
-                    flags: sb.flags,
-                    tail_pos: sb.tail_pos,
-                    tail_seq: sb.tail_seq,
-                    generation: sb.generation,
-                    version: sb.version,
-                    ..copy
+                let same_log = (sb.journal_start, sb.journal_blocks)
+                    == (copy.journal_start, copy.journal_blocks)
+                    && sb.tail_pos < copy.journal_blocks;
+                let mut lost = "";
+                sb = match same_log {
+                    true => Superblock {
+                        flags: sb.flags,
+                        tail_pos: sb.tail_pos,
+                        tail_seq: sb.tail_seq,
+                        generation: sb.generation,
+                        version: sb.version,
+                        ..copy
+                    },
+                    // The slots' journal position came with the wrong
+                    // journal: not replayed, as from a copy alone.
+                    false => {
+                        lost = " (the journal not replayed: its position was for another \
+                                journal; what it held is lost)";
+                        meta::read_superblock_backup(&*dev)?.0
+                    }
                 };
                 let done = match opts.repair {
                     true => {
@@ -447,7 +460,8 @@ pub fn fsck(
                     false => "",
                 };
                 let message = format!(
-                    "fields fixed at mkfs differ from the copies at blocks {at} and {} ({wrong}){done}",
+                    "fields fixed at mkfs differ from the copies at blocks {at} and {} \
+                     ({wrong}){done}{lost}",
                     at + 1
                 );
                 sb_problems.push((0, message));
