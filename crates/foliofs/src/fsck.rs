@@ -1123,7 +1123,14 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         true => "; the root directory made anew, empty",
         false => "; cleared",
     };
-    c.cleared.push((ino, c.report.problems.len()));
+    // Only a slot in use may come back (`remake_dirs`): a free one's
+    // number may be that of a directory removed long ago, whose freed
+    // leaves still verify. (A bitmap block that did not read says
+    // nothing either way.)
+    let imap_blk = c.meta.geo.imap_loc(ino).0;
+    if root || marked || c.imap_lost.contains(&imap_blk) {
+        c.cleared.push((ino, c.report.problems.len()));
+    }
     c.fixed(structure, addr, format!("{reason}{done}"));
     let (blk, off) = c.meta.geo.inode_loc(ino);
     let uuid = c.meta.uuid;

@@ -1583,3 +1583,31 @@ fn a_repair_takes_fields_mkfs_fixed_from_copies_that_agree() {
     assert_eq!(names_in(&fs, img.dir).len(), 300);
     fs.unmount().unwrap();
 }
+
+/// A free slot holding garbage, whose number was a directory's before it
+/// was removed: the leaves of its old tree still verify, but a free slot
+/// is only zeroed, never made a directory again.
+#[test]
+fn a_repair_does_not_bring_back_a_removed_directory_from_its_old_leaves() {
+    let img = build();
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in 0..300 {
+        fs.unlink(img.dir, format!("entry-{i}").as_bytes()).unwrap();
+    }
+    fs.rmdir(fs.root_ino(), b"dir").unwrap();
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (blk, off) = raw.geo.inode_loc(img.dir);
+    raw.bytes[(blk * 4096) as usize + off + 300] = 9;
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!("inode {}: checksum mismatch; cleared", img.dir),
+        true,
+    );
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    assert!(fs.lookup(fs.root_ino(), b"lost+found").is_err());
+    assert!(matches!(fs.getattr(img.dir), Err(Error::NotFound)));
+    fs.unmount().unwrap();
+}
