@@ -17,6 +17,7 @@ use crate::format::inode::{
     inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
 };
 use crate::format::inode::{FileType, Fork, ForkFormat, Timespec};
+use crate::format::superblock::Superblock;
 use crate::format::{bitmap, csum, data_crc, magic};
 use crate::fs::RENAME_NOREPLACE;
 use crate::fs::{Fs, MountOptions};
@@ -33,7 +34,10 @@ pub struct FsckOptions {
     /// inode, a directory's second name, the entry closing a loop (each
     /// removed), one of the wrong type. A file with links but no name, and
     /// a directory that no entry names, get the name `#<ino>` in
-    /// /lost+found.
+    /// /lost+found. An extent over blocks that another file or the fixed
+    /// metadata claimed first, or outside the data area, is cut out of
+    /// its file's map with the extents after it, and the file is cut
+    /// where it started.
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -102,6 +106,22 @@ struct Checker {
     /// (directory, name, inode). What they name is put back under its
     /// name once it is named in /lost+found (`fix_entries`).
     salvaged: Vec<(u64, Vec<u8>, u64)>,
+    /// Blocks a repair gave to a rebuilt extent tree (`build_trees`):
+    /// the space check marks them used without naming each.
+    allocated: HashSet<u64>,
+    /// Extent maps a repair rebuilds as trees once every inode has
+    /// claimed its blocks.
+    to_build: Vec<Build>,
+    /// Where the search for a free block for a rebuilt tree resumes.
+    free_from: u64,
+    /// Directories that lost their name, each with the directory its
+    /// record names as its parent, when the root reaches that one: a
+    /// repair names it `#<ino>` there rather than in /lost+found.
+    homes: HashMap<u64, u64>,
+    /// Inodes a repair cleared (their slot did not decode), each with
+    /// the problem that says so: one that directories name as their
+    /// parent is made anew (`remake_dirs`).
+    cleared: Vec<(u64, usize)>,
     /// Runs of written data blocks: (first block, count, inode, first
     /// file block), so `fsck --data` names each file and offset.
     written: Vec<(u64, u64, u64, u64)>,
@@ -185,6 +205,34 @@ impl Checker {
         }
     }
 
+    /// Why blocks `blk..blk + len` cannot be claimed without a second
+    /// owner: the first that lies past the device or is claimed already.
+    fn taken(&self, blk: u64, len: u64) -> Option<String> {
+        for b in blk..blk.saturating_add(len) {
+            if b >= self.meta.geo.total_blocks {
+                return Some(format!("block {b} is past the end of the device"));
+            }
+            match self.owner.get(&b) {
+                Some(0) => return Some(format!("block {b} is fixed metadata")),
+                Some(prev) => return Some(format!("block {b} is claimed by inode {prev}")),
+                None => {}
+            }
+        }
+        None
+    }
+
+    /// A block no one claims, for a rebuilt tree: in AG `ag`'s data area
+    /// if it has one, else in the next AG's.
+    fn free_block(&mut self, ag: u32) -> Option<u64> {
+        let geo = &self.meta.geo;
+        let start = geo.ag_start(ag).max(self.free_from);
+        let total = geo.total_blocks;
+        (start..total)
+            .chain(0..start)
+            .find(|&b| geo.is_data_block(b) && !self.is_used(b) && !self.shared.contains(&b))
+            .inspect(|&b| self.free_from = b + 1)
+    }
+
     fn claim(&mut self, blk: u64, len: u64, owner: u64, what: &str) {
         for b in blk..blk + len {
             if b >= self.meta.geo.total_blocks {
@@ -215,6 +263,144 @@ impl Checker {
     }
 }
 
+/// The fields of `sb` that mkfs fixes for good (FORMAT.md, "Copies"):
+/// the others zeroed.
+fn mkfs_fixed(sb: &Superblock) -> Superblock {
+    Superblock {
+        flags: 0,
+        tail_pos: 0,
+        tail_seq: 0,
+        generation: 0,
+        version: 0,
+        ..sb.clone()
+    }
+}
+
+/// The superblock copies of AG 1 (agbno 0 and 1), found where `sb`'s
+/// geometry puts them or, if none decodes there, by a scan (its
+/// geometry may be what is wrong): when both decode at their own place,
+/// agree with each other and disagree with `sb` in what mkfs fixed, the
+/// first, its block, and the fields that differ. None with one AG (no
+/// copies), or copies that do not decode or do not agree (nothing to
+/// go by).
+fn copies_disagree(dev: &dyn Device, sb: &Superblock) -> Result<Option<(Superblock, u64, String)>> {
+    if sb.ag_count < 2 {
+        return Ok(None);
+    }
+    let read = |blk: u64, bs: u32| -> Result<Option<Superblock>> {
+        let at = blk.saturating_mul(bs as u64);
+        if at.saturating_add(bs as u64) > dev.len() {
+            return Ok(None);
+        }
+        let mut buf = AlignedBuf::zeroed(bs as usize);
+        dev.read_at(&mut buf, at)?;
+        Ok(Superblock::decode(&buf, blk).ok())
+    };
+    let first = match read(sb.ag_blocks, sb.block_size)? {
+        Some(copy) => Some((copy, sb.ag_blocks)),
+        None => meta::read_superblock_backup(dev).ok(),
+    };
+    let Some((copy, at)) = first else {
+        return Ok(None);
+    };
+    let Some(second) = read(at + 1, copy.block_size)? else {
+        return Ok(None);
+    };
+    let (a, b, mine) = (mkfs_fixed(&copy), mkfs_fixed(&second), mkfs_fixed(sb));
+    if a != b || a == mine {
+        return Ok(None);
+    }
+    let fields = [
+        (
+            "uuid",
+            format!("{:x?}", mine.uuid),
+            format!("{:x?}", a.uuid),
+        ),
+        (
+            "block_size",
+            mine.block_size.to_string(),
+            a.block_size.to_string(),
+        ),
+        (
+            "total_blocks",
+            mine.total_blocks.to_string(),
+            a.total_blocks.to_string(),
+        ),
+        (
+            "ag_blocks",
+            mine.ag_blocks.to_string(),
+            a.ag_blocks.to_string(),
+        ),
+        (
+            "ag_count",
+            mine.ag_count.to_string(),
+            a.ag_count.to_string(),
+        ),
+        (
+            "inodes_per_ag",
+            mine.inodes_per_ag.to_string(),
+            a.inodes_per_ag.to_string(),
+        ),
+        (
+            "inode_size",
+            mine.inode_size.to_string(),
+            a.inode_size.to_string(),
+        ),
+        (
+            "journal_start",
+            mine.journal_start.to_string(),
+            a.journal_start.to_string(),
+        ),
+        (
+            "journal_blocks",
+            mine.journal_blocks.to_string(),
+            a.journal_blocks.to_string(),
+        ),
+        (
+            "root_ino",
+            mine.root_ino.to_string(),
+            a.root_ino.to_string(),
+        ),
+        (
+            "bmap_blocks",
+            mine.bmap_blocks.to_string(),
+            a.bmap_blocks.to_string(),
+        ),
+        (
+            "imap_blocks",
+            mine.imap_blocks.to_string(),
+            a.imap_blocks.to_string(),
+        ),
+        (
+            "csum_blocks",
+            mine.csum_blocks.to_string(),
+            a.csum_blocks.to_string(),
+        ),
+        (
+            "itable_blocks",
+            mine.itable_blocks.to_string(),
+            a.itable_blocks.to_string(),
+        ),
+        (
+            "label",
+            format!("{:?}", mine.label),
+            format!("{:?}", a.label),
+        ),
+        (
+            "mkfs_time",
+            mine.mkfs_time.to_string(),
+            a.mkfs_time.to_string(),
+        ),
+    ];
+    let wrong: Vec<String> = fields
+        .iter()
+        .filter(|(_, m, c)| m != c)
+        .map(|(name, m, c)| format!("{name} {m}, the copies {c}"))
+        .collect();
+    // The copy as read: its journal position is mkfs's, not taken.
+    Ok(Some((copy, at, wrong.join("; "))))
+}
+
 /// Check the file system on `dev`. With `repair` off nothing is written:
 /// a journal that needs replay is replayed into a memory overlay.
 pub fn fsck(
@@ -239,6 +425,45 @@ pub fn fsck(
                 };
                 meta::write_superblock(&*dev, &mut sb)?;
                 sb_problems.push((addr, format!("slot {addr}: {reason}; rewritten")));
+            }
+            if let Some((copy, at, wrong)) = copies_disagree(&*dev, &sb)? {
+                // Behind a valid checksum: the copies, two that agree,
+                // hold what mkfs fixed, and nothing rewrites those fields.
+                let same_log = (sb.journal_start, sb.journal_blocks)
+                    == (copy.journal_start, copy.journal_blocks)
+                    && sb.tail_pos < copy.journal_blocks;
+                let mut lost = "";
+                sb = match same_log {
+                    true => Superblock {
+                        flags: sb.flags,
+                        tail_pos: sb.tail_pos,
+                        tail_seq: sb.tail_seq,
+                        generation: sb.generation,
+                        version: sb.version,
+                        ..copy
+                    },
+                    // The slots' journal position came with the wrong
+                    // journal: not replayed, as from a copy alone.
+                    false => {
+                        lost = " (the journal not replayed: its position was for another \
+                                journal; what it held is lost)";
+                        meta::read_superblock_backup(&*dev)?.0
+                    }
+                };
+                let done = match opts.repair {
+                    true => {
+                        meta::write_superblock(&*dev, &mut sb)?;
+                        meta::write_superblock(&*dev, &mut sb)?;
+                        "; taken from the copies, both slots rewritten"
+                    }
+                    false => "",
+                };
+                let message = format!(
+                    "fields fixed at mkfs differ from the copies at blocks {at} and {} \
+                     ({wrong}){done}{lost}",
+                    at + 1
+                );
+                sb_problems.push((0, message));
             }
             sb
         }
@@ -265,6 +490,13 @@ pub fn fsck(
     meta::check_device_size(&*dev, &sb)?;
     let (dev, replayed) = if opts.repair {
         let n = meta::replay(&*dev, &mut sb)?;
+        // A repair writes transactions of this engine's format: like a
+        // read-write mount, it raises an older version first (a copy's
+        // too: mkfs wrote it, and nothing after rewrites it).
+        if sb.version < crate::format::FORMAT_VERSION {
+            sb.version = crate::format::FORMAT_VERSION;
+            meta::write_superblock(&*dev, &mut sb)?;
+        }
         (dev, n)
     } else {
         meta::replay_in_memory(dev, &mut sb)?
@@ -286,6 +518,11 @@ pub fn fsck(
         imap_lost: HashSet::new(),
         entry_fixes: Vec::new(),
         salvaged: Vec::new(),
+        allocated: HashSet::new(),
+        to_build: Vec::new(),
+        free_from: 0,
+        homes: HashMap::new(),
+        cleared: Vec::new(),
         written: Vec::new(),
         used: vec![0; total.div_ceil(64) as usize],
         links: HashMap::new(),
@@ -353,6 +590,8 @@ pub fn fsck(
         check_inode(&mut c, ino, imap_used[ino as usize]);
     }
     progress(slots, slots);
+    build_trees(&mut c);
+    remake_dirs(&mut c);
     check_tree_and_links(&mut c);
     check_orphans(&mut c);
     check_space(&mut c);
@@ -368,7 +607,13 @@ pub fn fsck(
         c.meta.checkpoint()?;
         if !c.entry_fixes.is_empty() {
             drop(c.meta);
-            fix_entries(dev, &mut c.entry_fixes, &c.salvaged, &mut c.report);
+            fix_entries(
+                dev,
+                &mut c.entry_fixes,
+                &c.salvaged,
+                &c.homes,
+                &mut c.report,
+            );
         }
     }
     Ok(c.report)
@@ -490,6 +735,12 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     // Data fork entries.
     let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+    // The extent tree's blocks, if it read whole: a repair that rewrites
+    // the map gives them back.
+    let mut tree_blocks = Vec::new();
+    // Whether a repair salvaged the map from a damaged tree: it is
+    // written anew once checked.
+    let mut salvaged = false;
     let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
@@ -508,9 +759,10 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 Ok(())
             }) {
                 Ok(blocks) => {
-                    for b in blocks {
+                    for &b in &blocks {
                         c.claim(b, 1, ino, t.tt.name());
                     }
+                    tree_blocks = blocks;
                 }
                 Err(e) if kind == FileType::Dir => {
                     if c.repair {
@@ -529,12 +781,11 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                 Err(e) if !c.repair => return c.err(e),
                 Err(e) => match salvage_extents(c, &t, &d, e) {
                     // Checked below as the repair leaves them.
+                    // (Its blocks, claimed by no one, go back with the
+                    // space check.)
                     Some((kept, cut)) => {
-                        (d.fork, d.fork_root) = (ForkFormat::Extents, 0);
                         d.size = d.size.min(cut);
-                        d.set_inline(&kept);
-                        let new = d.clone();
-                        edit_inode(c, ino, |d| *d = new);
+                        salvaged = true;
                         entries = kept;
                     }
                     None => return,
@@ -562,29 +813,247 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     }
     let mut nblocks = 0;
     let mut prev_end = 0;
+    let mut kept: Entries = Vec::new();
+    let total = entries.len();
     for (k, v) in entries {
-        match geo.extent(ino, k, &v) {
-            Ok(e) => {
-                if e.lblk < prev_end {
-                    c.problem(
-                        "extent",
-                        e.pblk,
-                        format!(
-                            "inode {ino}: extent at file block {} overlaps the previous one",
-                            e.lblk
-                        ),
-                    );
-                }
-                prev_end = e.end();
-                nblocks += e.len;
-                c.claim(e.pblk, e.len, ino, "extent");
-                if !e.unwritten {
-                    c.written.push((e.pblk, e.len, ino, e.lblk));
-                }
+        let e = match geo.extent(ino, k, &v) {
+            Ok(e) => e,
+            Err(Error::Corrupted { addr, reason, .. }) if c.repair => {
+                cut_map(c, &mut d, &mut kept, total, (k, addr), reason);
+                return finish_map(c, d, kept, &tree_blocks);
             }
-            Err(e) => c.err(e),
+            Err(e) => {
+                c.err(e);
+                continue;
+            }
+        };
+        let overlap = (e.lblk < prev_end).then(|| {
+            format!(
+                "inode {ino}: extent at file block {} overlaps the previous one",
+                e.lblk
+            )
+        });
+        if c.repair {
+            // Behind valid checksums, the first claimant of a block keeps
+            // it: this extent, and the map from it on, goes.
+            let taken = overlap.or_else(|| c.taken(e.pblk, e.len));
+            if let Some(why) = taken {
+                let reason = format!(
+                    "inode {ino}: extent at file block {} ({} blocks at {}): {why}",
+                    e.lblk, e.len, e.pblk
+                );
+                cut_map(c, &mut d, &mut kept, total, (e.lblk, e.pblk), reason);
+                return finish_map(c, d, kept, &tree_blocks);
+            }
+        } else if let Some(why) = overlap {
+            c.problem("extent", e.pblk, why);
+        }
+        prev_end = e.end();
+        nblocks += e.len;
+        c.claim(e.pblk, e.len, ino, "extent");
+        if !e.unwritten {
+            c.written.push((e.pblk, e.len, ino, e.lblk));
+        }
+        kept.push((k, v));
+    }
+    match salvaged {
+        true => finish_map(c, d, kept, &tree_blocks),
+        false => check_nblocks(c, &d, nblocks),
+    }
+}
+
+/// Inode `d`'s extent map was cut (`cut_map`) or salvaged from a damaged
+/// tree (`salvage_extents`): a repair writes the `kept` extents as its
+/// map and gives back the blocks of the extent tree it had
+/// (`tree_blocks`, claimed when it was walked). The map is written
+/// inline, as much of it as fits; the rest waits for a new tree built
+/// once every inode has claimed its blocks (`build_trees`), and the
+/// file stays cut where it ends until then.
+fn finish_map(c: &mut Checker, d: DiskInode, mut kept: Entries, tree_blocks: &[u64]) {
+    let (ino, mut size) = (d.ino, d.size);
+    for &b in tree_blocks {
+        c.release(b);
+    }
+    let mut fit = 0;
+    while fit < kept.len() && inline_len(&kept[..=fit]) <= LITERAL_SIZE {
+        fit += 1;
+    }
+    if fit < kept.len() {
+        c.to_build.push(Build {
+            ino,
+            size: d.size,
+            nblocks: kept.iter().map(|(_, v)| extent_len(v)).sum(),
+            entries: kept.clone(),
+            fit,
+            problem: c.report.problems.len().saturating_sub(1),
+        });
+        let from = kept[fit].0;
+        kept.truncate(fit);
+        size = size.min(from.saturating_mul(c.meta.geo.block_size));
+    }
+    let nblocks = kept.iter().map(|(_, v)| extent_len(v)).sum();
+    // Only the map's fields: the record on disk may have been repaired
+    // since `d` was read (its flags, its xattrs).
+    edit_inode(c, ino, |d| {
+        (d.fork, d.fork_root, d.nblocks, d.size) = (ForkFormat::Extents, 0, nblocks, size);
+        d.set_inline(&kept);
+    });
+}
+
+/// An extent map too long for the inode, to be written as a tree: the
+/// inode's size and block count with all of it, its extents, how many
+/// of them the inode holds inline meanwhile, and the problem whose
+/// repair this is.
+struct Build {
+    ino: u64,
+    size: u64,
+    nblocks: u64,
+    entries: Entries,
+    fit: usize,
+    problem: usize,
+}
+
+/// Write each queued extent map (`finish_map`) as a new tree, in blocks
+/// that no inode claims, and point its inode at it. Done once every
+/// inode has claimed its blocks, so a new node never lands on a block a
+/// file still holds. With no room, the inode keeps the extents that fit
+/// inline and the file stays cut where they end (said on the problem's
+/// line).
+fn build_trees(c: &mut Checker) {
+    for b in std::mem::take(&mut c.to_build) {
+        match build_tree(c, b.ino, &b.entries) {
+            Some(root) => edit_inode(c, b.ino, |d| {
+                (d.fork, d.fork_root, d.size, d.nblocks) =
+                    (ForkFormat::ExtentTree, root, b.size, b.nblocks);
+                d.set_inline(&[]);
+            }),
+            None => {
+                drop_claims(c, b.ino, &b.entries[b.fit..]);
+                let p = &mut c.report.problems[b.problem];
+                p.message += &format!(
+                    "; no room for a tree of its {} extents: the {} that fit in the inode kept",
+                    b.entries.len(),
+                    b.fit
+                );
+            }
         }
     }
+}
+
+/// A new extent tree of inode `ino` holding `entries` (sorted), built
+/// bottom up: leaves filled in key order, then each level of interior
+/// nodes over the one below, to a single root. Its blocks are claimed
+/// for `ino`. None when there are not enough free blocks (those taken
+/// are given back).
+fn build_tree(c: &mut Checker, ino: u64, entries: &Entries) -> Option<u64> {
+    use crate::format::btree_node::{capacity, Node, ENTRY_OVERHEAD, MAX_LEVELS};
+    let cap = capacity(c.meta.geo.block_size as usize);
+    let mut taken = Vec::new();
+    let mut level = 0u16;
+    let mut below: Entries = entries.clone();
+    loop {
+        // Pack this level's entries into nodes, each as full as it goes.
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut used = cap;
+        for (k, v) in below {
+            if used + ENTRY_OVERHEAD + v.len() > cap {
+                nodes.push(Node {
+                    level,
+                    entries: Vec::new(),
+                });
+                used = 0;
+            }
+            used += ENTRY_OVERHEAD + v.len();
+            nodes.last_mut()?.entries.push((k, v));
+        }
+        let mut above = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let Some(blk) = c.free_block(c.meta.geo.inode_ag(ino)) else {
+                for b in taken {
+                    c.release(b);
+                }
+                return None;
+            };
+            taken.push(blk);
+            c.claim(blk, 1, ino, TreeType::Extents.name());
+            c.allocated.insert(blk);
+            let uuid = c.meta.uuid;
+            node.encode(
+                c.meta.create(blk, Kind::Header),
+                blk,
+                uuid,
+                ino,
+                TreeType::Extents,
+            );
+            c.maybe_commit();
+            above.push((node.entries[0].0, blk.to_le_bytes().to_vec()));
+        }
+        if let [(_, root)] = &above[..] {
+            return root[..8].try_into().ok().map(u64::from_le_bytes);
+        }
+        if level + 1 >= MAX_LEVELS {
+            for b in taken {
+                c.release(b);
+            }
+            return None;
+        }
+        below = above;
+        level += 1;
+    }
+}
+
+/// The length (blocks) of an extent whose value decoded.
+fn extent_len(v: &[u8]) -> u64 {
+    u32::from_le_bytes(v[8..12].try_into().unwrap_or_default()) as u64
+}
+
+/// Give back what inode `ino` claimed for `extents` (they leave its map).
+fn drop_claims(c: &mut Checker, ino: u64, extents: &[(u64, Vec<u8>)]) {
+    for (k, v) in extents {
+        let pblk = u64::from_le_bytes(v[..8].try_into().unwrap_or_default());
+        for b in pblk..pblk + extent_len(v) {
+            c.release(b);
+        }
+        c.written.retain(|w| !(w.2 == ino && w.3 == *k));
+    }
+}
+
+/// Inode `d`'s extent map holds an extent that cannot stand (`reason`,
+/// at file block `lblk`, device block `addr`): out of the data area, over another file's blocks
+/// or its own, or over the previous extent. A repair keeps the `kept`
+/// extents before it and cuts the file where it starts (of `total`
+/// extents), as for a damaged tree: a hole in its place would pass zeros
+/// off as the file's data, and the extents past it could not be reached
+/// by reading through.
+fn cut_map(
+    c: &mut Checker,
+    d: &mut DiskInode,
+    kept: &mut Entries,
+    total: usize,
+    (lblk, addr): (u64, u64),
+    reason: String,
+) {
+    let bs = c.meta.geo.block_size;
+    let end = match kept.last() {
+        Some((k, v)) => k + extent_len(v),
+        None => 0,
+    };
+    // A hole before it stays (it reads as zeros, as it did).
+    let cut = lblk.max(end).saturating_mul(bs);
+    let dropped = total - kept.len();
+    let done = match d.size > cut {
+        true => format!(
+            "; cut out with the extents after it ({dropped} in all), the file cut at byte {cut}"
+        ),
+        false => format!("; cut out with the extents after it ({dropped} in all)"),
+    };
+    c.fixed("extent", addr, format!("{reason}{done}"));
+    d.size = d.size.min(cut);
+}
+
+/// The block count of inode `d` against the `nblocks` its extents map.
+fn check_nblocks(c: &mut Checker, d: &DiskInode, nblocks: u64) {
+    let (ino, blk) = (d.ino, c.meta.geo.inode_loc(d.ino).0);
     if nblocks != d.nblocks {
         c.fixed(
             "inode",
@@ -653,6 +1122,14 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         true => "; the root directory made anew, empty",
         false => "; cleared",
     };
+    // Only a slot in use may come back (`remake_dirs`): a free one's
+    // number may be that of a directory removed long ago, whose freed
+    // leaves still verify. (A bitmap block that did not read says
+    // nothing either way.)
+    let imap_blk = c.meta.geo.imap_loc(ino).0;
+    if root || marked || c.imap_lost.contains(&imap_blk) {
+        c.cleared.push((ino, c.report.problems.len()));
+    }
     c.fixed(structure, addr, format!("{reason}{done}"));
     let (blk, off) = c.meta.geo.inode_loc(ino);
     let uuid = c.meta.uuid;
@@ -670,6 +1147,121 @@ fn clear_inode(c: &mut Checker, ino: u64, marked: bool, e: Error) {
         }
     }
     c.maybe_commit();
+}
+
+/// Inodes whose slot did not decode and that a repair cleared, but that
+/// live directories name as their parent: each was a directory, and is
+/// made anew, empty, as the root is. The entry naming it, if it still
+/// reads, keeps its name; the directories below it, whose entries went
+/// with it, are named `#<ino>` in it (their records name it); its files,
+/// whose records name no parent, go to /lost+found.
+fn remake_dirs(c: &mut Checker) {
+    let parents: HashSet<u64> = c
+        .inodes
+        .iter()
+        .filter(|(ino, (kind, _, parent, _))| *kind == FileType::Dir && *parent != **ino)
+        .map(|(_, (_, _, parent, _))| *parent)
+        .collect();
+    let cleared = std::mem::take(&mut c.cleared);
+    let mut found = old_dir_leaves(c, cleared.iter().map(|(ino, _)| *ino).collect());
+    let root = c.meta.sb.root_ino;
+    for (ino, at) in cleared {
+        let entries = found.remove(&ino).unwrap_or_default();
+        if !entries.is_empty() {
+            let p = &mut c.report.problems[at];
+            p.message += &format!(
+                "; {} entries found in leaves of its old tree (named by the inodes they name, \
+                 and put back under those names)",
+                entries.len()
+            );
+            for (name, child) in entries {
+                c.salvaged.push((ino, name, child));
+            }
+        } else if !parents.contains(&ino) || ino == root {
+            continue;
+        }
+        if ino == root {
+            // Made anew already (`clear_inode`).
+            continue;
+        }
+        let (blk, off) = c.meta.geo.inode_loc(ino);
+        let uuid = c.meta.uuid;
+        let r = c.meta.read_itable(blk).map(drop);
+        if let Err(e) = r.and_then(|()| {
+            new_root(ino).encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
+            set_imap(c, ino, true)
+        }) {
+            c.err(e);
+            continue;
+        }
+        c.inodes.insert(ino, (FileType::Dir, 2, ino, 0));
+        c.dirs.push(ino);
+        let p = &mut c.report.problems[at];
+        p.message = p.message.replace(
+            "; cleared",
+            "; cleared, and made anew, an empty directory (directories name it as their parent, \
+             or leaves of its tree name it as their owner)",
+        );
+        c.maybe_commit();
+    }
+}
+
+/// The entries (name, inode) in directory-tree leaves that no inode
+/// claims and whose header names one of `owners` (inodes a repair
+/// cleared) as their owner: what a cleared directory held, if it was a
+/// tree. Each leaf verifies (checksum, own block number, owner, type)
+/// before it counts. A leaf freed long ago can still verify, so what it
+/// names is only put back if that inode has lost its name (`put_back`
+/// moves only what the repair named anew).
+fn old_dir_leaves(c: &mut Checker, owners: HashSet<u64>) -> HashMap<u64, Vec<(Vec<u8>, u64)>> {
+    let mut found: HashMap<u64, Vec<(Vec<u8>, u64)>> = HashMap::new();
+    if owners.is_empty() {
+        return found;
+    }
+    let geo = c.meta.geo.clone();
+    let bs = geo.block_size as usize;
+    // Read in runs of 256 blocks (1 MiB at 4 KiB) to look at headers.
+    const RUN: u64 = 256;
+    let mut buf = AlignedBuf::zeroed(bs * RUN as usize);
+    let mut at = 0;
+    while at < geo.total_blocks {
+        let n = RUN.min(geo.total_blocks - at);
+        let len = n as usize * bs;
+        if c.meta.dev.read_at(&mut buf[..len], at * bs as u64).is_err() {
+            at += n;
+            continue;
+        }
+        for i in 0..n {
+            let b = at + i;
+            let block = &buf[i as usize * bs..(i as usize + 1) * bs];
+            let h = crate::format::header::BlockHeader::decode(block);
+            if h.magic != magic::BTREE
+                || !owners.contains(&h.owner)
+                || !geo.is_data_block(b)
+                || c.is_used(b)
+            {
+                continue;
+            }
+            let t = Tree {
+                owner: h.owner,
+                tt: TreeType::Dir,
+                ag: geo.ag_of(b),
+            };
+            let Ok(node) = t.read(&mut c.meta, b) else {
+                continue;
+            };
+            if node.level != 0 {
+                continue;
+            }
+            for (k, v) in node.entries {
+                if let Ok(de) = dir::decode(h.owner, k, &v) {
+                    found.entry(h.owner).or_default().push((de.name, de.ino));
+                }
+            }
+        }
+        at += n;
+    }
+    found
 }
 
 /// An empty root directory, as mkfs makes it (owned by root).
@@ -755,8 +1347,8 @@ fn drop_tree(c: &mut Checker, ino: u64, e: Error, lost: &str, cut: impl FnOnce(&
 type Entries = Vec<(u64, Vec<u8>)>;
 
 /// A file's extent tree did not read whole (`e`): a repair keeps the
-/// extents before the first that was lost, as many as fit inline, and
-/// cuts the file there, for a hole in place of what was lost would pass
+/// extents before the first that was lost (in a new tree if they do
+/// not fit inline, `finish_map`) and cuts the file there, for a hole in place of what was lost would pass
 /// zeros off as its data. Returns them and the size (bytes) to cut the
 /// file to; None when the error is not corruption (it is named).
 fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option<(Entries, u64)> {
@@ -770,18 +1362,12 @@ fn salvage_extents(c: &mut Checker, t: &Tree, d: &DiskInode, e: Error) -> Option
         return None;
     };
     let (survivors, lost_from) = surviving_prefix(c, t, d.fork_root);
-    let mut kept = Vec::new();
-    let mut cut_blk = lost_from;
-    for (k, v) in survivors {
-        let fits = inline_len(&kept) + 10 + v.len() <= LITERAL_SIZE;
-        if k >= lost_from || !fits {
-            cut_blk = cut_blk.min(k);
-            break;
-        }
-        kept.push((k, v));
-    }
+    let kept: Entries = survivors
+        .into_iter()
+        .take_while(|(k, _)| *k < lost_from)
+        .collect();
     let bs = c.meta.geo.block_size;
-    let cut = cut_blk.saturating_mul(bs);
+    let cut = lost_from.saturating_mul(bs);
     let done = match (kept.is_empty(), d.size > cut) {
         (true, _) => "its data removed, left empty".to_string(),
         (false, true) => format!(
@@ -1008,6 +1594,7 @@ fn check_tree_and_links(c: &mut Checker) {
     let geo = c.meta.geo.clone();
     let inodes: Vec<(u64, (FileType, u32, u64, u32))> =
         c.inodes.iter().map(|(k, v)| (*k, *v)).collect();
+    let links_read: HashMap<u64, u32> = inodes.iter().map(|(k, v)| (*k, v.1)).collect();
     for (ino, (kind, nlink, parent, flags)) in inodes {
         let blk = geo.inode_loc(ino).0;
         let found = c.links.get(&ino).copied().unwrap_or(0);
@@ -1034,6 +1621,10 @@ fn check_tree_and_links(c: &mut Checker) {
                 let message = format!("directory {ino} is not reachable from the root");
                 match top {
                     Some(top) => {
+                        let recorded = links_read.get(&top).copied().unwrap_or(0);
+                        if let Some(home) = home_of(c, top, &seen, recorded) {
+                            c.homes.insert(top, home);
+                        }
                         c.entry_fix("directory", blk, message, EntryFix::Name { ino, top })
                     }
                     None => c.problem("directory", blk, message),
@@ -1245,6 +1836,21 @@ fn retyped(c: &mut Checker, dir: u64, ino: u64, was: FileType, kind: FileType) {
     }
 }
 
+/// The directory that directory `top`'s record names as its parent,
+/// when `top` has links (`recorded`, its count before the repair set
+/// it) and that is another live directory the root
+/// reaches (`seen`): `top` is not above it, so naming `top` there makes
+/// no loop.
+fn home_of(c: &Checker, top: u64, seen: &HashMap<u64, ()>, recorded: u32) -> Option<u64> {
+    let parent = c.inodes.get(&top)?.2;
+    if recorded == 0 {
+        // Removed while open, or its count is wrong too: /lost+found.
+        return None;
+    }
+    let live = matches!(c.inodes.get(&parent), Some((FileType::Dir, ..)));
+    (parent != top && live && seen.contains_key(&parent)).then_some(parent)
+}
+
 /// The directory above unreachable directory `d` that no entry names
 /// (`d` itself, if none names it): naming it in /lost+found makes `d`
 /// reachable. None when the way up loops or ends elsewhere. (Its link
@@ -1289,6 +1895,7 @@ fn fix_entries(
     dev: Arc<dyn Device>,
     fixes: &mut [(EntryFix, usize)],
     salvaged: &[(u64, Vec<u8>, u64)],
+    homes: &HashMap<u64, u64>,
     report: &mut Report,
 ) {
     let unrepaired = |report: &mut Report, at: usize, why: String| {
@@ -1307,9 +1914,9 @@ fn fix_entries(
     };
     fixes.sort_by_key(|(fix, _)| matches!(fix, EntryFix::Name { .. }));
     let mut named: HashMap<u64, std::result::Result<String, String>> = HashMap::new();
-    // Each inode named in /lost+found: its name there, and the problem
+    // Each inode named anew: the directory and name, and the problem
     // whose repair named it.
-    let mut in_lost_found: HashMap<u64, (Vec<u8>, usize)> = HashMap::new();
+    let mut placed: HashMap<u64, (u64, Vec<u8>, usize)> = HashMap::new();
     for (fix, at) in fixes.iter() {
         let r = match fix {
             EntryFix::Remove { dir, name, ino } => fs
@@ -1322,13 +1929,29 @@ fn fix_entries(
                 .map_err(|e| e.to_string()),
             EntryFix::Name { ino, top } => {
                 let path = named.entry(*top).or_insert_with(|| {
-                    fs.reconnect(*top)
-                        .map(|name| {
-                            let path = format!("/lost+found/{}", String::from_utf8_lossy(&name));
-                            in_lost_found.insert(*top, (name, *at));
-                            path
-                        })
-                        .map_err(|e| e.to_string())
+                    let name = fs.reconnect(*top).map_err(|e| e.to_string())?;
+                    let shown = String::from_utf8_lossy(&name).into_owned();
+                    let lf = fs
+                        .lookup(fs.root_ino(), b"lost+found")
+                        .map_err(|e| e.to_string())?;
+                    // A directory whose record names a parent that the
+                    // root reaches goes back below it (a rename, which
+                    // sets its parent and the link counts); its name is
+                    // lost with the entry.
+                    let home = homes.get(top).and_then(|&home| {
+                        fs.rename(lf.ino, &name, home, &name, RENAME_NOREPLACE)
+                            .ok()
+                            .map(|()| home)
+                    });
+                    let (dir, path) = match home {
+                        Some(home) => (
+                            home,
+                            format!("{shown} in directory {home}, its parent by its record"),
+                        ),
+                        None => (lf.ino, format!("/lost+found/{shown}")),
+                    };
+                    placed.insert(*top, (dir, name, *at));
+                    Ok(path)
                 });
                 match (path.clone(), ino == top) {
                     (Ok(path), true) => Ok(format!("; named {path}")),
@@ -1342,7 +1965,7 @@ fn fix_entries(
             Err(why) => unrepaired(report, *at, why),
         }
     }
-    put_back(&fs, salvaged, &in_lost_found, report);
+    put_back(&fs, salvaged, &placed, report);
     if let Err(e) = fs.unmount() {
         report.problems.push(Problem {
             structure: "device".into(),
@@ -1353,25 +1976,24 @@ fn fix_entries(
     }
 }
 
-/// Put what a dropped directory tree named, now in /lost+found, back
-/// under the names its entries that still read gave it (a rename, which
-/// keeps its link count). One that cannot go back (the name is taken
-/// meanwhile) stays in /lost+found, reachable: that is said on its line.
+/// Put what a dropped directory tree named, now named anew (`placed`:
+/// in /lost+found, or a directory in its recorded parent), back under
+/// the names its entries that still read gave it (a rename, which keeps
+/// its link count). One that cannot go back (the name is taken
+/// meanwhile) stays where it was named, reachable: that is said on its
+/// line.
 fn put_back(
     fs: &Fs,
     salvaged: &[(u64, Vec<u8>, u64)],
-    in_lost_found: &HashMap<u64, (Vec<u8>, usize)>,
+    placed: &HashMap<u64, (u64, Vec<u8>, usize)>,
     report: &mut Report,
 ) {
-    let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") else {
-        return;
-    };
     for (dir, name, ino) in salvaged {
-        let Some((there, at)) = in_lost_found.get(ino) else {
+        let Some((from, there, at)) = placed.get(ino) else {
             continue;
         };
         let shown = String::from_utf8_lossy(name);
-        let done = match fs.rename(lf.ino, there, *dir, name, RENAME_NOREPLACE) {
+        let done = match fs.rename(*from, there, *dir, name, RENAME_NOREPLACE) {
             Ok(()) => format!("; put back as {shown:?} in directory {dir}"),
             Err(e) => format!("; not put back as {shown:?} in directory {dir}: {e}"),
         };
@@ -1608,9 +2230,10 @@ fn check_space(c: &mut Checker) {
                 if !used {
                     free += 1;
                 }
-                if on_disk != used && (rebuilt || c.freed.contains(&global)) {
-                    // Rebuilt, or freed by this repair with its owner:
-                    // named there.
+                let named = c.freed.contains(&global) || c.allocated.contains(&global);
+                if on_disk != used && (rebuilt || named) {
+                    // Rebuilt, freed by this repair with its owner, or
+                    // given to a rebuilt tree: named there.
                     bitmap::set_bit(&mut fixed, bit as u32, used);
                     changed = true;
                 } else if on_disk != used {

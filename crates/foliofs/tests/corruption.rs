@@ -582,10 +582,10 @@ fn assert_ones(fs: &Fs, a: u64) {
 }
 
 /// A directory that lost its entry, and everything below it, is not
-/// reachable from the root: a repair names it in /lost+found, where the
-/// tree below it is whole again.
+/// reachable from the root: a repair names it `#<ino>` in the parent its
+/// record names, where the tree below it is whole again.
 #[test]
-fn a_repair_names_a_lost_directory_in_lost_found() {
+fn a_repair_names_a_lost_directory_in_its_recorded_parent() {
     let (dev, fs, free_before) = fresh_fs();
     let root = fs.root_ino();
     let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().ino;
@@ -601,25 +601,26 @@ fn a_repair_names_a_lost_directory_in_lost_found() {
         assert_names(&r, &message, false);
     }
     let (r, dev) = repaired(&img.bytes);
-    let named = format!("directory {d} is not reachable from the root; named /lost+found/#{d}");
-    let below = format!("directory {e} is not reachable from the root; now below /lost+found/#{d}");
+    let home = format!("#{d} in directory {root}, its parent by its record");
+    let named = format!("directory {d} is not reachable from the root; named {home}");
+    let below = format!("directory {e} is not reachable from the root; now below {home}");
     for message in [named, below] {
         assert_names(&r, &message, true);
     }
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let lf = fs.lookup(root, b"lost+found").unwrap().ino;
     let name = format!("#{d}");
-    assert_eq!(fs.lookup(lf, name.as_bytes()).unwrap().ino, d);
-    assert_eq!(fs.lookup(d, b"..").unwrap().ino, lf);
-    assert_eq!(fs.getattr(lf).unwrap().nlink, 3);
-    assert_eq!(fs.getattr(root).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(root, name.as_bytes()).unwrap().ino, d);
+    assert_eq!(fs.lookup(d, b"..").unwrap().ino, root);
+    assert_eq!(fs.getattr(lf).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(root).unwrap().nlink, 4);
     assert_eq!(fs.lookup(e, b"f").unwrap().ino, f);
     let mut buf = [0u8; 8192];
     assert_eq!(fs.read(f, 0, &mut buf).unwrap(), 8192);
     assert!(buf.iter().all(|&b| b == 3));
     fs.unlink(e, b"f").unwrap();
     fs.rmdir(d, b"e").unwrap();
-    fs.rmdir(lf, name.as_bytes()).unwrap();
+    fs.rmdir(root, name.as_bytes()).unwrap();
     fs.rmdir(root, b"lost+found").unwrap();
     fs.unmount().unwrap();
     assert_eq!(free_counts(&dev), free_before);
@@ -740,6 +741,15 @@ fn a_repair_of_a_root_with_a_name_makes_no_loop() {
     let (img, root, d, e) = two_dirs();
     let mut bytes = img.bytes;
     edit_superblocks(&mut bytes, |_, sb| sb.root_ino = d);
+    // The copies too (else a repair takes the root from them).
+    let ag1 = img.geo.ag_start(1);
+    for blk in [ag1, ag1 + 1] {
+        use foliofs::format::superblock::Superblock;
+        let at = (blk * 4096) as usize;
+        let mut sb = Superblock::decode(&bytes[at..at + 4096], blk).unwrap();
+        sb.root_ino = d;
+        sb.encode(&mut bytes[at..at + 4096], blk);
+    }
     let (r, dev) = repaired(&bytes);
     let message =
         format!("the root directory {d} has entries in {root}; \"d\" removed from {root}");
@@ -836,7 +846,7 @@ fn a_repair_of_a_mistyped_second_name_keeps_the_recorded_one() {
 
 /// Two directories, each named only in the other, that the root does not
 /// reach: a repair removes the entry of the lower-numbered one and names
-/// it in /lost+found, the other below it.
+/// it `#<ino>` in the parent its record names, the other below it.
 #[test]
 fn a_repair_cuts_a_loop_of_directories() {
     let (dev, fs, _) = fresh_fs();
@@ -854,9 +864,8 @@ fn a_repair_cuts_a_loop_of_directories() {
     let message = format!("{message}; \"a\" removed from {b}");
     assert_names(&r, &message, true);
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
-    assert_eq!(fs.lookup(lf, format!("#{a}").as_bytes()).unwrap().ino, a);
-    assert_eq!(fs.lookup(a, b"..").unwrap().ino, lf);
+    assert_eq!(fs.lookup(root, format!("#{a}").as_bytes()).unwrap().ino, a);
+    assert_eq!(fs.lookup(a, b"..").unwrap().ino, root);
     assert_eq!(fs.lookup(a, b"b").unwrap().ino, b);
     assert!(matches!(fs.lookup(b, b"a"), Err(Error::NotFound)));
     assert_eq!(fs.getattr(b).unwrap().nlink, 2);
@@ -1002,8 +1011,9 @@ fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
     fs.unmount().unwrap();
 }
 
-/// The root's slot does not decode (not its checksum alone): a new, empty root, and what it named
-/// (found by the directories' own records) in /lost+found.
+/// The root's slot does not decode (not its checksum alone): a new,
+/// empty root, and what it named back under its names, by the leaves of
+/// its old tree (which name the root as their owner).
 #[test]
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
@@ -1011,13 +1021,15 @@ fn a_repair_makes_a_damaged_root_anew() {
     let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
     assert_names(
         &r,
-        "inode 1: bad magic; the root directory made anew, empty",
+        "inode 1: bad magic; the root directory made anew, empty; 102 entries found in \
+         leaves of its old tree (named by the inodes they name, and put back under those names)",
         true,
     );
-    let lf = fs.lookup(fs.root_ino(), b"lost+found").unwrap().ino;
-    let name = format!("#{}", img.dir);
-    let dir = fs.lookup(lf, name.as_bytes()).unwrap().ino;
-    assert!(fs.lookup(dir, b"entry-299").is_ok());
+    let root = fs.root_ino();
+    assert_eq!(fs.lookup(root, b"dir").unwrap().ino, img.dir);
+    assert!(fs.lookup(img.dir, b"entry-299").is_ok());
+    assert_eq!(fs.lookup(root, b"big").unwrap().ino, img.big);
+    assert!(fs.lookup(root, b"fill99").is_ok());
     fs.unmount().unwrap();
 }
 
@@ -1206,28 +1218,42 @@ fn a_repair_clears_unknown_inode_flags() {
     assert_eq!(Raw::of(dev.image()).inode(a).flags & (1 << 30), 0);
 }
 
-/// An extent tree leaf past the first that does not decode: the extents
-/// before it that fit inline are kept and the file is cut where they
-/// end, so what it still reads is its own data and its own holes.
+/// An extent tree leaf past the first that does not decode: every
+/// extent before it is kept (more than fit in the inode: in a new tree)
+/// and the file is cut where the damaged leaf's start, so what it still
+/// reads is its own data and its own holes.
 #[test]
 fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
     use foliofs::format::btree_node::{Node, TreeType};
+    use foliofs::format::inode::ForkFormat;
     let img = build();
     let root = inode(&img, img.big).fork_root;
-    let at = (root * 4096) as usize;
-    let node = Node::decode(&img.bytes[at..at + 4096], root, img.big, TreeType::Extents).unwrap();
-    assert!(node.level > 0 && node.entries.len() > 1);
-    let leaf = u64::from_le_bytes(node.entries[1].1[..8].try_into().unwrap());
-    let (r, fs) = repair_of(&img, |b| b[(leaf * 4096) as usize + 300] ^= 1);
-    // 13 extents fit inline; the file is cut where the 14th starts.
-    let kept = "the 13 extents before the damage kept, the file cut at byte ";
+    let node_at = |blk: u64| {
+        let at = (blk * 4096) as usize;
+        Node::decode(&img.bytes[at..at + 4096], blk, img.big, TreeType::Extents).unwrap()
+    };
+    let node = node_at(root);
+    assert!(node.level == 1 && node.entries.len() > 1);
+    let child = |i: usize| u64::from_le_bytes(node.entries[i].1[..8].try_into().unwrap());
+    let (first, leaf) = (child(0), child(1));
+    let n = node_at(first).entries.len();
+    assert!(n > 13, "{n} extents fit inline");
+    let mut bytes = img.bytes.clone();
+    bytes[(leaf * 4096) as usize + 300] ^= 1;
+    let (r, dev) = repaired(&bytes);
+    assert_eq!(
+        Raw::of(dev.image()).inode(img.big).fork,
+        ForkFormat::ExtentTree
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let kept = format!("the {n} extents before the damage kept, the file cut at byte ");
     let p = r
         .problems
         .iter()
-        .find(|p| p.addr == leaf && p.message.contains(kept) && p.repaired)
+        .find(|p| p.addr == leaf && p.message.contains(&kept) && p.repaired)
         .unwrap_or_else(|| panic!("{:?}", r.problems));
     let cut: u64 = p.message.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(cut > 0 && cut % 4096 == 0, "{cut}");
+    assert_eq!(cut, node.entries[1].0 * 4096);
     assert_eq!(fs.getattr(img.big).unwrap().size, cut);
     let mut buf = vec![0; cut as usize];
     assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
@@ -1235,5 +1261,353 @@ fn a_repair_keeps_the_extents_before_a_damaged_leaf() {
         let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
         assert!(data.iter().all(|&b| b == want), "block {blk}");
     }
+    // The new tree takes writes past the cut and reads them back.
+    fs.write(img.big, cut + 4096, &[7; 8192]).unwrap();
+    let mut buf = vec![0; 8192];
+    fs.read(img.big, cut + 4096, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 7));
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// Inode `ino`'s inline extents in `raw`: (file block, device block,
+/// length) each.
+fn inline_extents(raw: &Raw, ino: u64) -> Vec<(u64, u64, u64)> {
+    use foliofs::format::inode::Fork;
+    let Fork::Inline(entries) = raw.inode(ino).decode_fork(0).unwrap() else {
+        panic!("inode {ino}'s extents are not inline");
+    };
+    entries
+        .iter()
+        .map(|(k, v)| {
+            let pblk = u64::from_le_bytes(v[..8].try_into().unwrap());
+            let len = u32::from_le_bytes(v[8..12].try_into().unwrap()) as u64;
+            (*k, pblk, len)
+        })
+        .collect()
+}
+
+/// Point inode `ino`'s inline extent at file block `lblk` to device
+/// block `pblk`, its checksum made good.
+fn repoint(raw: &mut Raw, ino: u64, lblk: u64, pblk: u64) {
+    raw.edit_entries(ino, |entries| {
+        let (_, v) = entries.iter_mut().find(|(k, _)| *k == lblk).unwrap();
+        v[..8].copy_from_slice(&pblk.to_le_bytes());
+    });
+}
+
+/// Extents whose checksums hold but that cannot stand: one over another
+/// file's block, one over AG metadata, one past the device's end. A
+/// repair keeps the blocks with their first claimant and cuts each
+/// later claimant's map (and the file) where the extent starts, so no
+/// file reads another's bytes and nothing is passed off as data.
+#[test]
+fn a_repair_cuts_out_extents_that_claim_blocks_not_theirs() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let mut inos = Vec::new();
+    for name in [b"a", b"b", b"c", b"d"] {
+        inos.push(fs.create(root, name, 0o644, 0, 0).unwrap().ino);
+    }
+    // Blocks 0 and 2 of each: more than one extent.
+    for (i, &f) in inos.iter().enumerate() {
+        fs.write(f, 0, &[i as u8 + 1; 4096]).unwrap();
+        fs.write(f, 8192, &[i as u8 + 1; 4096]).unwrap();
+        fs.fsync(f, false).unwrap();
+    }
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (a, b, c, d) = (inos[0], inos[1], inos[2], inos[3]);
+    let n = inline_extents(&raw, b).len() as u64;
+    assert!(n > 1, "{:?}", inline_extents(&raw, b));
+    let last = inline_extents(&raw, b)[n as usize - 1].0;
+    let a_first = inline_extents(&raw, a)[0].1;
+    let (total, agh) = (raw.geo.total_blocks, raw.geo.agh_blk(0));
+    // b's last extent over a's first block: a (checked first) keeps it.
+    repoint(&mut raw, b, last, a_first);
+    // c's first over the AG header, d's last past the device.
+    repoint(&mut raw, c, 0, agh);
+    repoint(&mut raw, d, last, total + 3);
+    let (r, dev) = repaired(&raw.bytes);
+    let cut = |ino: u64, why: &str, rest: &str| {
+        assert!(
+            r.problems.iter().any(|p| p.repaired
+                && p.message
+                    .starts_with(&format!("inode {ino}: extent at file block "))
+                && p.message.contains(why)
+                && p.message.ends_with(rest)),
+            "inode {ino}: {:?}",
+            r.problems
+        );
+    };
+    let at = last * 4096;
+    let one = format!("; cut out with the extents after it (1 in all), the file cut at byte {at}");
+    cut(b, &format!("block {a_first} is claimed by inode {a}"), &one);
+    let all = format!("({n} in all), the file cut at byte 0");
+    cut(c, "outside the data area", &all);
+    cut(d, "outside the data area", &one);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for (i, &f) in inos.iter().enumerate() {
+        let want = [12288, at, 0, at][i];
+        assert_eq!(fs.getattr(f).unwrap().size, want, "file {i}");
+        let mut buf = vec![0; want as usize];
+        assert_eq!(fs.read(f, 0, &mut buf).unwrap(), want as usize);
+        for (blk, data) in buf.chunks(4096).enumerate() {
+            let v = if blk == 1 { 0 } else { i as u8 + 1 };
+            assert!(data.iter().all(|&x| x == v), "file {i} block {blk}");
+        }
+    }
+    // The blocks given back are free to use again, and a's are a's.
+    let f = fs.create(root, b"new", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[9; 1 << 20]).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// An extent in a tree leaf whose checksum holds, pointed at a block
+/// of the file's own earlier extent: a repair cuts the map there and
+/// writes what is before it (more than fits inline) as a new tree.
+#[test]
+fn a_repair_cuts_a_tree_map_at_an_extent_over_its_own_blocks() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    use foliofs::format::inode::ForkFormat;
+    let img = build();
+    let root = inode(&img, img.big).fork_root;
+    let mut bytes = img.bytes.clone();
+    let node_at = |bytes: &[u8], blk: u64| {
+        let at = (blk * 4096) as usize;
+        Node::decode(&bytes[at..at + 4096], blk, img.big, TreeType::Extents).unwrap()
+    };
+    let top = node_at(&bytes, root);
+    let leaf = u64::from_le_bytes(top.entries[1].1[..8].try_into().unwrap());
+    let mut node = node_at(&bytes, leaf);
+    let first = node_at(
+        &bytes,
+        u64::from_le_bytes(top.entries[0].1[..8].try_into().unwrap()),
+    );
+    // The second leaf's third extent over the first extent's block.
+    let (lblk, v) = &mut node.entries[2];
+    let lblk = *lblk;
+    v[..8].copy_from_slice(&first.entries[0].1[..8]);
+    let at = (leaf * 4096) as usize;
+    node.encode(
+        &mut bytes[at..at + 4096],
+        leaf,
+        img.uuid,
+        img.big,
+        TreeType::Extents,
+    );
+    foliofs::format::header::stamp(&mut bytes[at..at + 4096]);
+    let (r, dev) = repaired(&bytes);
+    let cut = lblk * 4096;
+    assert!(
+        r.problems.iter().any(|p| p.repaired
+            && p.message
+                .starts_with(&format!("inode {}: extent at file block {lblk} ", img.big))
+            && p.message.ends_with(&format!("the file cut at byte {cut}"))),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(
+        Raw::of(dev.image()).inode(img.big).fork,
+        ForkFormat::ExtentTree
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.getattr(img.big).unwrap().size, cut);
+    let mut buf = vec![0; cut as usize];
+    assert_eq!(fs.read(img.big, 0, &mut buf).unwrap(), cut as usize);
+    for (blk, data) in buf.chunks(4096).enumerate() {
+        let want = if blk % 2 == 0 { blk as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {blk}");
+    }
+    fs.unmount().unwrap();
+}
+
+/// A directory's slot that does not decode, though directories below
+/// it name it as their parent: a repair makes it anew, empty, under the
+/// name its parent's entry still gives it; the directories below it go
+/// back into it as `#<ino>` (their records name it), its files to
+/// /lost+found.
+#[test]
+fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let top = fs.mkdir(root, b"top", 0o755, 0, 0).unwrap().ino;
+    let mid = fs.mkdir(top, b"mid", 0o755, 0, 0).unwrap().ino;
+    let leaf = fs.mkdir(mid, b"leaf", 0o755, 0, 0).unwrap().ino;
+    let deep = fs.create(leaf, b"deep", 0o644, 0, 0).unwrap().ino;
+    fs.write(deep, 0, &[5; 5000]).unwrap();
+    let file = fs.create(mid, b"file", 0o644, 0, 0).unwrap().ino;
+    fs.write(file, 0, &[6; 3000]).unwrap();
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (blk, off) = raw.geo.inode_loc(mid);
+    raw.bytes[(blk * 4096) as usize + off] ^= 1;
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!(
+            "inode {mid}: bad magic; cleared, and made anew, an empty directory \
+             (directories name it as their parent, or leaves of its tree name it as their \
+             owner)"
+        ),
+        true,
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.lookup(top, b"mid").unwrap().ino, mid);
+    let back = fs.lookup(mid, format!("#{leaf}").as_bytes()).unwrap().ino;
+    assert_eq!(back, leaf);
+    assert_eq!(fs.lookup(leaf, b"deep").unwrap().ino, deep);
+    let mut buf = vec![0; 5000];
+    assert_eq!(fs.read(deep, 0, &mut buf).unwrap(), 5000);
+    assert!(buf.iter().all(|&b| b == 5));
+    let lf = fs.lookup(root, b"lost+found").unwrap().ino;
+    assert_eq!(
+        fs.lookup(lf, format!("#{file}").as_bytes()).unwrap().ino,
+        file
+    );
+    assert_eq!(fs.getattr(mid).unwrap().nlink, 3);
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// mkfs writes the superblock copies and nothing rewrites them, so a
+/// repair takes from a copy only what cannot change after mkfs (the
+/// geometry, UUID, label, root); the journal position and clean flag are
+/// set anew, the version raised as a read-write mount raises it, and the
+/// counters live in the AG headers, which the check counts from the
+/// trees. After a life of mounts and journal wraps, with a version 1
+/// copy, a repair from it leaves the image as the primary described it.
+#[test]
+fn a_repair_from_a_superblock_copy_takes_only_what_mkfs_fixed() {
+    use foliofs::format::superblock::Superblock;
+    let img = build();
+    let mut bytes = img.bytes.clone();
+    let primary = foliofs::meta::read_superblock(&MemDevice::from_image(bytes.clone())).unwrap();
+    let copy_at = primary.ag_blocks;
+    for blk in [copy_at, copy_at + 1] {
+        let at = (blk * 4096) as usize;
+        let mut copy = Superblock::decode(&bytes[at..at + 4096], blk).unwrap();
+        let fixed = |s: &Superblock| {
+            let mut s = s.clone();
+            (s.flags, s.tail_pos, s.tail_seq, s.generation) = (0, 0, 0, 0);
+            s
+        };
+        assert_eq!(fixed(&copy), fixed(&primary), "the copy at {blk}");
+        // As an older mkfs wrote it.
+        copy.version = 1;
+        copy.encode(&mut bytes[at..at + 4096], blk);
+    }
+    bytes[60] ^= 1;
+    bytes[4096 + 60] ^= 1;
+    let (_, dev) = repaired(&bytes);
+    let sb = foliofs::meta::read_superblock(&*dev).unwrap();
+    assert_eq!(sb.version, foliofs::format::FORMAT_VERSION);
+    assert_eq!(
+        (sb.uuid, sb.total_blocks, sb.ag_count, sb.root_ino, sb.label),
+        (
+            primary.uuid,
+            primary.total_blocks,
+            primary.ag_count,
+            primary.root_ino,
+            primary.label
+        )
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let mut buf = vec![0; 4096];
+    fs.read(img.big, 99 * 8192, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 100));
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
+    fs.create(fs.root_ino(), b"after", 0o644, 0, 0).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// A directory held as a tree whose slot does not decode: its tree's
+/// leaves still name it as their owner, so a repair makes it anew under
+/// its name and puts back every file its leaves name, by name.
+#[test]
+fn a_repair_makes_a_tree_directory_anew_from_its_leaves() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.dir);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    assert!(
+        r.problems.iter().any(|p| p.repaired
+            && p.message.starts_with(&format!(
+                "inode {}: bad magic; cleared, and made anew",
+                img.dir
+            ))
+            && p.message
+                .contains("; 300 entries found in leaves of its old tree")),
+        "{:?}",
+        r.problems
+    );
+    assert_eq!(fs.lookup(fs.root_ino(), b"dir").unwrap().ino, img.dir);
+    let mut names = names_in(&fs, img.dir);
+    names.sort();
+    let mut want: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("entry-{i}").into_bytes())
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+    if let Ok(lf) = fs.lookup(fs.root_ino(), b"lost+found") {
+        assert!(names_in(&fs, lf.ino).is_empty());
+    }
+    fs.unmount().unwrap();
+}
+
+/// A field mkfs fixed, changed in both slots behind valid checksums
+/// (the root inode made a file's): the two copies in AG 1 agree with
+/// each other and not with the slots, so a repair takes the fixed fields
+/// from them, and the image mounts with its own root.
+#[test]
+fn a_repair_takes_fields_mkfs_fixed_from_copies_that_agree() {
+    let img = build();
+    let mut bytes = img.bytes.clone();
+    edit_superblocks(&mut bytes, |_, sb| sb.root_ino = img.big);
+    let dev = Arc::new(MemDevice::from_image(bytes.clone()));
+    let message = format!(
+        "fields fixed at mkfs differ from the copies at blocks 4096 and 4097 (root_ino {}, \
+         the copies 1)",
+        img.big
+    );
+    assert_names(&fsck_of(&dev, false), &message, false);
+    let (r, dev) = repaired(&bytes);
+    assert_names(
+        &r,
+        &format!("{message}; taken from the copies, both slots rewritten"),
+        true,
+    );
+    assert_eq!(foliofs::meta::read_superblock(&*dev).unwrap().root_ino, 1);
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    assert_eq!(names_in(&fs, img.dir).len(), 300);
+    fs.unmount().unwrap();
+}
+
+/// A free slot holding garbage, whose number was a directory's before it
+/// was removed: the leaves of its old tree still verify, but a free slot
+/// is only zeroed, never made a directory again.
+#[test]
+fn a_repair_does_not_bring_back_a_removed_directory_from_its_old_leaves() {
+    let img = build();
+    let dev = Arc::new(MemDevice::from_image(img.bytes.clone()));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in 0..300 {
+        fs.unlink(img.dir, format!("entry-{i}").as_bytes()).unwrap();
+    }
+    fs.rmdir(fs.root_ino(), b"dir").unwrap();
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let (blk, off) = raw.geo.inode_loc(img.dir);
+    raw.bytes[(blk * 4096) as usize + off + 300] = 9;
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!("inode {}: checksum mismatch; cleared", img.dir),
+        true,
+    );
+    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+    assert!(fs.lookup(fs.root_ino(), b"lost+found").is_err());
+    assert!(matches!(fs.getattr(img.dir), Err(Error::NotFound)));
     fs.unmount().unwrap();
 }
