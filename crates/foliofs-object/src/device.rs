@@ -765,39 +765,43 @@ fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// The whole blocks that bytes `offset .. offset + n` lie in.
-fn covering(offset: u64, n: usize) -> (u64, usize) {
-    let start = offset / BLOCK * BLOCK;
-    let end = (offset + n as u64).div_ceil(BLOCK) * BLOCK;
-    (start, (end - start) as usize)
+impl ObjectDevice {
+    /// For I/O of `n` bytes at `offset` that is not in whole blocks (the
+    /// superblock's 512-byte probe): the whole blocks it lies in, read,
+    /// with where the bytes start in them.
+    fn around(&self, offset: u64, n: usize) -> io::Result<Option<(u64, Vec<u8>, usize)>> {
+        let start = offset / BLOCK * BLOCK;
+        let end = (offset + n as u64).div_ceil(BLOCK) * BLOCK;
+        if (start, end) == (offset, offset + n as u64) {
+            return Ok(None);
+        }
+        let mut whole = vec![0; (end - start) as usize];
+        self.read_blocks(&mut whole, start)?;
+        Ok(Some((start, whole, (offset - start) as usize)))
+    }
 }
 
 impl Device for ObjectDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self.len, offset, buf.len())?;
-        let (start, n) = covering(offset, buf.len());
-        if (start, n) != (offset, buf.len()) {
-            // Part of a block (the superblock's probe): read it whole.
-            let mut whole = vec![0; n];
-            self.read_blocks(&mut whole, start)?;
-            let at = (offset - start) as usize;
-            buf.copy_from_slice(&whole[at..at + buf.len()]);
-            return Ok(());
+        match self.around(offset, buf.len())? {
+            None => self.read_blocks(buf, offset),
+            Some((_, whole, at)) => {
+                buf.copy_from_slice(&whole[at..at + buf.len()]);
+                Ok(())
+            }
         }
-        self.read_blocks(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_io(self.len, offset, buf.len())?;
-        let (start, n) = covering(offset, buf.len());
-        if (start, n) != (offset, buf.len()) {
-            let mut whole = vec![0; n];
-            self.read_blocks(&mut whole, start)?;
-            let at = (offset - start) as usize;
-            whole[at..at + buf.len()].copy_from_slice(buf);
-            return self.write_blocks(&whole, start);
+        match self.around(offset, buf.len())? {
+            None => self.write_blocks(buf, offset),
+            Some((start, mut whole, at)) => {
+                whole[at..at + buf.len()].copy_from_slice(buf);
+                self.write_blocks(&whole, start)
+            }
         }
-        self.write_blocks(buf, offset)
     }
 
     fn flush(&self) -> io::Result<()> {
