@@ -532,6 +532,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Mount { .. }) {
         let _ = logging::init(&logging::Sink::Stderr, log::LevelFilter::Warn);
+        // Output into a pipe closed early (`foliofs stat IMG | head -1`)
+        // ends the command quietly, as it ends cat or ls, instead of a
+        // panic. Not for a mount: its daemon writes to the ready pipe of
+        // a spawner that may be gone.
+        // SAFETY: restoring a signal's default action has no preconditions.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let fail = match cli.cmd {
         Cmd::Mount { .. } | Cmd::Umount { .. } => MOUNT_FAILED,

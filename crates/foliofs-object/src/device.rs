@@ -45,6 +45,10 @@ pub struct ObjectOptions {
     pub cache_bytes: u64,
     /// WAL bytes after which a flush folds the WAL into chunks.
     pub checkpoint_bytes: u64,
+    /// Bytes written and not yet flushed after which a write flushes
+    /// them itself: a large copy between two of the engine's flushes
+    /// is held in memory only this far.
+    pub pending_bytes: u64,
     /// How long a request that fails for a passing cause (the server
     /// unreachable or answering 5xx) is tried again before its flush
     /// fails (EIO).
@@ -61,6 +65,7 @@ impl Default for ObjectOptions {
             takeover: false,
             cache_bytes: 256 << 20,
             checkpoint_bytes: 64 << 20,
+            pending_bytes: 64 << 20,
             retry: std::time::Duration::from_secs(120),
             mount_point: None,
         }
@@ -882,6 +887,14 @@ impl ObjectDevice {
         }
         for (k, d) in buf.chunks(BLOCK as usize).enumerate() {
             s.pending.insert(offset / BLOCK + k as u64, Block::from(d));
+        }
+        let full = s.pending.len() as u64 * BLOCK >= self.opts.pending_bytes;
+        drop(s);
+        if full {
+            // Sooner than asked, as a disk's cache may write back: what
+            // the device holds durable early breaks no ordering the
+            // engine relies on (it orders by its flushes).
+            self.flush()?;
         }
         Ok(())
     }
