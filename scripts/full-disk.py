@@ -281,8 +281,13 @@ def check(name, d, acked, src, side):
         finally:
             db.close()
         # The transaction that failed may have committed (an error after
-        # its commit reached the file system), never more.
-        return ok == "ok" and acked <= n <= acked + 10, f"integrity {ok}, {n} rows"
+        # its commit reached the file system), never more. In a rollback
+        # journal (DELETE) SQLite's commit point is the journal's unlink,
+        # which synchronous=FULL does not sync (EXTRA does): when the
+        # device fails under it, its last acknowledged transaction may
+        # roll back, by SQLite's own rules, on any file system.
+        lo = acked - 10 if name.startswith("sqlite-delete") else acked
+        return ok == "ok" and lo <= n <= acked + 10, f"integrity {ok}, {n} rows"
     if name == "git":
         repo = os.path.join(d, "repo")
         f = sh(["git", "fsck", "--full"], check=False, cwd=repo)
