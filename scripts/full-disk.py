@@ -214,26 +214,38 @@ def worker_postgres(d, side, limit):
     lines = (r.stdout + r.stderr).splitlines()
     errs = [l for l in lines if "ERROR" in l or "PANIC" in l or "FATAL" in l or "aborted" in l]
     err = errs[0] if errs else ("" if r.returncode == 0 else f"pgbench exit {r.returncode}")
-    stop_postgres(data)
+    stop_postgres(data, side)
     return {"acked": acked, "error": err}
 
 
-def stop_postgres(data):
+def stop_postgres(data, side):
     """Stop the server of `data`, and make sure every one of its processes
     is gone (reaped): a server that stopped with a PANIC on a full disk
-    cannot finish its recovery there, and a backend of a killed postmaster
-    left behind keeps the next start from taking the data directory."""
+    cannot finish its recovery there, a backend of a killed postmaster left
+    behind keeps the next start from taking the data directory, and a
+    worker killed on a timeout leaves its postmaster running."""
     pg = postgres_bin()
     as_postgres(f"{pg}/pg_ctl stop -w -t 10 -m fast -D {data}/db", check=False)
+    locks = [os.path.join(data, "db", "postmaster.pid"),
+             os.path.join(side, f".s.PGSQL.{PG_PORT}.lock")]
     end = time.time() + 30
     while time.time() < end:
-        left = []
+        left = set()
+        for lock in locks:
+            try:
+                with open(lock) as f:
+                    left.add(int(f.readline().strip()))
+            except (OSError, ValueError):
+                pass
         for p in glob.glob("/proc/[0-9]*"):
             try:
                 if os.readlink(p + "/cwd").startswith(data):
-                    left.append(int(os.path.basename(p)))
+                    left.add(int(os.path.basename(p)))
             except OSError:
                 continue
+        # Only PostgreSQL's own processes: a pid in a stale lock file may
+        # since have gone to anything.
+        left = {pid for pid in left if proc_comm(pid) in ("postgres", "postmaster")}
         if not left:
             break
         for pid in left:
@@ -242,12 +254,21 @@ def stop_postgres(data):
             except OSError:
                 pass
         time.sleep(0.2)
-    # The postmaster killed leaves its pid file, which a start may take
-    # for a live server's.
+    # A killed postmaster leaves its lock files, which a start may take for
+    # a live server's when their pid has gone to another process.
+    for path in locks + [os.path.join(side, f".s.PGSQL.{PG_PORT}")]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def proc_comm(pid):
     try:
-        os.unlink(os.path.join(data, "db", "postmaster.pid"))
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
     except OSError:
-        pass
+        return ""
 
 
 def worker_main(args):
@@ -306,6 +327,8 @@ def check(name, d, acked, src, side):
     if name == "postgres":
         pg = postgres_bin()
         data = os.path.join(d, "pg")
+        # The worker's server may outlive it (a worker killed on a timeout).
+        stop_postgres(data, side)
         r = as_postgres(f"{pg}/pg_ctl start -w -D {data}/db -l {side}/server2.log "
                         f"-o \"-c listen_addresses='' -k {side} -p {PG_PORT}\"", check=False)
         if r.returncode != 0:
@@ -316,7 +339,7 @@ def check(name, d, acked, src, side):
             return False, f"does not start: {r.stdout}{r.stderr} {log}"
         q = as_postgres(f"{pg}/psql -h {side} -p {PG_PORT} -Atc 'select count(*) from acks' postgres",
                         check=False)
-        stop_postgres(data)
+        stop_postgres(data, side)
         try:
             n = int(q.stdout.strip())
         except ValueError:
