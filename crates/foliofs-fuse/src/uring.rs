@@ -50,11 +50,18 @@ struct Header {
     reserved: u64,
 }
 
+/// Room before the payload in an entry's buffer: a request's headers are
+/// put there, next to its payload, so that the dispatcher reads the whole
+/// request in place (a write's megabyte is not copied once more to join
+/// its headers). A page, so that the payload starts on one.
+const PREFIX: usize = 4096;
+
 /// One ring entry's memory: the kernel keeps pointers into it from
 /// registration on, so it stays put (boxed) for the thread's life.
 struct Entry {
     header: Box<Header>,
-    payload: Box<[u8]>,
+    /// `PREFIX` bytes, then the payload the kernel fills.
+    buf: Box<[u8]>,
     iov: Box<[libc::iovec; 2]>,
 }
 
@@ -69,22 +76,43 @@ impl Entry {
             padding: 0,
             reserved: 0,
         });
-        let mut payload = vec![0u8; payload].into_boxed_slice();
+        let mut buf = vec![0u8; PREFIX + payload].into_boxed_slice();
         let iov = Box::new([
             libc::iovec {
                 iov_base: (&mut *header as *mut Header).cast(),
                 iov_len: std::mem::size_of::<Header>(),
             },
             libc::iovec {
-                iov_base: payload.as_mut_ptr().cast(),
-                iov_len: payload.len(),
+                iov_base: buf[PREFIX..].as_mut_ptr().cast(),
+                iov_len: payload,
             },
         ]);
-        Entry {
-            header,
-            payload,
-            iov,
-        }
+        Entry { header, buf, iov }
+    }
+
+    fn payload_len(&self) -> usize {
+        self.buf.len() - PREFIX
+    }
+
+    /// The request the kernel put into the entry, laid out as /dev/fuse
+    /// gives one (`fuse_in_header`, the per-opcode header, the payload),
+    /// its headers copied in front of the payload where it lies.
+    fn request(&mut self) -> &[u8] {
+        let h = &*self.header;
+        let len = u32::from_ne_bytes(h.in_out[0..4].try_into().unwrap()) as usize;
+        let psz = (h.payload_sz as usize).min(self.buf.len() - PREFIX);
+        let op = len.saturating_sub(IN_HEADER + psz).min(h.op_in.len());
+        let start = PREFIX - IN_HEADER - op;
+        self.buf[start..start + IN_HEADER].copy_from_slice(&h.in_out[..IN_HEADER]);
+        self.buf[start + IN_HEADER..PREFIX].copy_from_slice(&h.op_in[..op]);
+        // The header's length as /dev/fuse would give it.
+        let total = (IN_HEADER + op + psz) as u32;
+        self.buf[start..start + 4].copy_from_slice(&total.to_ne_bytes());
+        &self.buf[start..PREFIX + psz]
+    }
+
+    fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[PREFIX..]
     }
 }
 
@@ -470,7 +498,6 @@ fn serve<FS: Filesystem>(
     let fd = d.fuse_fd().as_raw_fd();
     let mut ent = Entry::new(payload);
     let mut next = command(fd, CMD_REGISTER, qid, 0, Some(&ent.iov));
-    let mut request = Vec::new();
     let mut reply = Vec::new();
     let tick = types::Timespec::from(Duration::from_millis(100));
     let mut idle = idle.filter(|_| IdleReply::works());
@@ -525,28 +552,18 @@ fn serve<FS: Filesystem>(
             }
             return Err(e);
         }
-        let h = &mut *ent.header;
-        let len = u32::from_ne_bytes(h.in_out[0..4].try_into().unwrap()) as usize;
+        let h = &*ent.header;
         quick = IdleReply::quick(u32::from_ne_bytes(h.in_out[4..8].try_into().unwrap()));
         let unique = u64::from_ne_bytes(h.in_out[8..16].try_into().unwrap());
-        let psz = (h.payload_sz as usize).min(ent.payload.len());
-        let op = len.saturating_sub(IN_HEADER + psz).min(h.op_in.len());
-        request.clear();
-        request.extend_from_slice(&h.in_out[..IN_HEADER]);
-        request.extend_from_slice(&h.op_in[..op]);
-        request.extend_from_slice(&ent.payload[..psz]);
-        // The header's length as /dev/fuse would give it.
-        let total = request.len() as u32;
-        request[0..4].copy_from_slice(&total.to_ne_bytes());
         if transport.ring_request() {
             log::info!("serving requests through FUSE over io_uring");
         }
         reply.clear();
-        if let Err(e) = d.dispatch(&request, &mut reply) {
+        if let Err(e) = d.dispatch(ent.request(), &mut reply) {
             log::warn!("FUSE ring {qid}: {e}");
         }
         let args = reply.len().saturating_sub(OUT_HEADER);
-        if reply.len() < OUT_HEADER || args > ent.payload.len() {
+        if reply.len() < OUT_HEADER || args > ent.payload_len() {
             // No reply (a request that has none never comes here) or one
             // too large for the entry: answer EIO so the caller goes on.
             reply.clear();
@@ -555,8 +572,9 @@ fn serve<FS: Filesystem>(
             reply.extend_from_slice(&unique.to_ne_bytes());
         }
         let args = reply.len() - OUT_HEADER;
+        ent.payload_mut()[..args].copy_from_slice(&reply[OUT_HEADER..]);
+        let h = &mut *ent.header;
         h.in_out[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
-        ent.payload[..args].copy_from_slice(&reply[OUT_HEADER..]);
         h.payload_sz = args as u32;
         next = command(fd, CMD_COMMIT_AND_FETCH, qid, h.commit_id, None);
     }
