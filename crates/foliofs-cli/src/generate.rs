@@ -43,6 +43,7 @@ Direct I/O and overwrites:
   dio_lock=shared|exclusive: direct overwrites under a shared inode lock (default), or an exclusive one.
   overwrite_log=on|off: small overwrites go through the journal with their checksums (default on).
   overwrite_log_max=SIZE: the largest overwrite logged so.
+  drop_behind=on|off: a written folio leaves the daemon's cache once it is on the device, as the kernel's page cache holds the same bytes (default on).
 
 The kernel's FUSE:
   io_uring=on|off: FUSE over io_uring where the kernel offers it (default on; the kernel offers it when the fuse.enable_uring parameter is Y).

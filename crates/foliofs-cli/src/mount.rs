@@ -105,7 +105,12 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         .unwrap_or(8)
         .clamp(4, 32);
     let mut o = Options {
-        engine: MountOptions::default(),
+        // The kernel caches what the mount serves: the engine keeps no
+        // second copy of what it has written back.
+        engine: MountOptions {
+            drop_behind: true,
+            ..MountOptions::default()
+        },
         allow_other: None,
         allow_root: false,
         default_permissions: true,
@@ -238,14 +243,14 @@ fn fuse_device_usable() -> Result<()> {
     }
 }
 
-/// statfs(2) of `dir`: Ok when it answers.
-fn statfs(dir: &Path) -> std::io::Result<()> {
-    let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+/// statvfs(3) of `path`.
+pub(crate) fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
     // SAFETY: a zeroed statvfs is a valid out-parameter.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: p is NUL-terminated and st writable.
     match unsafe { libc::statvfs(p.as_ptr(), &mut st) } {
-        0 => Ok(()),
+        0 => Ok(st),
         _ => Err(std::io::Error::last_os_error()),
     }
 }
@@ -267,8 +272,8 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
         fuse_device_usable()?;
         // statfs always reaches a FUSE daemon; stat may be answered from
         // attributes the kernel still holds for a dead mount's root.
-        let meta = statfs(dir)
-            .and_then(|()| std::fs::metadata(dir))
+        let meta = statvfs(dir)
+            .and_then(|_| std::fs::metadata(dir))
             .map_err(|e| {
                 if e.raw_os_error() == Some(libc::ENOTCONN) {
                     anyhow::anyhow!(
@@ -675,15 +680,7 @@ fn kernel_fuse_option(o: &str) -> bool {
 pub fn remount(dir: &Path, options: &[String]) -> Result<()> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .context("mount point path holds a NUL byte")?;
-    // SAFETY: statvfs fills the struct it is given; c is a valid path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        bail!(
-            "cannot remount {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
+    let st = statvfs(dir).with_context(|| format!("cannot remount {}", dir.display()))?;
     // The flags the mount has now, then the ones asked for.
     const FLAGS: [(libc::c_ulong, libc::c_ulong, &str, &str); 8] = [
         (libc::ST_RDONLY, libc::MS_RDONLY, "ro", "rw"),
@@ -821,6 +818,9 @@ mod tests {
         assert_eq!(w.engine.writeback_contexts, 2);
         assert_eq!(w.engine.cache_bytes, 64 << 20);
         assert!(w.engine.no_prealloc);
+        assert!(w.engine.drop_behind, "the mount drops behind by default");
+        let d = parse_options(&["drop_behind=off".into()]).unwrap();
+        assert!(!d.engine.drop_behind);
         assert!(parse_options(&["wb_contexts=0".into()]).is_err());
         assert!(o.engine.read_only && o.allow_other() && o.default_permissions);
         let n = parse_options(&["noallow_other,noatime,log_level=debug".into()]).unwrap();

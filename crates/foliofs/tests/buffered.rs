@@ -299,6 +299,68 @@ fn freed_folio_memory_is_reused_within_the_cache_limit() {
     unmount_and_check(fs, dev);
 }
 
+/// Drop-behind (the mount's setting): a folio leaves the cache once its
+/// writeback completes, so a stream keeps a working set of buffers that
+/// the next writes reuse instead of mapping fresh memory; what it wrote
+/// reads back (from the device, checksums verified), a rewrite of part of
+/// a dropped folio keeps the rest of it, and a folio dirtied again while
+/// under writeback stays.
+#[test]
+fn drop_behind_frees_written_folios_for_the_next_writes() {
+    let opts = MountOptions {
+        drop_behind: true,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(256 << 20, opts);
+    let root = fs.root_ino();
+    let ino = fs.create(root, b"stream", 0o644, 0, 0).unwrap().ino;
+    let mb = 1u64 << 20;
+    let chunk = |m: u64| vec![(m % 251) as u8 + 1; mb as usize];
+    for m in 0..4 {
+        fs.write(ino, m * mb, &chunk(m)).unwrap();
+    }
+    fs.fsync(ino, false).unwrap();
+    let c = fs.counters();
+    assert!(c.folios_dropped_behind > 0, "nothing dropped behind");
+    assert_eq!(
+        fs.cache_stats().cached_bytes,
+        0,
+        "written folios stayed cached"
+    );
+    let mapped = c.folio_bytes_mapped;
+    // The next 64 MiB reuse the buffers the first 4 MiB left behind:
+    // write-behind and fsync keep the working set small.
+    for m in 4..68 {
+        fs.write(ino, m * mb, &chunk(m)).unwrap();
+        if m % 4 == 3 {
+            fs.fsync(ino, false).unwrap();
+        }
+    }
+    let c = fs.counters();
+    assert!(
+        c.folio_bytes_mapped < mapped + (16 << 20),
+        "mapped {} bytes more for 64 MiB written with drop-behind",
+        c.folio_bytes_mapped - mapped
+    );
+    // A rewrite of 100 bytes inside a dropped folio: the rest of it reads
+    // back from the device.
+    fs.write(ino, 2 * mb + 10, &[0xee; 100]).unwrap();
+    fs.fsync(ino, false).unwrap();
+    let mut back = vec![0u8; 68 * mb as usize];
+    assert_eq!(fs.read(ino, 0, &mut back).unwrap(), back.len());
+    for m in 0..68u64 {
+        let mut want = chunk(m);
+        if m == 2 {
+            want[10..110].fill(0xee);
+        }
+        assert!(
+            back[(m * mb) as usize..((m + 1) * mb) as usize] == want[..],
+            "MiB {m} reads back wrong"
+        );
+    }
+    unmount_and_check(fs, dev);
+}
+
 /// Bytes written back, polled until at least `want` or `limit` passes.
 fn written_back_within(fs: &Fs, want: u64, limit: Duration) -> u64 {
     let t = Instant::now();

@@ -69,6 +69,9 @@ counters! {
     /// Clean folios evicted from the page cache, and the scans for them.
     folios_evicted,
     cache_scans,
+    /// Folios dropped as their writeback completed
+    /// (`MountOptions::drop_behind`).
+    folios_dropped_behind,
     /// Passes over the inodes in memory that let go of the unused ones.
     inode_trims,
     /// Bytes of fresh memory mapped for folios (the rest reuse freed

@@ -65,6 +65,14 @@ pub struct MountOptions {
     /// (mount option `sync`): writes as with O_SYNC, and namespace,
     /// attribute and xattr changes committed at once.
     pub sync: bool,
+    /// Drop-behind: a folio leaves the cache once its writeback has
+    /// completed and nothing has dirtied it since, its memory going to the
+    /// next writes. For a caller that caches what it writes itself (the
+    /// FUSE mount: the kernel's page cache holds the same bytes), so that
+    /// a stream of writes keeps them in memory once, and reuses the
+    /// engine's buffers instead of mapping fresh memory (which the kernel
+    /// zeroes) for every folio. Off by default; the mount turns it on.
+    pub drop_behind: bool,
     /// Changes to directories are durable before the call returns
     /// (mount option `dirsync`): create, link, unlink, rename, mkdir,
     /// rmdir, mknod, symlink.
@@ -145,6 +153,7 @@ impl Default for MountOptions {
             overwrite_log_max: 256 << 10,
             sync: false,
             dirsync: false,
+            drop_behind: false,
         }
     }
 }
@@ -181,7 +190,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// The engine's option names, for messages.
 pub const ENGINE_OPTIONS: &str = "ro, rw, cache_size=SIZE, dirty_limit=SIZE, page_cache=SIZE, \
      wb_contexts=N, prealloc=on|off, write_behind=SIZE (0: off), dio_cap=BLOCKS, \
-     dio_lock=shared|exclusive, overwrite_log=on|off, overwrite_log_max=SIZE, relatime, noatime, strictatime, nodiratime, \
+     dio_lock=shared|exclusive, overwrite_log=on|off, overwrite_log_max=SIZE, drop_behind=on|off, relatime, noatime, strictatime, nodiratime, \
      sync, async, dirsync";
 
 impl MountOptions {
@@ -220,12 +229,14 @@ impl MountOptions {
             ("async", None) => self.sync = false,
             ("dirsync", None) => self.dirsync = true,
             ("diratime", None) => self.no_diratime = false,
+            ("drop_behind", Some("on")) => self.drop_behind = true,
+            ("drop_behind", Some("off")) => self.drop_behind = false,
             ("overwrite_log", Some("on")) => self.overwrite_log = true,
             ("overwrite_log", Some("off")) => self.overwrite_log = false,
             ("overwrite_log_max", Some(v)) => self.overwrite_log_max = size(v)?,
             ("dio_lock", Some("shared")) => self.dio_lock = DioLock::SharedOverwrite,
             ("dio_lock", Some("exclusive")) => self.dio_lock = DioLock::Exclusive,
-            ("prealloc" | "dio_lock" | "overwrite_log" | "ro" | "rw", _) => {
+            ("prealloc" | "dio_lock" | "overwrite_log" | "drop_behind" | "ro" | "rw", _) => {
                 return Err(format!("bad value for mount option {key}"))
             }
             _ => return Ok(false),

@@ -365,6 +365,25 @@ impl Cache {
     }
 
     /// The folio starting at `first` may have lost its last dirty block.
+    /// Drop the folio at `first` if it is clean and idle, its buffer to
+    /// `pool`: the bytes freed (0 when it stays).
+    pub fn drop_clean(&mut self, first: u64, pool: &mut BufPool) -> u64 {
+        if !self
+            .folios
+            .get(&first)
+            .is_some_and(|f| !f.any_dirty() && f.idle())
+        {
+            return 0;
+        }
+        let Some(f) = self.folios.remove(&first) else {
+            return 0;
+        };
+        self.dirty.remove(&first);
+        let n = f.data.len() as u64;
+        pool.put(f.data);
+        n
+    }
+
     pub fn note_cleaned(&mut self, first: u64) {
         if !self.folios.get(&first).is_some_and(|f| f.any_dirty()) {
             self.dirty.remove(&first);

@@ -141,6 +141,24 @@ impl Inner {
 
     /// Free folio memory kept for reuse stays within what the cache
     /// limit leaves.
+    /// Drop-behind (`MountOptions::drop_behind`): the folios of `ino`
+    /// starting at `firsts`, whose writeback just completed, leave the
+    /// cache if nothing dirtied them since; their buffers go to the pool.
+    pub(in crate::fs) fn drop_behind(&mut self, ino: u64, firsts: &[u64]) {
+        let (inodes, _, pool) = self.split();
+        let Some(ip) = inodes.get_mut(&ino) else {
+            return;
+        };
+        let (mut freed, mut n) = (0, 0);
+        for &first in firsts {
+            let b = ip.cache.drop_clean(first, pool);
+            freed += b;
+            n += u64::from(b > 0);
+        }
+        take(&mut self.cache_bytes, freed, "cached bytes");
+        bump(&self.counters.folios_dropped_behind, n);
+    }
+
     pub(in crate::fs) fn trim_pool(&mut self) {
         let room = self.opts.cache_bytes.saturating_sub(self.cache_bytes);
         self.pool.trim(room);

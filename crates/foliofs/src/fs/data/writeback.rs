@@ -355,6 +355,8 @@ impl Inner {
         }
         let ino = job.ino;
         let (ip, mut cx) = self.with(ino)?;
+        // Folios whose writeback this job ends (for drop-behind).
+        let mut unpinned = Vec::new();
         for r in &job.runs {
             let n = r.blocks;
             let mut l = r.lblk;
@@ -363,6 +365,9 @@ impl Inner {
                     Some((first, f)) => {
                         let k = (first + f.nblocks as u64).min(r.lblk + n) - l;
                         take(&mut f.wb_pending, k as u32, "folio writeback pins");
+                        if f.wb_pending == 0 {
+                            unpinned.push(first);
+                        }
                         l += k;
                     }
                     None => l += 1,
@@ -444,6 +449,8 @@ impl Inner {
         let destroy = nlink == 0 && self.unused(ino, open);
         if failed {
             self.wb_errors += 1;
+        } else if self.opts.drop_behind {
+            self.drop_behind(ino, &unpinned);
         }
         if destroy {
             self.destroy_inode(ino)?;
