@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads: W1, W2, W3, W4, W5, W6 (metadata) or all.
+    /// Workloads: W1, W2, W3, W4, W5, W6 (metadata), CP (with --target:
+    /// `cp` of a large file onto each target and back) or all.
     #[arg(default_value = "all")]
     pub workloads: Vec<String>,
     /// Image file to build the test file system in (made anew, removed
@@ -15,6 +16,10 @@ pub struct BenchArgs {
     /// Size of each workload's file in MiB.
     #[arg(long, default_value_t = 1024)]
     pub file_mib: u64,
+    /// Size of CP's file in MiB (less when a target or the scratch
+    /// directory beside --image has too little room: the table says).
+    #[arg(long, default_value_t = 4096)]
+    pub cp_mib: u64,
     /// A/B rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,

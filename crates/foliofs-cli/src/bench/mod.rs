@@ -35,17 +35,24 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
         bail!("--rounds, --file-mib and --seconds must be positive");
     }
     let mut which: Vec<String> = args.workloads.iter().map(|w| w.to_uppercase()).collect();
+    let targets = !args.target.is_empty();
     if which.iter().any(|w| w == "ALL") {
         which = ["W1", "W2", "W3", "W4", "W5", "W6"]
             .map(String::from)
             .to_vec();
-    }
-    for w in &which {
-        if !["W1", "W2", "W3", "W4", "W5", "W6"].contains(&w.as_str()) {
-            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5, W6 or all");
+        if targets {
+            which.push("CP".into());
         }
     }
-    if !args.target.is_empty() {
+    for w in &which {
+        if w == "CP" && !targets {
+            bail!("CP copies files onto file systems: it runs with --target DIR");
+        }
+        if !["W1", "W2", "W3", "W4", "W5", "W6", "CP"].contains(&w.as_str()) {
+            bail!("unknown workload {w}: choose W1, W2, W3, W4, W5, W6, CP (with --target) or all");
+        }
+    }
+    if targets {
         return target::run(args, &which);
     }
     let mut out = Vec::new();

@@ -10,6 +10,7 @@ use super::w6::{file_count, tree, w6_pass, PHASES};
 use anyhow::{bail, Context, Result};
 use foliofs::device::AlignedBuf;
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -433,6 +434,106 @@ fn w6(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
     })
 }
 
+/// Free bytes of the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64> {
+    let s = crate::mount::statvfs(dir).with_context(|| format!("statvfs {}", dir.display()))?;
+    Ok(s.f_bavail * s.f_frsize)
+}
+
+/// `cp SRC DST`, then fsync DST: the seconds both took.
+fn cp_durable(src: &Path, dst: &Path) -> Result<f64> {
+    let start = Instant::now();
+    let st = std::process::Command::new("cp")
+        .arg("--")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .context("cannot run cp")?;
+    if !st.success() {
+        bail!("cp {} {}: {st}", src.display(), dst.display());
+    }
+    File::open(dst)?.sync_all()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Leave `path` out of the kernel's page cache (written back already), so
+/// that the next read of it comes from its file system: the copy back
+/// measures the file system, not memory. (A FUSE mount's daemon keeps
+/// what its own cache holds: that is part of the file system.)
+fn uncache(path: &Path) -> Result<()> {
+    let f = File::open(path)?;
+    // SAFETY: a valid descriptor; advice only.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    Ok(())
+}
+
+/// CP: what most users do first with a new file system, with the `cp` of
+/// coreutils: copy one large file onto each target from a scratch
+/// directory beside --image (the source in the page cache, as a file
+/// just made is), fsync the copy; then copy it back off into the scratch
+/// directory, out of the page cache first, and fsync that copy.
+fn cp(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
+    let scratch = match args.image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let src = scratch.join("foliofs-bench-cp.src");
+    let back = scratch.join("foliofs-bench-cp.back");
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&back);
+    // Room for the copy on every target (a tenth spare), and for the
+    // source and the copy back in the scratch directory.
+    let mut room = free_bytes(&scratch)? / 2;
+    for d in dirs {
+        room = room.min(free_bytes(d)? / 10 * 9);
+    }
+    let mib = args.cp_mib.min(room >> 20);
+    if mib == 0 {
+        bail!(
+            "no room for CP's file on the targets or in {}",
+            scratch.display()
+        );
+    }
+    make_file(&src, mib)?;
+    let mut onto = vec![Vec::new(); dirs.len()];
+    let mut off = vec![Vec::new(); dirs.len()];
+    let r = rounds(args, "CP", dirs, names, |t, dir| {
+        let dst = dir.join("cp-file");
+        let s = cp_durable(&src, &dst)?;
+        onto[t].push(mib as f64 / s);
+        let got = std::fs::metadata(&dst)?.len();
+        if got != mib << 20 {
+            bail!(
+                "the copy on {} holds {got} bytes of {}",
+                dir.display(),
+                mib << 20
+            );
+        }
+        uncache(&dst)?;
+        let s = cp_durable(&dst, &back)?;
+        off[t].push(mib as f64 / s);
+        std::fs::remove_file(&back)?;
+        std::fs::remove_file(&dst)?;
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&back);
+    r?;
+    let (mut series, mut ratios) = per_target(names, "onto", "MiB/s", &onto, "");
+    let (s2, r2) = per_target(names, "off", "MiB/s", &off, "");
+    series.extend(s2);
+    ratios.extend(r2);
+    Ok(Outcome {
+        id: "CP".into(),
+        title: format!(
+            "cp of a {mib} MiB file onto the file system and back off it, each copy fsynced (system calls)"
+        ),
+        series,
+        ratios,
+        notes: vec![format!("scratch directory: {}", scratch.display())],
+    })
+}
+
 /// The chosen workloads on every `--target`.
 pub fn run(args: &BenchArgs, which: &[String]) -> Result<Vec<Outcome>> {
     let dirs = work_dirs(args)?;
@@ -453,6 +554,7 @@ pub fn run(args: &BenchArgs, which: &[String]) -> Result<Vec<Outcome>> {
             "W4" => w4(args, &dirs, &names),
             "W5" => w5(args, &dirs, &names),
             "W6" => w6(args, &dirs, &names),
+            "CP" => cp(args, &dirs, &names),
             _ => unreachable!("checked by the caller"),
         };
         for d in &dirs {
