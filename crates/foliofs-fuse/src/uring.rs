@@ -57,15 +57,24 @@ struct Header {
 const PREFIX: usize = 4096;
 
 /// One ring entry's memory: the kernel keeps pointers into it from
-/// registration on, so it stays put (boxed) for the thread's life.
+/// registration on, so it stays put for the thread's life.
 struct Entry {
     header: Box<Header>,
-    /// `PREFIX` bytes, then the payload the kernel fills.
-    buf: Box<[u8]>,
+    /// `PREFIX` bytes, then the payload the kernel fills: one allocation,
+    /// addressed only through this pointer, so that a request read from
+    /// its front (`request`) and a reply written into its payload
+    /// (`PayloadSink`) are two disjoint views, neither a borrow of the
+    /// whole.
+    base: std::ptr::NonNull<u8>,
+    len: usize,
     iov: Box<[libc::iovec; 2]>,
 }
 
 impl Entry {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len, PREFIX).expect("ring entry layout")
+    }
+
     fn new(payload: usize) -> Entry {
         let mut header = Box::new(Header {
             in_out: [0; 128],
@@ -76,22 +85,40 @@ impl Entry {
             padding: 0,
             reserved: 0,
         });
-        let mut buf = vec![0u8; PREFIX + payload].into_boxed_slice();
+        let len = PREFIX + payload;
+        // SAFETY: the layout's size is not zero.
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        let Some(base) = std::ptr::NonNull::new(p) else {
+            std::alloc::handle_alloc_error(Self::layout(len));
+        };
         let iov = Box::new([
             libc::iovec {
                 iov_base: (&mut *header as *mut Header).cast(),
                 iov_len: std::mem::size_of::<Header>(),
             },
             libc::iovec {
-                iov_base: buf[PREFIX..].as_mut_ptr().cast(),
+                // SAFETY: PREFIX is inside the allocation.
+                iov_base: unsafe { base.as_ptr().add(PREFIX) }.cast(),
                 iov_len: payload,
             },
         ]);
-        Entry { header, buf, iov }
+        Entry {
+            header,
+            base,
+            len,
+            iov,
+        }
     }
 
     fn payload_len(&self) -> usize {
-        self.buf.len() - PREFIX
+        self.len - PREFIX
+    }
+
+    /// The payload's address, for a reply written into it while the
+    /// request (before it) is read.
+    fn payload_ptr(&self) -> *mut u8 {
+        // SAFETY: PREFIX is inside the allocation.
+        unsafe { self.base.as_ptr().add(PREFIX) }
     }
 
     /// The request the kernel put into the entry, laid out as /dev/fuse
@@ -100,19 +127,113 @@ impl Entry {
     fn request(&mut self) -> &[u8] {
         let h = &*self.header;
         let len = u32::from_ne_bytes(h.in_out[0..4].try_into().unwrap()) as usize;
-        let psz = (h.payload_sz as usize).min(self.buf.len() - PREFIX);
+        let psz = (h.payload_sz as usize).min(self.payload_len());
         let op = len.saturating_sub(IN_HEADER + psz).min(h.op_in.len());
         let start = PREFIX - IN_HEADER - op;
-        self.buf[start..start + IN_HEADER].copy_from_slice(&h.in_out[..IN_HEADER]);
-        self.buf[start + IN_HEADER..PREFIX].copy_from_slice(&h.op_in[..op]);
+        // SAFETY: [start, PREFIX + psz) is inside the allocation, and no
+        // other view of it is alive (`&mut self`; a sink writes only
+        // while a request without payload is served, past PREFIX).
+        let front = unsafe {
+            std::slice::from_raw_parts_mut(self.base.as_ptr().add(start), PREFIX - start)
+        };
+        front[..IN_HEADER].copy_from_slice(&h.in_out[..IN_HEADER]);
+        front[IN_HEADER..].copy_from_slice(&h.op_in[..op]);
         // The header's length as /dev/fuse would give it.
         let total = (IN_HEADER + op + psz) as u32;
-        self.buf[start..start + 4].copy_from_slice(&total.to_ne_bytes());
-        &self.buf[start..PREFIX + psz]
+        front[..4].copy_from_slice(&total.to_ne_bytes());
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(start), PREFIX + psz - start) }
     }
 
     fn payload_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[PREFIX..]
+        // SAFETY: the payload is inside the allocation; `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.payload_ptr(), self.payload_len()) }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), Self::layout(self.len)) };
+    }
+}
+
+/// Where the reply to a request without payload goes (most requests: a
+/// read's data, attributes, a directory listing): straight into the ring
+/// entry's payload, its `fuse_out_header` kept aside for the entry's
+/// header, instead of into a vector copied there afterwards (a large
+/// read's megabyte, once more). Open only while its request is served
+/// (`begin`, `end`): a reply that came later would find the payload
+/// holding the next request, and is refused.
+#[derive(Default)]
+struct PayloadSink {
+    state: std::sync::Mutex<SinkState>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    /// The payload's address and length while a request is served.
+    to: Option<(usize, usize)>,
+    header: [u8; OUT_HEADER],
+    /// The reply's length, its header included, once it came.
+    len: Option<usize>,
+    /// It did not fit into the payload.
+    too_large: bool,
+}
+
+impl PayloadSink {
+    fn begin(&self, payload: *mut u8, len: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        *s = SinkState {
+            to: Some((payload as usize, len)),
+            ..SinkState::default()
+        };
+    }
+
+    /// Close it: the reply's header and the length of its arguments (in
+    /// the payload), if a reply that fits came.
+    fn end(&self) -> Option<([u8; OUT_HEADER], usize)> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.to = None;
+        match s.len {
+            Some(n) if n >= OUT_HEADER && !s.too_large => Some((s.header, n - OUT_HEADER)),
+            _ => None,
+        }
+    }
+}
+
+impl fuser::ReplySink for PayloadSink {
+    fn send(&self, data: &[std::io::IoSlice<'_>]) -> io::Result<()> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((to, cap)) = s.to else {
+            return Err(io::Error::other("a reply after its request was answered"));
+        };
+        let mut at = 0;
+        for d in data {
+            let mut d: &[u8] = d;
+            if at < OUT_HEADER {
+                let k = (OUT_HEADER - at).min(d.len());
+                s.header[at..at + k].copy_from_slice(&d[..k]);
+                at += k;
+                d = &d[k..];
+            }
+            if d.is_empty() {
+                continue;
+            }
+            let off = at - OUT_HEADER;
+            if off + d.len() > cap {
+                s.too_large = true;
+                return Err(io::Error::other("a reply larger than the ring's payload"));
+            }
+            // SAFETY: [to, to + cap) is the ring entry's payload, which
+            // nothing else reads or writes while the sink is open: the
+            // kernel has handed the entry over, and the request being
+            // served has no payload (its bytes lie before it).
+            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), (to as *mut u8).add(off), d.len()) };
+            at += d.len();
+        }
+        s.len = Some(at);
+        Ok(())
     }
 }
 
@@ -499,6 +620,7 @@ fn serve<FS: Filesystem>(
     let mut ent = Entry::new(payload);
     let mut next = command(fd, CMD_REGISTER, qid, 0, Some(&ent.iov));
     let mut reply = Vec::new();
+    let sink = Arc::new(PayloadSink::default());
     let tick = types::Timespec::from(Duration::from_millis(100));
     let mut idle = idle.filter(|_| IdleReply::works());
     if let Some((limbo, slot)) = idle {
@@ -558,9 +680,25 @@ fn serve<FS: Filesystem>(
         if transport.ring_request() {
             log::info!("serving requests through FUSE over io_uring");
         }
-        reply.clear();
-        if let Err(e) = d.dispatch(ent.request(), &mut reply) {
-            log::warn!("FUSE ring {qid}: {e}");
+        if ent.header.payload_sz == 0 {
+            // The reply goes straight into the payload.
+            sink.begin(ent.payload_ptr(), ent.payload_len());
+            if let Err(e) = d.dispatch_into(ent.request(), sink.clone()) {
+                log::warn!("FUSE ring {qid}: {e}");
+            }
+            if let Some((out, args)) = sink.end() {
+                let h = &mut *ent.header;
+                h.in_out[..OUT_HEADER].copy_from_slice(&out);
+                h.payload_sz = args as u32;
+                next = command(fd, CMD_COMMIT_AND_FETCH, qid, h.commit_id, None);
+                continue;
+            }
+            reply.clear();
+        } else {
+            reply.clear();
+            if let Err(e) = d.dispatch(ent.request(), &mut reply) {
+                log::warn!("FUSE ring {qid}: {e}");
+            }
         }
         let args = reply.len().saturating_sub(OUT_HEADER);
         if reply.len() < OUT_HEADER || args > ent.payload_len() {

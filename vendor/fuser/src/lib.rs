@@ -24,6 +24,7 @@ use std::time::SystemTime;
 use log::warn;
 #[cfg(target_os = "macos")]
 pub use reply::ReplyXTimes;
+pub use reply::ReplySink;
 #[cfg(feature = "serializable")]
 use serde::Deserialize;
 #[cfg(feature = "serializable")]

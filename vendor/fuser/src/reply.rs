@@ -35,13 +35,42 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// Where a transport other than /dev/fuse writes takes a reply
+/// (`RawDispatcher::dispatch_into`): its bytes as /dev/fuse would be
+/// written them, `fuse_out_header` first.
+pub trait ReplySink: Send + Sync {
+    /// Take one reply.
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
+/// A reply appended to a vector (`RawDispatcher::dispatch`).
+impl ReplySink for std::sync::Mutex<Vec<u8>> {
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
+        let mut b = self.lock().unwrap_or_else(|e| e.into_inner());
+        for d in data {
+            b.extend_from_slice(d);
+        }
+        Ok(())
+    }
+}
+
+/// A `ReplySink` held by a request and its reply.
+#[derive(Clone)]
+pub(crate) struct Sink(pub(crate) std::sync::Arc<dyn ReplySink>);
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
+    }
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
     /// The reply is kept for a transport other than /dev/fuse writes
     /// (`RawDispatcher`).
-    Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>),
+    Capture(Sink),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -53,13 +82,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
-            ReplySender::Capture(buf) => {
-                let mut b = buf.lock().unwrap_or_else(|e| e.into_inner());
-                for d in data {
-                    b.extend_from_slice(d);
-                }
-                Ok(())
-            }
+            ReplySender::Capture(sink) => sink.0.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]

@@ -33,7 +33,7 @@ use crate::session::SessionEventLoop;
 #[derive(Debug, Clone)]
 pub(crate) enum ReplyTo {
     Channel(ChannelSender),
-    Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>),
+    Capture(crate::reply::Sink),
 }
 
 impl ReplyTo {

@@ -721,11 +721,17 @@ impl<FS: Filesystem> RawDispatcher<FS> {
     /// does not parse is an error.
     pub fn dispatch(&self, request: &[u8], reply: &mut Vec<u8>) -> io::Result<()> {
         let out = Arc::new(std::sync::Mutex::new(std::mem::take(reply)));
-        let r = RequestWithSender::with_reply_to(crate::request::ReplyTo::Capture(out.clone()), request)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid request"))
-            .map(|req| req.dispatch(&self.event_loop));
+        let r = self.dispatch_into(request, out.clone());
         *reply = std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
         r
+    }
+
+    /// Serve `request`; the reply goes to `sink`. A request that does not
+    /// parse is an error.
+    pub fn dispatch_into(&self, request: &[u8], sink: Arc<dyn crate::reply::ReplySink>) -> io::Result<()> {
+        RequestWithSender::with_reply_to(crate::request::ReplyTo::Capture(crate::reply::Sink(sink)), request)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid request"))
+            .map(|req| req.dispatch(&self.event_loop))
     }
 }
 
