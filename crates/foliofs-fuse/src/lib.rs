@@ -561,14 +561,22 @@ impl FuseFs {
         size: usize,
         f: impl FnOnce(foliofs::Result<&[u8]>) -> R,
     ) -> R {
-        with_aligned(size, |buf| {
+        let read = |buf: &mut [u8]| {
             let r = match self.direct_path(direct, offset, size) {
                 Ok(true) => self.fs.read_direct(ino, offset, buf),
                 Ok(false) => self.fs.read(ino, offset, buf),
                 Err(e) => Err(e),
             };
             f(r.map(|n| &buf[..n]))
-        })
+        };
+        // Served from a ring: the engine reads straight into the payload
+        // the reply goes out from.
+        match uring::reply_space(size) {
+            // SAFETY: the payload is this thread's until it replies, which
+            // `f` does last; nothing else holds a view of it.
+            Some(p) => read(unsafe { std::slice::from_raw_parts_mut(p, size) }),
+            None => with_aligned(size, read),
+        }
     }
 
     /// Whether a request on a description takes the engine's direct path,

@@ -181,6 +181,26 @@ struct SinkState {
     too_large: bool,
 }
 
+thread_local! {
+    /// The payload an open `PayloadSink` of this thread writes into.
+    static REPLY_SPACE: std::cell::Cell<Option<(usize, usize)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Where the reply to the request this thread serves will be written,
+/// when it is served from a ring with its reply going straight into the
+/// entry's payload (`PayloadSink`) and that holds `len` bytes: the
+/// payload's address, page-aligned (a direct read may go there). A
+/// handler that makes its reply's data there (the engine reading into
+/// it) sends it without a copy: the sink finds the bytes in place. The
+/// memory is the handler's until it replies, and must not be used after.
+pub(crate) fn reply_space(len: usize) -> Option<*mut u8> {
+    REPLY_SPACE
+        .get()
+        .filter(|&(_, cap)| cap >= len)
+        .map(|(p, _)| p as *mut u8)
+}
+
 impl PayloadSink {
     fn begin(&self, payload: *mut u8, len: usize) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -188,11 +208,13 @@ impl PayloadSink {
             to: Some((payload as usize, len)),
             ..SinkState::default()
         };
+        REPLY_SPACE.set(Some((payload as usize, len)));
     }
 
     /// Close it: the reply's header and the length of its arguments (in
     /// the payload), if a reply that fits came.
     fn end(&self) -> Option<([u8; OUT_HEADER], usize)> {
+        REPLY_SPACE.set(None);
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.to = None;
         match s.len {
@@ -225,11 +247,18 @@ impl fuser::ReplySink for PayloadSink {
                 s.too_large = true;
                 return Err(io::Error::other("a reply larger than the ring's payload"));
             }
-            // SAFETY: [to, to + cap) is the ring entry's payload, which
-            // nothing else reads or writes while the sink is open: the
-            // kernel has handed the entry over, and the request being
-            // served has no payload (its bytes lie before it).
-            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), (to as *mut u8).add(off), d.len()) };
+            let dst = to as *mut u8;
+            // Bytes made in place (`reply_space`) need no copy.
+            if !std::ptr::eq(d.as_ptr(), dst.wrapping_add(off)) {
+                // SAFETY: [to, to + cap) is the ring entry's payload,
+                // which nothing else writes while the sink is open: the
+                // kernel has handed the entry over, the request being
+                // served has no payload (its bytes lie before it), and a
+                // handler that made its reply in it (`reply_space`) is
+                // done with it. `copy`, not the nonoverlapping one: such
+                // a reply's data may lie in the payload elsewhere.
+                unsafe { std::ptr::copy(d.as_ptr(), dst.add(off), d.len()) };
+            }
             at += d.len();
         }
         s.len = Some(at);
