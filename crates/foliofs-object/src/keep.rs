@@ -22,7 +22,7 @@
 //! Why a marker taken beside a live writer is safe: a checkpoint lists the
 //! markers only after it has created its manifest, and deletes only what
 //! that manifest replaced. Taking a snapshot creates its marker and then
-//! checks that no manifest after `M` exists: if none does, every later
+//! checks that `M` is still the newest manifest: if it is, every later
 //! checkpoint lists after the marker was made and keeps what it holds;
 //! if one does, the marker is deleted and taken again from the newer
 //! manifest. A full sweep (`foliofs gc`) reads the newest manifest before
@@ -31,7 +31,8 @@
 
 use crate::device::{create_mode, latest_manifest, now_secs, runtime, this_writer, wal_numbers};
 use crate::layout::{
-    manifest_key, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker, OBJECT_FORMAT,
+    manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker,
+    OBJECT_FORMAT,
 };
 use crate::ObjectError;
 use futures::TryStreamExt;
@@ -184,22 +185,33 @@ pub(crate) async fn take(store: &dyn ObjectStore, prefix: &Path) -> Result<u64, 
             Err(object_store::Error::AlreadyExists { .. }) => false,
             Err(e) => return Err(e.into()),
         };
-        match store.head(&manifest_key(prefix, id + 1)).await {
-            Err(e) if is_not_found(&e) => return Ok(at),
-            r => {
-                // A checkpoint or claim came between: it may have swept
-                // what the marker was to keep before it was there.
-                if ours {
-                    match store.delete(&key).await {
-                        Ok(()) => {}
-                        Err(e) if is_not_found(&e) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                r?;
+        // The newest manifest, by listing: a manifest after `id` may be
+        // deleted already, by a later checkpoint, but the newest never is.
+        if newest_manifest(store, prefix).await? == Some(id) {
+            return Ok(at);
+        }
+        // A checkpoint or claim came between: it may have swept what the
+        // marker was to keep before the marker was there.
+        if ours {
+            match store.delete(&key).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
+}
+
+/// The number of the newest manifest under `prefix`, without reading it.
+async fn newest_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+) -> Result<Option<u64>, ObjectError> {
+    let metas: Vec<_> = store
+        .list(Some(&prefix.child("manifest")))
+        .try_collect()
+        .await?;
+    Ok(metas.iter().filter_map(|m| number_of(&m.location)).max())
 }
 
 /// Drop snapshot `at` (every marker of it): what only it kept is garbage
