@@ -69,6 +69,10 @@ class Server:
         self.proc = subprocess.Popen(
             [weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              "-master.port=19333", "-volume.port=18080", "-filer.port=18888",
+             # Volumes of 256 MiB, not 30 GB: a volume server counts its
+             # capacity in volumes that fit the free disk, and one with
+             # less than 30 GB free would take no object at all.
+             "-master.volumeSizeLimitMB=256",
              "-s3", f"-s3.port={S3_PORT}"],
             stdout=log, stderr=log, start_new_session=True,
         )
