@@ -292,7 +292,9 @@ impl ObjectDevice {
     /// Open the image under `prefix`: for writing, claim it (refused if
     /// its manifest names a writer, unless `takeover`), fence the writer
     /// before, and replay the WAL after the last checkpoint; read-only,
-    /// replay without claiming (the image as of this moment).
+    /// replay without claiming (the image as of this moment); with
+    /// `opts.snapshot` (read-only only), that snapshot's manifest and its
+    /// WAL up to the snapshot, never past it (see `keep`).
     pub fn open(
         store: Arc<dyn ObjectStore>,
         prefix: Path,
