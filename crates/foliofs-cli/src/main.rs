@@ -158,6 +158,28 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TortureCmd,
     },
+    /// Keep an object image as it is now (everything its writer has
+    /// flushed) as a snapshot, and print URL@N: mount that read-only on any
+    /// machine while the writer goes on. With --delete, drop snapshot
+    /// URL@N and delete what only it kept.
+    Snapshot {
+        /// The object image (s3://BUCKET/PREFIX, file:///DIR), or URL@N with --delete.
+        url: String,
+        /// Drop the snapshot URL@N.
+        #[arg(long)]
+        delete: bool,
+    },
+    /// Delete the objects of an object image that neither its newest
+    /// manifest nor a snapshot keeps: WAL and chunks replaced by
+    /// checkpoints, dropped snapshots, and what a fenced writer or a cut
+    /// checkpoint left. Safe while the image is mounted.
+    Gc {
+        /// The object image (s3://BUCKET/PREFIX, file:///DIR).
+        url: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the superblock, AG usage, counters, or a file's attributes and extent map.
     Stat {
         /// The image file or block device (not mounted: a mounted one
@@ -386,9 +408,16 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
             // The image as of now, without claiming it.
             let d = object::open(url, true, false, None)?;
             let st = d.stats();
+            let snaps = object::snapshots(url)?;
             if json && path.is_none() {
-                println!("{}", serde_json::to_string_pretty(&json!({"object": st}))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"object": st, "snapshots": snaps}))?
+                );
             } else if !json {
+                if let Some(n) = st.snapshot {
+                    println!("snapshot {n}: read-only, the WAL read up to {n}");
+                }
                 println!(
                     "object image {url}: manifest {}, writer epoch {}, {}; WAL {} bytes past \
                      the last checkpoint (next WAL {}); {} chunk objects",
@@ -402,6 +431,23 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                     st.next_wal,
                     st.chunks
                 );
+                let base = foliofs_object::split_snapshot(url).0;
+                if snaps.is_empty() {
+                    println!("no snapshots");
+                }
+                for s in &snaps {
+                    println!(
+                        "snapshot {base}@{}: manifest {} and WAL {}..{}, taken {} on {}",
+                        s.at,
+                        s.manifest,
+                        s.wal_start,
+                        s.at,
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.taken)
+                        ),
+                        s.host
+                    );
+                }
             }
             Arc::new(d)
         }
@@ -578,6 +624,9 @@ fn main() -> ExitCode {
             json,
         } => fsck_cmd(&image, repair, data, read_only, json),
         Cmd::Umount { dir } => mount::umount(&dir),
+        Cmd::Snapshot { url, delete: false } => object::snapshot(&url).map(|_| 0),
+        Cmd::Snapshot { url, delete: true } => object::delete_snapshot(&url).map(|_| 0),
+        Cmd::Gc { url, json } => object::gc(&url, json).map(|_| 0),
         Cmd::Generate { dir } => {
             generate::write(<Cli as clap::CommandFactory>::command(), &dir).map(|files| {
                 for f in files {

@@ -1,9 +1,11 @@
 //! Images in object storage (`s3://BUCKET/PREFIX`, `file:///DIR`): the
 //! CLI's way to the `foliofs-object` device, with its errors for people.
 
-use anyhow::{anyhow, Result};
-use foliofs_object::{open_url, ObjectDevice, ObjectError, ObjectOptions};
+use anyhow::{anyhow, bail, Result};
+use foliofs_object::{open_url, split_snapshot, ObjectDevice, ObjectError, ObjectOptions};
+use foliofs_object::{ObjectStore, Path as Prefix};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The URL an image argument names, if it names an object image.
 pub(crate) fn url_of(image: &Path) -> Option<&str> {
@@ -16,6 +18,11 @@ fn for_people(url: &str, e: ObjectError) -> anyhow::Error {
 
 /// Make a new image of `size` bytes at `url` (never over an existing one).
 pub(crate) fn create(url: &str, size: u64) -> Result<ObjectDevice> {
+    if let (_, Some(n)) = split_snapshot(url) {
+        return Err(anyhow!(
+            "{url}: names snapshot {n}: make an image at a URL without @"
+        ));
+    }
     let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
     ObjectDevice::create(store, prefix, size, ObjectOptions::default())
         .map_err(|e| for_people(url, e))
@@ -23,17 +30,25 @@ pub(crate) fn create(url: &str, size: u64) -> Result<ObjectDevice> {
 
 /// Open the image at `url`: read-only without claiming it, or claimed for
 /// writing (refused while its manifest names a writer, unless `takeover`).
+/// `URL@N` opens snapshot N, read-only only.
 pub(crate) fn open(
     url: &str,
     read_only: bool,
     takeover: bool,
     mount_point: Option<&Path>,
 ) -> Result<ObjectDevice> {
-    let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
+    let (base, snapshot) = split_snapshot(url);
+    if let (Some(n), false) = (snapshot, read_only) {
+        return Err(anyhow!(
+            "{url}: snapshot {n} opens read-only only (mount it with -o ro)"
+        ));
+    }
+    let (store, prefix) = open_url(base).map_err(|e| for_people(url, e))?;
     let opts = ObjectOptions {
         read_only,
         takeover,
         mount_point: mount_point.map(|p| p.display().to_string()),
+        snapshot,
         ..Default::default()
     };
     ObjectDevice::open(store, prefix, opts).map_err(|e| for_people(url, e))
@@ -58,4 +73,68 @@ pub(crate) fn wait_closed(url: &str, wait: std::time::Duration) -> Result<bool> 
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// The image URL (without a snapshot) and its store, for the commands on
+/// snapshots and garbage.
+fn store_of(url: &str) -> Result<(Arc<dyn ObjectStore>, Prefix)> {
+    let (base, _) = split_snapshot(url);
+    open_url(base).map_err(|e| for_people(url, e))
+}
+
+/// `foliofs snapshot URL`: keep the image as it is now (everything its
+/// writer has flushed) and print `URL@N`.
+pub(crate) fn snapshot(url: &str) -> Result<()> {
+    let (base, at) = split_snapshot(url);
+    if let Some(n) = at {
+        bail!("{url}: names snapshot {n}: take a snapshot of the URL without @");
+    }
+    let (store, prefix) = store_of(url)?;
+    let n = foliofs_object::take_snapshot(store, &prefix).map_err(|e| for_people(url, e))?;
+    println!("{base}@{n}");
+    Ok(())
+}
+
+/// `foliofs snapshot --delete URL@N`: drop the snapshot, then sweep what
+/// only it kept.
+pub(crate) fn delete_snapshot(url: &str) -> Result<()> {
+    let (_, Some(n)) = split_snapshot(url) else {
+        bail!("{url}: name the snapshot to delete as URL@N (foliofs stat URL lists them)");
+    };
+    let (store, prefix) = store_of(url)?;
+    foliofs_object::forget_snapshot(store.clone(), &prefix, n).map_err(|e| for_people(url, e))?;
+    let swept = foliofs_object::collect_garbage(store, &prefix).map_err(|e| for_people(url, e))?;
+    println!(
+        "{url}: dropped; {} objects ({} bytes) no longer kept were deleted",
+        swept.deleted, swept.deleted_bytes
+    );
+    Ok(())
+}
+
+/// `foliofs gc URL`: delete the objects that neither the newest manifest
+/// nor a snapshot keeps.
+pub(crate) fn gc(url: &str, json: bool) -> Result<()> {
+    let (store, prefix) = store_of(url)?;
+    let swept = foliofs_object::collect_garbage(store, &prefix).map_err(|e| for_people(url, e))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&swept)?);
+    } else {
+        println!(
+            "{url}: {} objects, {} deleted ({} bytes); {} snapshot markers keep theirs",
+            swept.objects, swept.deleted, swept.deleted_bytes, swept.snapshots
+        );
+    }
+    Ok(())
+}
+
+/// The snapshots kept at `url`, for `foliofs stat`.
+pub(crate) fn snapshots(url: &str) -> Result<Vec<foliofs_object::SnapshotInfo>> {
+    let (store, prefix) = store_of(url)?;
+    let mut v = foliofs_object::snapshots(store, &prefix).map_err(|e| for_people(url, e))?;
+    // One snapshot may have markers from two manifests (taken twice at
+    // one moment): list it once, as it opens, from the newest.
+    v.reverse();
+    v.dedup_by_key(|s| s.at);
+    v.reverse();
+    Ok(v)
 }

@@ -22,7 +22,7 @@ use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
     WalRecord, Writer, BLOCK, CHUNK_BLOCKS, OBJECT_FORMAT,
 };
-use crate::ObjectError;
+use crate::{keep, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
 use futures::TryStreamExt;
@@ -56,6 +56,9 @@ pub struct ObjectOptions {
     /// Where the writer mounts the image, recorded in its claim so that a
     /// refused mount elsewhere names it.
     pub mount_point: Option<String>,
+    /// Open this snapshot (read-only): its manifest's chunks and its WAL,
+    /// never the WAL after it, nothing claimed.
+    pub snapshot: Option<u64>,
 }
 
 impl Default for ObjectOptions {
@@ -68,6 +71,7 @@ impl Default for ObjectOptions {
             pending_bytes: 64 << 20,
             retry: std::time::Duration::from_secs(120),
             mount_point: None,
+            snapshot: None,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct ObjectStats {
     /// The writer the manifest names (None after a clean close).
     pub writer: Option<Writer>,
     pub fenced: Option<String>,
+    /// The snapshot open, if one is.
+    pub snapshot: Option<u64>,
 }
 
 type Block = Arc<[u8]>;
@@ -130,10 +136,14 @@ pub struct ObjectDevice {
     opts: ObjectOptions,
     epoch: u64,
     flushing: Mutex<()>,
+    /// The chunk maps of the manifests snapshots are read from, by
+    /// manifest number (a manifest never changes). Taken under
+    /// `flushing`, never with `state`.
+    kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
     state: Mutex<State>,
 }
 
-fn runtime() -> io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("foliofs-object")
@@ -141,14 +151,14 @@ fn runtime() -> io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn this_writer(at: &Option<String>) -> Writer {
+pub(crate) fn this_writer(at: &Option<String>) -> Writer {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most the given length into the buffer.
     let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
@@ -165,7 +175,7 @@ fn this_writer(at: &Option<String>) -> Writer {
     }
 }
 
-fn create_mode() -> PutOptions {
+pub(crate) fn create_mode() -> PutOptions {
     PutOptions {
         mode: PutMode::Create,
         ..Default::default()
@@ -177,7 +187,7 @@ fn eio(what: impl std::fmt::Display) -> io::Error {
 }
 
 /// The newest manifest under `prefix`, with its number.
-async fn latest_manifest(
+pub(crate) async fn latest_manifest(
     store: &dyn ObjectStore,
     prefix: &Path,
 ) -> Result<Option<(u64, Manifest)>, ObjectError> {
@@ -192,7 +202,7 @@ async fn latest_manifest(
 }
 
 /// The WAL numbers present from `from` on, in order.
-async fn wal_numbers(
+pub(crate) async fn wal_numbers(
     store: &dyn ObjectStore,
     prefix: &Path,
     from: u64,
@@ -282,7 +292,9 @@ impl ObjectDevice {
     /// Open the image under `prefix`: for writing, claim it (refused if
     /// its manifest names a writer, unless `takeover`), fence the writer
     /// before, and replay the WAL after the last checkpoint; read-only,
-    /// replay without claiming (the image as of this moment).
+    /// replay without claiming (the image as of this moment); with
+    /// `opts.snapshot` (read-only only), that snapshot's manifest and its
+    /// WAL up to the snapshot, never past it (see `keep`).
     pub fn open(
         store: Arc<dyn ObjectStore>,
         prefix: Path,
@@ -296,6 +308,17 @@ impl ObjectDevice {
                     .ok_or_else(|| ObjectError::NoImage {
                         prefix: prefix.to_string(),
                     })?;
+            if let Some(at) = opts.snapshot {
+                if !opts.read_only {
+                    return Err(ObjectError::Invalid(format!(
+                        "snapshot {at} opens read-only"
+                    )));
+                }
+                let (id, manifest) = keep::snapshot_manifest(&*store, &prefix, at).await?;
+                // Every WAL number up to the snapshot, and none after.
+                let (next, logged) = replay(&*store, &prefix, &manifest, Some(at)).await?;
+                return Ok((id, manifest, next, logged));
+            }
             if opts.read_only {
                 let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
                 return Ok((id, manifest, next, logged));
@@ -382,6 +405,7 @@ impl ObjectDevice {
         logged: BTreeMap<u64, Block>,
     ) -> ObjectDevice {
         let unfolded = logged.len() as u64 * BLOCK;
+        let snapshot = opts.snapshot;
         ObjectDevice {
             rt,
             store,
@@ -394,6 +418,7 @@ impl ObjectDevice {
             epoch: manifest.epoch,
             opts,
             flushing: Mutex::new(()),
+            kept_manifests: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
                 manifest_id,
                 next_wal,
@@ -403,6 +428,7 @@ impl ObjectDevice {
                 chunks: HashMap::new(),
                 tick: 0,
                 stats: ObjectStats {
+                    snapshot,
                     epoch: manifest.epoch,
                     manifest: manifest_id,
                     next_wal,
@@ -694,17 +720,47 @@ impl ObjectDevice {
             }
             self.trim_cache(&mut s);
         }
-        // What no manifest from now on names: the folded WAL, the chunk
-        // versions replaced, manifests before the previous one.
-        let mut gone: Vec<Path> = (old.wal_start..next_wal)
+        self.sweep_replaced(id, &old, &next);
+        Ok(())
+    }
+
+    /// After manifest `id + 1` (`next`) replaced `id` (`old`): delete what
+    /// no manifest from now on names (the folded WAL, the chunk versions
+    /// replaced, manifests before the previous one) and no snapshot
+    /// keeps. The markers are listed only now, after the new manifest
+    /// was created: a snapshot taken from `id` or before checked that no
+    /// manifest after its own existed once its marker was there, so its
+    /// marker is in this list (see `keep`). If they cannot be listed,
+    /// nothing is deleted: `foliofs gc` sweeps it later.
+    fn sweep_replaced(&self, id: u64, old: &Manifest, next: &Manifest) {
+        let kept = {
+            let mut cache = self.kept_manifests.lock();
+            self.rt.block_on(async {
+                let snaps = keep::markers(&*self.store, &self.prefix).await?;
+                keep::kept(&*self.store, &self.prefix, &snaps, &mut cache).await
+            })
+        };
+        let kept = match kept {
+            Ok(k) => k,
+            Err(e) => {
+                log::warn!(
+                    "{}: snapshots not listed ({e}): nothing deleted after manifest {}",
+                    self.name,
+                    id + 1
+                );
+                return;
+            }
+        };
+        let mut gone: Vec<Path> = (old.wal_start..next.wal_start)
+            .filter(|&seq| !kept.wal(seq))
             .map(|seq| wal_key(&self.prefix, seq))
             .collect();
         for (idx, v) in &old.chunks {
-            if next.chunks.get(idx) != Some(v) {
+            if next.chunks.get(idx) != Some(v) && !kept.chunks.contains(&(*idx, *v)) {
                 gone.push(chunk_key(&self.prefix, *idx, *v));
             }
         }
-        if id > 1 {
+        if id > 1 && !kept.manifests.contains(&(id - 1)) {
             gone.push(manifest_key(&self.prefix, id - 1));
         }
         for key in gone {
@@ -713,7 +769,6 @@ impl ObjectDevice {
                 Err(e) => log::warn!("{key}: not deleted ({e}); left as garbage"),
             }
         }
-        Ok(())
     }
 }
 

@@ -9,6 +9,10 @@
 //! PREFIX/chunk/0000000012-00000000000000000007
 //!                                        CHUNK_BLOCKS blocks of the device,
 //!                                        as of manifest 7
+//! PREFIX/snapshot/00000000000000000042-00000000000000000007
+//!                                        a kept snapshot: the image as of
+//!                                        WAL 42 (not included), read from
+//!                                        manifest 7 and the WAL after it
 //! ```
 //!
 //! Manifests and WAL objects are created only if absent (a conditional
@@ -67,6 +71,21 @@ pub fn chunk_key(prefix: &Path, idx: u64, version: u64) -> Path {
     prefix
         .child("chunk")
         .child(format!("{idx:010}-{version:020}"))
+}
+
+/// The marker keeping snapshot `at` (the first WAL number it does not
+/// hold), read from manifest `manifest`.
+pub fn snapshot_key(prefix: &Path, at: u64, manifest: u64) -> Path {
+    prefix
+        .child("snapshot")
+        .child(format!("{at:020}-{manifest:020}"))
+}
+
+/// The two numbers of a chunk key (index, manifest) or a snapshot key
+/// (WAL end, manifest).
+pub fn pair_of(key: &Path) -> Option<(u64, u64)> {
+    let (a, b) = key.filename()?.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// The number at the end of a manifest or WAL key.
@@ -145,6 +164,47 @@ impl Manifest {
         let chunks = m.len.div_ceil(BLOCK * CHUNK_BLOCKS);
         if let Some((&idx, _)) = m.chunks.iter().find(|(&i, _)| i >= chunks) {
             return Err(damaged(key, format!("chunk {idx} past the device end")));
+        }
+        Ok(m)
+    }
+}
+
+/// A snapshot marker's bytes (JSON). The key names the snapshot (the
+/// first WAL number it does not hold) and the manifest it is read from;
+/// the marker keeps that manifest, its chunks and the WAL from
+/// `wal_start` to the snapshot from every sweep.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotMarker {
+    pub format: u32,
+    /// The manifest's `wal_start`, so that a sweep knows which WAL the
+    /// marker keeps even if the manifest is gone.
+    pub wal_start: u64,
+    /// Seconds since the epoch when it was taken.
+    pub taken: u64,
+    /// The host that took it.
+    pub host: String,
+}
+
+impl SnapshotMarker {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a marker serialises")
+    }
+
+    pub fn decode(key: &Path, bytes: &[u8]) -> Result<SnapshotMarker, Damaged> {
+        let m: SnapshotMarker = serde_json::from_slice(bytes)
+            .map_err(|e| damaged(key, format!("not a snapshot marker: {e}")))?;
+        if m.format > OBJECT_FORMAT {
+            return Err(damaged(
+                key,
+                format!("made by a newer foliofs (object format {})", m.format),
+            ));
+        }
+        let (at, _) = pair_of(key).ok_or_else(|| damaged(key, "not a snapshot key"))?;
+        if m.wal_start > at {
+            return Err(damaged(
+                key,
+                format!("its WAL starts at {} past its end {at}", m.wal_start),
+            ));
         }
         Ok(m)
     }
@@ -280,6 +340,31 @@ mod tests {
         assert_eq!(decode_chunk(&key, 4, &bytes, 8192).unwrap(), data);
         assert!(decode_chunk(&key, 5, &bytes, 8192).is_err());
         assert!(decode_chunk(&key, 4, &bytes[1..], 8192).is_err());
+    }
+
+    #[test]
+    fn snapshot_markers_round_trip_and_name_their_numbers() {
+        let key = snapshot_key(&Path::from("img"), 42, 7);
+        assert_eq!(
+            key.as_ref(),
+            "img/snapshot/00000000000000000042-00000000000000000007"
+        );
+        assert_eq!(pair_of(&key), Some((42, 7)));
+        assert_eq!(pair_of(&chunk_key(&Path::from("img"), 3, 9)), Some((3, 9)));
+        let m = SnapshotMarker {
+            format: OBJECT_FORMAT,
+            wal_start: 40,
+            taken: 1,
+            host: "h".into(),
+        };
+        assert_eq!(SnapshotMarker::decode(&key, &m.encode()).unwrap(), m);
+        let late = SnapshotMarker {
+            wal_start: 43,
+            ..m.clone()
+        };
+        let e = SnapshotMarker::decode(&key, &late.encode()).unwrap_err();
+        assert!(e.to_string().contains("snapshot/"), "{e}");
+        assert!(SnapshotMarker::decode(&key, b"[").is_err());
     }
 
     #[test]

@@ -16,13 +16,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! A snapshot (`foliofs snapshot`, `take_snapshot`) opens read-only on
+//! any machine while the writer goes on:
+//!
+//! ```no_run
+//! use foliofs_object::{open_url, split_snapshot, ObjectDevice, ObjectOptions};
+//! let (url, at) = split_snapshot("s3://bucket/images/db@42");
+//! let (store, prefix) = open_url(url)?;
+//! let opts = ObjectOptions { read_only: true, snapshot: at, ..Default::default() };
+//! let dev = ObjectDevice::open(store, prefix, opts)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! The object layout is in `layout`; the protocol (claim, fence, WAL,
-//! checkpoint) in `device`.
+//! checkpoint) in `device`; snapshots and the sweep of garbage in `keep`.
 
 mod device;
+pub mod keep;
 pub mod layout;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
+pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};
 pub use object_store::memory::InMemory;
 pub use object_store::path::Path;
 pub use object_store::ObjectStore;
@@ -46,6 +60,11 @@ pub enum ObjectError {
     /// No manifest under the prefix.
     NoImage {
         prefix: String,
+    },
+    /// No marker of this snapshot under the prefix.
+    NoSnapshot {
+        prefix: String,
+        at: u64,
     },
     /// An object's bytes are not what they must be.
     Damaged(Damaged),
@@ -78,6 +97,12 @@ impl std::fmt::Display for ObjectError {
             }
             ObjectError::NoImage { prefix } => {
                 write!(f, "no foliofs image under {prefix} (no manifest)")
+            }
+            ObjectError::NoSnapshot { prefix, at } => {
+                write!(
+                    f,
+                    "no snapshot {at} under {prefix} (foliofs stat lists them)"
+                )
             }
             ObjectError::Damaged(d) => write!(f, "{d}"),
             ObjectError::Fenced(why) => write!(f, "{why}"),
@@ -134,12 +159,30 @@ pub fn is_url(s: &str) -> bool {
     .any(|p| s.starts_with(p))
 }
 
+/// A URL without its snapshot (`URL@N`), and the snapshot's number.
+pub fn split_snapshot(url: &str) -> (&str, Option<u64>) {
+    match url.rsplit_once('@') {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => {
+            match n.parse() {
+                Ok(n) => (base, Some(n)),
+                Err(_) => (url, None),
+            }
+        }
+        _ => (url, None),
+    }
+}
+
 /// The store and prefix a URL names. Endpoint and credentials come from
 /// the standard variables (`AWS_ENDPOINT` or `AWS_ENDPOINT_URL`,
 /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION` or
 /// `AWS_REGION`, `AWS_ALLOW_HTTP`); `file:///DIR/PREFIX` keeps the image
 /// in a directory (a shared file system).
 pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> {
+    if let (_, Some(n)) = split_snapshot(url) {
+        return Err(ObjectError::Invalid(format!(
+            "{url}: names snapshot {n}: open the URL before the @ with ObjectOptions::snapshot"
+        )));
+    }
     let parsed = url::Url::parse(url)
         .map_err(|e| ObjectError::Invalid(format!("{url}: not a URL ({e})")))?;
     let bad = |why: &str| ObjectError::Invalid(format!("{url}: {why}"));
@@ -171,5 +214,19 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
         other => Err(bad(&format!(
             "objects of {other}:// are not supported here"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_snapshot;
+
+    #[test]
+    fn snapshot_urls_split() {
+        assert_eq!(split_snapshot("s3://b/img@42"), ("s3://b/img", Some(42)));
+        assert_eq!(split_snapshot("s3://b/img"), ("s3://b/img", None));
+        assert_eq!(split_snapshot("s3://b/im@g"), ("s3://b/im@g", None));
+        assert_eq!(split_snapshot("s3://b/img@"), ("s3://b/img@", None));
+        assert!(super::open_url("memory:///img@3").is_err());
     }
 }

@@ -1,0 +1,356 @@
+//! Snapshots, and the sweep that deletes what nothing keeps.
+//!
+//! A snapshot is the image as of one WAL number `at`: the chunks of a
+//! manifest `M` and the WAL objects from `M.wal_start` up to `at` (not
+//! included), which is exactly what a writer had flushed when the
+//! snapshot was taken. A manifest alone would lag that by up to a
+//! checkpoint's worth of WAL (64 MiB), and only the writer can write a
+//! manifest. Its marker, `snapshot/AT-M`, is created only if absent and
+//! never changed; `URL@AT` names the snapshot.
+//!
+//! What keeps an object from a sweep: the newest manifest (its chunks,
+//! the WAL from its `wal_start` on, it and the one before it), chunk
+//! versions newer than the newest manifest (a checkpoint writes its
+//! chunks before its manifest), and every marker (its manifest, that
+//! manifest's chunks, and its WAL range). Everything else under the
+//! prefix is garbage: WAL and chunks a checkpoint replaced, manifests
+//! older than the one before the newest, the chunks of a checkpoint cut
+//! before its manifest, and those a fenced writer wrote after its fence
+//! (their version is the number of the claim that fenced it, which names
+//! no chunk of its own).
+//!
+//! Why a marker taken beside a live writer is safe: a checkpoint lists the
+//! markers only after it has created its manifest, and deletes only what
+//! that manifest replaced. Taking a snapshot creates its marker and then
+//! checks that `M` is still the newest manifest: if it is, every later
+//! checkpoint lists after the marker was made and keeps what it holds;
+//! if one does, the marker is deleted and taken again from the newer
+//! manifest. A full sweep (`foliofs gc`) reads the newest manifest before
+//! it lists the markers, so it too sees every marker whose manifest is
+//! older than the one it read.
+
+use crate::device::{create_mode, latest_manifest, now_secs, runtime, this_writer, wal_numbers};
+use crate::layout::{
+    manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker,
+    OBJECT_FORMAT,
+};
+use crate::ObjectError;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutPayload};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+/// A kept snapshot, as its marker names it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotInfo {
+    /// Its number (`URL@at`): the first WAL number it does not hold.
+    pub at: u64,
+    /// The manifest whose chunks it reads.
+    pub manifest: u64,
+    /// The first WAL number it reads.
+    pub wal_start: u64,
+    /// Seconds since the epoch when it was taken.
+    pub taken: u64,
+    pub host: String,
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Swept {
+    /// Objects under the prefix it looked at.
+    pub objects: u64,
+    pub deleted: u64,
+    pub deleted_bytes: u64,
+    /// Snapshot markers found (each keeping its objects).
+    pub snapshots: u64,
+}
+
+/// What kept snapshots hold: no sweep deletes it.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    pub manifests: BTreeSet<u64>,
+    /// (chunk index, version).
+    pub chunks: HashSet<(u64, u64)>,
+    /// WAL ranges [start, end).
+    pub wal: Vec<(u64, u64)>,
+}
+
+impl Kept {
+    pub fn wal(&self, seq: u64) -> bool {
+        self.wal.iter().any(|&(a, b)| (a..b).contains(&seq))
+    }
+}
+
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
+/// Every snapshot marker under `prefix`, read, in order.
+pub(crate) async fn markers(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+) -> Result<Vec<SnapshotInfo>, ObjectError> {
+    let dir = prefix.child("snapshot");
+    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
+    let mut out = Vec::with_capacity(metas.len());
+    for meta in metas {
+        let Some((at, manifest)) = pair_of(&meta.location) else {
+            continue;
+        };
+        let bytes = match store.get(&meta.location).await {
+            Ok(r) => r.bytes().await?,
+            // Dropped between the list and the read.
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let m = SnapshotMarker::decode(&meta.location, &bytes)?;
+        out.push(SnapshotInfo {
+            at,
+            manifest,
+            wal_start: m.wal_start,
+            taken: m.taken,
+            host: m.host,
+        });
+    }
+    out.sort_by_key(|s| (s.at, s.manifest));
+    Ok(out)
+}
+
+/// What `snaps` keep. Their manifests' chunk maps come from `cache` when
+/// there (a manifest never changes), and the cache keeps only theirs.
+pub(crate) async fn kept(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    snaps: &[SnapshotInfo],
+    cache: &mut HashMap<u64, BTreeMap<u64, u64>>,
+) -> Result<Kept, ObjectError> {
+    let mut k = Kept::default();
+    for s in snaps {
+        k.manifests.insert(s.manifest);
+        k.wal.push((s.wal_start, s.at));
+        if let Entry::Vacant(slot) = cache.entry(s.manifest) {
+            let key = manifest_key(prefix, s.manifest);
+            match store.get(&key).await {
+                Ok(r) => {
+                    slot.insert(Manifest::decode(&key, &r.bytes().await?)?.chunks);
+                }
+                Err(e) if is_not_found(&e) => {
+                    log::warn!("{key}: gone, so snapshot {} cannot be read", s.at);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        k.chunks
+            .extend(cache[&s.manifest].iter().map(|(&i, &v)| (i, v)));
+    }
+    cache.retain(|m, _| k.manifests.contains(m));
+    Ok(k)
+}
+
+/// Keep the image as it is now, everything flushed so far, as a snapshot;
+/// its number (`URL@N`).
+pub(crate) async fn take(store: &dyn ObjectStore, prefix: &Path) -> Result<u64, ObjectError> {
+    loop {
+        let (id, m) =
+            latest_manifest(store, prefix)
+                .await?
+                .ok_or_else(|| ObjectError::NoImage {
+                    prefix: prefix.to_string(),
+                })?;
+        // The WAL as flushed: numbers from wal_start on with no gap.
+        let mut at = m.wal_start;
+        for s in wal_numbers(store, prefix, m.wal_start).await? {
+            if s != at {
+                break;
+            }
+            at += 1;
+        }
+        let key = snapshot_key(prefix, at, id);
+        let marker = SnapshotMarker {
+            format: OBJECT_FORMAT,
+            wal_start: m.wal_start,
+            taken: now_secs(),
+            host: this_writer(&None).host,
+        };
+        // Already there: the same moment from the same manifest, taken
+        // before; checked as a new one is.
+        let ours = match store
+            .put_opts(&key, PutPayload::from(marker.encode()), create_mode())
+            .await
+        {
+            Ok(_) => true,
+            Err(object_store::Error::AlreadyExists { .. }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        // The newest manifest, by listing: a manifest after `id` may be
+        // deleted already, by a later checkpoint, but the newest never is.
+        if newest_manifest(store, prefix).await? == Some(id) {
+            return Ok(at);
+        }
+        // A checkpoint or claim came between: it may have swept what the
+        // marker was to keep before the marker was there.
+        if ours {
+            match store.delete(&key).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// The number of the newest manifest under `prefix`, without reading it.
+async fn newest_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+) -> Result<Option<u64>, ObjectError> {
+    let metas: Vec<_> = store
+        .list(Some(&prefix.child("manifest")))
+        .try_collect()
+        .await?;
+    Ok(metas.iter().filter_map(|m| number_of(&m.location)).max())
+}
+
+/// Drop snapshot `at` (every marker of it): what only it kept is garbage
+/// for the next sweep.
+pub(crate) async fn drop_snapshot(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    at: u64,
+) -> Result<(), ObjectError> {
+    let mine: Vec<_> = markers(store, prefix)
+        .await?
+        .into_iter()
+        .filter(|s| s.at == at)
+        .collect();
+    if mine.is_empty() {
+        return Err(ObjectError::NoSnapshot {
+            prefix: prefix.to_string(),
+            at,
+        });
+    }
+    for s in mine {
+        match store.delete(&snapshot_key(prefix, s.at, s.manifest)).await {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Snapshot `at`'s manifest (the newest of its markers whose manifest is
+/// there), with its number.
+pub(crate) async fn snapshot_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    at: u64,
+) -> Result<(u64, Manifest), ObjectError> {
+    let mine: Vec<_> = markers(store, prefix)
+        .await?
+        .into_iter()
+        .filter(|s| s.at == at)
+        .collect();
+    let mut gone = None;
+    for s in mine.iter().rev() {
+        let key = manifest_key(prefix, s.manifest);
+        match store.get(&key).await {
+            Ok(r) => return Ok((s.manifest, Manifest::decode(&key, &r.bytes().await?)?)),
+            Err(e) if is_not_found(&e) => gone = Some(key),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match gone {
+        Some(key) => Err(Damaged {
+            key: key.to_string(),
+            what: format!("missing: snapshot {at} is read from it"),
+        }
+        .into()),
+        None => Err(ObjectError::NoSnapshot {
+            prefix: prefix.to_string(),
+            at,
+        }),
+    }
+}
+
+/// Delete every object under `prefix` that neither the newest manifest
+/// nor a snapshot keeps (see the module's comment). Safe beside a live
+/// writer and a reader of a snapshot; a reader of the image as of now
+/// (not a snapshot) may find the chunks it started from replaced.
+pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swept, ObjectError> {
+    let (id, latest) =
+        latest_manifest(store, prefix)
+            .await?
+            .ok_or_else(|| ObjectError::NoImage {
+                prefix: prefix.to_string(),
+            })?;
+    let snaps = markers(store, prefix).await?;
+    let kept = kept(store, prefix, &snaps, &mut HashMap::new()).await?;
+    let all: Vec<_> = store.list(Some(prefix)).try_collect().await?;
+    let mut swept = Swept {
+        snapshots: snaps.len() as u64,
+        ..Default::default()
+    };
+    for meta in all {
+        swept.objects += 1;
+        let Some(parts) = meta.location.prefix_match(prefix) else {
+            continue;
+        };
+        let parts: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
+        let [dir, name] = &parts[..] else {
+            continue;
+        };
+        let number = || name.parse::<u64>().ok();
+        let garbage = match dir.as_str() {
+            "manifest" => number().is_some_and(|k| k + 1 < id && !kept.manifests.contains(&k)),
+            "wal" => number().is_some_and(|s| s < latest.wal_start && !kept.wal(s)),
+            "chunk" => pair_of(&meta.location).is_some_and(|(i, v)| {
+                v <= id && latest.chunks.get(&i) != Some(&v) && !kept.chunks.contains(&(i, v))
+            }),
+            _ => false,
+        };
+        if garbage {
+            match store.delete(&meta.location).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            swept.deleted += 1;
+            swept.deleted_bytes += meta.size;
+        }
+    }
+    Ok(swept)
+}
+
+/// Keep the image under `prefix` as it is now (everything flushed) as a
+/// snapshot, and return its number: open it with
+/// `ObjectOptions { read_only: true, snapshot: Some(n), .. }`, or mount
+/// `URL@n`.
+pub fn take_snapshot(store: Arc<dyn ObjectStore>, prefix: &Path) -> Result<u64, ObjectError> {
+    runtime()?.block_on(take(&*store, prefix))
+}
+
+/// The snapshots kept under `prefix`, oldest first.
+pub fn snapshots(
+    store: Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<Vec<SnapshotInfo>, ObjectError> {
+    runtime()?.block_on(markers(&*store, prefix))
+}
+
+/// Drop snapshot `at`, so that a sweep may delete what only it kept.
+pub fn forget_snapshot(
+    store: Arc<dyn ObjectStore>,
+    prefix: &Path,
+    at: u64,
+) -> Result<(), ObjectError> {
+    runtime()?.block_on(drop_snapshot(&*store, prefix, at))
+}
+
+/// Delete what nothing keeps under `prefix` (`foliofs gc`).
+pub fn collect_garbage(store: Arc<dyn ObjectStore>, prefix: &Path) -> Result<Swept, ObjectError> {
+    runtime()?.block_on(sweep(&*store, prefix))
+}
