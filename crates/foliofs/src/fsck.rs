@@ -657,8 +657,8 @@ fn find_nodes(c: &mut Checker, imap_used: &[bool]) {
         let marked = imap_used.get(ino as usize).copied().unwrap_or(false);
         let d = match DiskInode::decode(&slot, ino, blk, &uuid) {
             Ok(d) => d,
-            Err(_) => match sound_directory(c, &slot, ino, blk, marked) {
-                Some(d) => d,
+            Err(_) => match mended_record(c, &slot, ino, blk, marked) {
+                Some((d, ..)) => d,
                 None => continue,
             },
         };
@@ -731,30 +731,23 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     };
     let decoded = match DiskInode::is_blank(&slot) {
         true => None,
-        false => {
-            match DiskInode::decode(&slot, ino, blk, &uuid) {
-                Ok(d) => Some(d),
-                Err(e) => match sound_directory(c, &slot, ino, blk, marked) {
-                    Some(d) => {
-                        let Error::Corrupted { reason, .. } = e else {
-                            return c.err(e);
-                        };
-                        let done = match c.repair {
-                        true => "; a directory's record otherwise sound: kept, its checksum rewritten",
-                        false => "; a directory's record otherwise sound",
+        false => match DiskInode::decode(&slot, ino, blk, &uuid) {
+            Ok(d) => Some(d),
+            Err(e) => match mended_record(c, &slot, ino, blk, marked) {
+                Some((d, bytes, how)) => {
+                    let Error::Corrupted { reason, .. } = e else {
+                        return c.err(e);
                     };
-                        let message = format!("{reason}{done}");
-                        c.fixed("inode", blk, message);
-                        if c.repair {
-                            d.encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
-                            c.maybe_commit();
-                        }
-                        Some(d)
+                    c.fixed("inode", blk, format!("{reason}; {how}"));
+                    if c.repair {
+                        c.meta.write(blk)[off..off + INODE_SIZE].copy_from_slice(&bytes);
+                        c.maybe_commit();
                     }
-                    None => return clear_inode(c, ino, marked, e),
-                },
-            }
-        }
+                    Some(d)
+                }
+                None => return clear_inode(c, ino, marked, e),
+            },
+        },
     };
     let in_use = decoded.as_ref().is_some_and(|d| d.mode != 0);
     if in_use != marked && c.imap_lost.contains(&geo.imap_loc(ino).0) {
@@ -1196,6 +1189,72 @@ fn check_nblocks(c: &mut Checker, d: &DiskInode, nblocks: u64) {
         );
         edit_inode(c, ino, |d| d.nblocks = nblocks);
     }
+}
+
+/// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) does
+/// not decode: the record a repair keeps, its bytes to write back, and
+/// what it did, if either rule below applies (else it is cleared).
+/// One bit flipped is set back when flipping it alone makes the checksum
+/// hold (`one_bit_back`), for a file's record or a directory's; else a
+/// directory's record that fails only its checksum is kept if it is
+/// otherwise sound (`sound_directory`).
+fn mended_record(
+    c: &Checker,
+    slot: &[u8],
+    ino: u64,
+    blk: u64,
+    marked: bool,
+) -> Option<(DiskInode, Vec<u8>, String)> {
+    let uuid = c.meta.uuid;
+    if let Some((bytes, bit)) = one_bit_back(slot) {
+        if let Ok(d) = DiskInode::decode(&bytes, ino, blk, &uuid) {
+            if d.decode_fork(blk).is_ok() {
+                let how = match c.repair {
+                    true => "set back, the checksum holding with it",
+                    false => "the checksum holds with it set back",
+                };
+                let how = format!("bit {} of byte {} flipped: {how}", bit % 8, bit / 8);
+                return Some((d, bytes, how));
+            }
+        }
+    }
+    let d = sound_directory(c, slot, ino, blk, marked)?;
+    let mut bytes = vec![0; INODE_SIZE];
+    d.encode(&mut bytes, &uuid);
+    let how = match c.repair {
+        true => "a directory's record otherwise sound: kept, its checksum rewritten",
+        false => "a directory's record otherwise sound",
+    };
+    Some((d, bytes, how.to_string()))
+}
+
+/// `record` (an inode slot) with the one bit set back whose flip alone
+/// makes its checksum (crc32c at byte 4) hold, and that bit's index;
+/// None if there is no such bit. CRC-32C tells every error of up to 5
+/// bits in a 512-byte record from none (Hamming distance 6 at this
+/// length), so two single bits never both make it hold, and a setting
+/// back that makes it hold is wrong only if more than 4 bits were
+/// damaged and the checksum still matches by chance: about 4,096 in
+/// 2^32 (one chance a bit). A bit of the stored checksum itself is
+/// found alike: its flip leaves the record whole.
+fn one_bit_back(record: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let stored = u32::from_le_bytes(record.get(4..8)?.try_into().ok()?);
+    let computed = crate::format::crc_with_hole(record, 4);
+    let syndrome = stored ^ computed;
+    if syndrome.count_ones() == 1 {
+        let mut bytes = record.to_vec();
+        bytes[4..8].copy_from_slice(&computed.to_le_bytes());
+        return Some((bytes, 32 + syndrome.trailing_zeros() as usize));
+    }
+    let mut bytes = record.to_vec();
+    for bit in (0..record.len() * 8).filter(|b| !(32..64).contains(b)) {
+        bytes[bit / 8] ^= 1 << (bit % 8);
+        if crate::format::crc_with_hole(&bytes, 4) == stored {
+            return Some((bytes, bit));
+        }
+        bytes[bit / 8] ^= 1 << (bit % 8);
+    }
+    None
 }
 
 /// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) fails

@@ -974,7 +974,7 @@ fn a_repair_clears_an_inode_slot_that_does_not_decode() {
     let free = ino + 400;
     let (fblk, foff) = img.geo.inode_loc(free);
     let (r, fs) = repair_of(&img, |b| {
-        b[(blk * 4096) as usize + off + 40] ^= 4;
+        b[(blk * 4096) as usize + off + 40] ^= 6;
         b[(fblk * 4096) as usize + foff + 300] = 9;
     });
     assert_names(
@@ -991,13 +991,51 @@ fn a_repair_clears_an_inode_slot_that_does_not_decode() {
     fs.unmount().unwrap();
 }
 
+/// One bit flipped in an inode's record, anywhere in it, its checksum
+/// included: a repair sets it back (the only bit whose flip makes the
+/// checksum hold), and the file is kept whole, where two bits flipped
+/// clear it (above).
+#[test]
+fn a_repair_sets_back_one_flipped_bit_of_an_inode_record() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.big);
+    let file = ino_of(&img, img.dir, b"entry-7");
+    let (fblk, foff) = img.geo.inode_loc(file);
+    let (r, fs) = repair_of(&img, |b| {
+        // Bit 3 of the big file's size; bit 0 of the other's checksum.
+        b[(blk * 4096) as usize + off + 49] ^= 8;
+        b[(fblk * 4096) as usize + foff + 4] ^= 1;
+    });
+    let big = img.big;
+    assert_names(
+        &r,
+        &format!("inode {big}: checksum mismatch; bit 3 of byte 49 flipped: set back, the checksum holding with it"),
+        true,
+    );
+    assert_names(
+        &r,
+        &format!("inode {file}: checksum mismatch; bit 0 of byte 4 flipped: set back, the checksum holding with it"),
+        true,
+    );
+    assert_eq!(fs.lookup(img.dir, b"entry-7").unwrap().ino, file);
+    let size = fs.getattr(big).unwrap().size;
+    assert_eq!(size, 199 * 4096);
+    let mut buf = vec![0; size as usize];
+    assert_eq!(fs.read(big, 0, &mut buf).unwrap(), size as usize);
+    for (i, data) in buf.chunks(4096).enumerate() {
+        let want = if i % 2 == 0 { i as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {i}");
+    }
+    fs.unmount().unwrap();
+}
+
 /// A directory's slot whose checksum alone fails is kept (clearing it
 /// would send all it names to /lost+found); a file's is cleared (above).
 #[test]
 fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(img.dir);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 3);
     assert_names(
         &r,
         &format!(
@@ -1018,7 +1056,7 @@ fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(1);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 3);
     assert_names(
         &r,
         "inode 1: bad magic; the root directory made anew, empty; 102 entries found in \
@@ -1591,7 +1629,7 @@ fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
     fs.unmount().unwrap();
     let mut raw = Raw::of(dev.image());
     let (blk, off) = raw.geo.inode_loc(mid);
-    raw.bytes[(blk * 4096) as usize + off] ^= 1;
+    raw.bytes[(blk * 4096) as usize + off] ^= 3;
     let (r, dev) = repaired(&raw.bytes);
     assert_names(
         &r,
@@ -1679,7 +1717,7 @@ fn a_repair_from_a_superblock_copy_takes_only_what_mkfs_fixed() {
 fn a_repair_makes_a_tree_directory_anew_from_its_leaves() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(img.dir);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 3);
     assert!(
         r.problems.iter().any(|p| p.repaired
             && p.message.starts_with(&format!(
