@@ -1160,8 +1160,9 @@ fn cut_map(
     };
     // A hole before it stays (it reads as zeros, as it did).
     let cut = (lblk + head).max(end).saturating_mul(bs);
-    let what = match head {
-        0 => format!("; cut out with the extents after it ({} in all)", after + 1),
+    let what = match (head, after) {
+        (0, _) => format!("; cut out with the extents after it ({} in all)", after + 1),
+        (_, 0) => format!("; its {head} blocks before block {addr} kept, the rest cut out"),
         _ => format!(
             "; its {head} blocks before block {addr} kept, the rest cut out with the \
              extents after it ({after} of them)"
