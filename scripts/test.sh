@@ -51,10 +51,10 @@ elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
 else
   echo "SKIPPED: pjdfstest needs /dev/fuse and root"
 fi
-echo "== corruption campaign: fsck --repair beside e2fsck -fy on the same damage, 20 seeds"
+echo "== corruption campaign: fsck --repair beside e2fsck -fy on the same damage, 60 seeds (about 2 minutes)"
 if [ -e /dev/fuse ] && [ "$(id -u)" -eq 0 ] && command -v mkfs.ext4 >/dev/null; then
   cargo build --locked --release -p foliofs-cli -q
-  bash scripts/corruption-campaign.sh target/release/foliofs 20
+  bash scripts/corruption-campaign.sh target/release/foliofs 60
 elif [ "${FOLIOFS_REQUIRE_FUSE:-}" = 1 ]; then
   echo "corruption campaign: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse, root or mkfs.ext4 is missing" >&2; exit 1
 else

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::ag_header::AgHeader;
 use crate::format::btree_node::TreeType;
 use crate::format::dirent as dir;
+use crate::format::extent::Extent;
 use crate::format::inode::{
     inline_len, DiskInode, FLAGS_KNOWN, FLAG_ORPHAN, INODE_SIZE, LITERAL_SIZE,
 };
@@ -35,9 +36,10 @@ pub struct FsckOptions {
     /// removed), one of the wrong type. A file with links but no name, and
     /// a directory that no entry names, get the name `#<ino>` in
     /// /lost+found. An extent over blocks that another file or the fixed
-    /// metadata claimed first, or outside the data area, is cut out of
-    /// its file's map with the extents after it, and the file is cut
-    /// where it started.
+    /// metadata claimed first, or a live tree's node, or outside the
+    /// data area, is cut out of its file's map from the first such block
+    /// with the extents after it, and the file is cut there (an
+    /// unwritten one is dropped alone).
     pub repair: bool,
     /// Also read every data block and verify its checksum.
     pub check_data: bool,
@@ -88,6 +90,11 @@ struct Checker {
     owner: HashMap<u64, u64>,
     /// Blocks claimed twice: never freed by a repair.
     shared: HashSet<u64>,
+    /// For a repair, the nodes of every live inode's trees and of the
+    /// orphan list that verify, each with its tree's owner, found before
+    /// any inode claims its blocks (`find_nodes`): a node keeps its
+    /// block against an extent of another file that points there.
+    nodes: HashMap<u64, u64>,
     /// Blocks a repair freed with their inode: the space and checksum
     /// checks release them without naming each.
     freed: HashSet<u64>,
@@ -206,17 +213,21 @@ impl Checker {
     }
 
     /// Why blocks `blk..blk + len` cannot be claimed without a second
-    /// owner: the first that lies past the device or is claimed already.
-    fn taken(&self, blk: u64, len: u64) -> Option<String> {
+    /// owner: the first that lies past the device, is claimed already or
+    /// is a node of a live tree (`nodes`), and why.
+    fn taken(&self, blk: u64, len: u64) -> Option<(u64, String)> {
         for b in blk..blk.saturating_add(len) {
             if b >= self.meta.geo.total_blocks {
-                return Some(format!("block {b} is past the end of the device"));
+                return Some((b, format!("block {b} is past the end of the device")));
             }
-            match self.owner.get(&b) {
-                Some(0) => return Some(format!("block {b} is fixed metadata")),
-                Some(prev) => return Some(format!("block {b} is claimed by inode {prev}")),
-                None => {}
-            }
+            let why = match (self.owner.get(&b), self.nodes.get(&b)) {
+                (Some(0), _) => format!("block {b} is fixed metadata"),
+                (Some(prev), _) => format!("block {b} is claimed by inode {prev}"),
+                (None, Some(0)) => format!("block {b} is a node of the orphan list"),
+                (None, Some(n)) => format!("block {b} is a node of a tree of inode {n}"),
+                (None, None) => continue,
+            };
+            return Some((b, why));
         }
         None
     }
@@ -512,6 +523,7 @@ pub fn fsck(
         repair: opts.repair,
         owner: HashMap::new(),
         shared: HashSet::new(),
+        nodes: HashMap::new(),
         freed: HashSet::new(),
         unlinked: Vec::new(),
         orphan_blocks: Vec::new(),
@@ -583,6 +595,9 @@ pub fn fsck(
             }
         }
     }
+    if c.repair {
+        find_nodes(&mut c, &imap_used);
+    }
     for ino in 1..slots {
         if ino % 4096 == 0 {
             progress(ino, slots);
@@ -619,6 +634,93 @@ pub fn fsck(
     Ok(c.report)
 }
 
+/// For a repair, every node of a live tree that verifies, found before
+/// any inode claims a block (`Checker::nodes`): the trees of each inode
+/// whose record decodes (or is a directory's kept, `sound_directory`)
+/// and is in use, and the orphan list. A node that verifies is sure of
+/// its block (its checksum, its own block number, its tree's owner and
+/// type), where an extent pointing at it is only sure of its own
+/// record: whichever inode is checked first, the node keeps the block.
+fn find_nodes(c: &mut Checker, imap_used: &[bool]) {
+    let geo = c.meta.geo.clone();
+    let uuid = c.meta.uuid;
+    let mut trees = Vec::new();
+    for ino in 1..geo.max_ino() {
+        let (blk, off) = geo.inode_loc(ino);
+        let slot = match c.meta.read_itable(blk) {
+            Ok(b) => b[off..off + INODE_SIZE].to_vec(),
+            Err(_) => continue,
+        };
+        if DiskInode::is_blank(&slot) {
+            continue;
+        }
+        let marked = imap_used.get(ino as usize).copied().unwrap_or(false);
+        let d = match DiskInode::decode(&slot, ino, blk, &uuid) {
+            Ok(d) => d,
+            Err(_) => match mended_record(c, &slot, ino, blk, marked) {
+                Some((d, ..)) => d,
+                None => continue,
+            },
+        };
+        let Some(kind) = FileType::from_mode(d.mode).filter(|_| d.mode != 0) else {
+            continue;
+        };
+        // One whose fork does not decode is cleared, its trees with it.
+        let Ok(fork) = d.decode_fork(blk) else {
+            continue;
+        };
+        let ag = geo.inode_ag(ino);
+        let tree = |tt| Tree { owner: ino, tt, ag };
+        trees.push((tree(TreeType::Xattr), d.xattr_root));
+        if let Fork::Tree = fork {
+            let tt = match kind {
+                FileType::Dir => TreeType::Dir,
+                _ => TreeType::Extents,
+            };
+            trees.push((tree(tt), d.fork_root));
+        }
+    }
+    if let Ok(h) = read_ag_header(c, 0) {
+        let t = Tree {
+            owner: 0,
+            tt: TreeType::Orphans,
+            ag: 0,
+        };
+        trees.push((t, h.orphan_root));
+    }
+    for (t, root) in trees {
+        for b in node_blocks(c, &t, root) {
+            c.nodes.insert(b, t.owner);
+        }
+    }
+}
+
+/// The blocks of tree `t` at `root` whose nodes verify, each visited
+/// once (so a cycle ends): a node that does not read is passed over
+/// with everything below it.
+fn node_blocks(c: &mut Checker, t: &Tree, root: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(blk) = stack.pop() {
+        if blk == 0 || !seen.insert(blk) {
+            continue;
+        }
+        let Ok(node) = t.read(&mut c.meta, blk) else {
+            continue;
+        };
+        out.push(blk);
+        if node.level > 0 {
+            for (_, v) in &node.entries {
+                if let Some(child) = v.get(..8).and_then(|b| b.try_into().ok()) {
+                    stack.push(u64::from_le_bytes(child));
+                }
+            }
+        }
+    }
+    out
+}
+
 fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let geo = c.meta.geo.clone();
     let (blk, off) = geo.inode_loc(ino);
@@ -629,30 +731,23 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     };
     let decoded = match DiskInode::is_blank(&slot) {
         true => None,
-        false => {
-            match DiskInode::decode(&slot, ino, blk, &uuid) {
-                Ok(d) => Some(d),
-                Err(e) => match sound_directory(c, &slot, ino, blk, marked) {
-                    Some(d) => {
-                        let Error::Corrupted { reason, .. } = e else {
-                            return c.err(e);
-                        };
-                        let done = match c.repair {
-                        true => "; a directory's record otherwise sound: kept, its checksum rewritten",
-                        false => "; a directory's record otherwise sound",
+        false => match DiskInode::decode(&slot, ino, blk, &uuid) {
+            Ok(d) => Some(d),
+            Err(e) => match mended_record(c, &slot, ino, blk, marked) {
+                Some((d, bytes, how)) => {
+                    let Error::Corrupted { reason, .. } = e else {
+                        return c.err(e);
                     };
-                        let message = format!("{reason}{done}");
-                        c.fixed("inode", blk, message);
-                        if c.repair {
-                            d.encode(&mut c.meta.write(blk)[off..off + INODE_SIZE], &uuid);
-                            c.maybe_commit();
-                        }
-                        Some(d)
+                    c.fixed("inode", blk, format!("{reason}; {how}"));
+                    if c.repair {
+                        c.meta.write(blk)[off..off + INODE_SIZE].copy_from_slice(&bytes);
+                        c.maybe_commit();
                     }
-                    None => return clear_inode(c, ino, marked, e),
-                },
-            }
-        }
+                    Some(d)
+                }
+                None => return clear_inode(c, ino, marked, e),
+            },
+        },
     };
     let in_use = decoded.as_ref().is_some_and(|d| d.mode != 0);
     if in_use != marked && c.imap_lost.contains(&geo.imap_loc(ino).0) {
@@ -738,9 +833,9 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     // The extent tree's blocks, if it read whole: a repair that rewrites
     // the map gives them back.
     let mut tree_blocks = Vec::new();
-    // Whether a repair salvaged the map from a damaged tree: it is
-    // written anew once checked.
-    let mut salvaged = false;
+    // Whether a repair salvaged the map from a damaged tree or dropped
+    // an extent from it: it is written anew once checked.
+    let mut rewrite = false;
     let mut d = d;
     match &fork {
         Fork::Inline(v) => entries = v.clone(),
@@ -785,7 +880,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
                     // space check.)
                     Some((kept, cut)) => {
                         d.size = d.size.min(cut);
-                        salvaged = true;
+                        rewrite = true;
                         entries = kept;
                     }
                     None => return,
@@ -815,11 +910,12 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
     let mut prev_end = 0;
     let mut kept: Entries = Vec::new();
     let total = entries.len();
-    for (k, v) in entries {
+    for (i, (k, v)) in entries.into_iter().enumerate() {
+        let after = total - i - 1;
         let e = match geo.extent(ino, k, &v) {
             Ok(e) => e,
             Err(Error::Corrupted { addr, reason, .. }) if c.repair => {
-                cut_map(c, &mut d, &mut kept, total, (k, addr), reason);
+                cut_map(c, &mut d, &kept, after, (k, addr, 0), reason);
                 return finish_map(c, d, kept, &tree_blocks);
             }
             Err(e) => {
@@ -835,14 +931,36 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         });
         if c.repair {
             // Behind valid checksums, the first claimant of a block keeps
-            // it: this extent, and the map from it on, goes.
-            let taken = overlap.or_else(|| c.taken(e.pblk, e.len));
-            if let Some(why) = taken {
+            // it, and a node of a live tree keeps its block against any
+            // extent (it verified as that tree's, at its own place: the
+            // extent's data is not there). An unwritten extent goes alone
+            // (the hole left reads as zeros, as it did); of a written one,
+            // the blocks before the first taken one stay, and the map
+            // from there on goes.
+            let taken = match overlap {
+                Some(why) => Some((e.pblk, why)),
+                None => c.taken(e.pblk, e.len),
+            };
+            if let Some((at, why)) = taken {
                 let reason = format!(
                     "inode {ino}: extent at file block {} ({} blocks at {}): {why}",
                     e.lblk, e.len, e.pblk
                 );
-                cut_map(c, &mut d, &mut kept, total, (e.lblk, e.pblk), reason);
+                if e.unwritten {
+                    let done =
+                        "; an unwritten extent: dropped (its range reads as zeros, as it did)";
+                    c.fixed("extent", e.pblk, format!("{reason}{done}"));
+                    rewrite = true;
+                    continue;
+                }
+                let head = at - e.pblk;
+                if head > 0 {
+                    let e = Extent { len: head, ..e };
+                    c.claim(e.pblk, e.len, ino, "extent");
+                    c.written.push((e.pblk, e.len, ino, e.lblk));
+                    kept.push((k, e.value()));
+                }
+                cut_map(c, &mut d, &kept, after, (e.lblk, at, head), reason);
                 return finish_map(c, d, kept, &tree_blocks);
             }
         } else if let Some(why) = overlap {
@@ -856,7 +974,7 @@ fn check_inode(c: &mut Checker, ino: u64, marked: bool) {
         }
         kept.push((k, v));
     }
-    match salvaged {
+    match rewrite {
         true => finish_map(c, d, kept, &tree_blocks),
         false => check_nblocks(c, &d, nblocks),
     }
@@ -1019,18 +1137,20 @@ fn drop_claims(c: &mut Checker, ino: u64, extents: &[(u64, Vec<u8>)]) {
 }
 
 /// Inode `d`'s extent map holds an extent that cannot stand (`reason`,
-/// at file block `lblk`, device block `addr`): out of the data area, over another file's blocks
-/// or its own, or over the previous extent. A repair keeps the `kept`
-/// extents before it and cuts the file where it starts (of `total`
-/// extents), as for a damaged tree: a hole in its place would pass zeros
-/// off as the file's data, and the extents past it could not be reached
-/// by reading through.
+/// at file block `lblk`, from device block `addr`): out of the data
+/// area, over another file's blocks or its own or a tree's node, or over
+/// the previous extent. A repair keeps the `kept` extents before it, and
+/// the extent's own `head` blocks before `addr` (already in `kept`), and
+/// cuts the file where they end (`after` extents follow it), as for a damaged
+/// tree: a hole in place of the rest would pass zeros off as the file's
+/// data, and the extents past it could not be reached by reading
+/// through.
 fn cut_map(
     c: &mut Checker,
     d: &mut DiskInode,
-    kept: &mut Entries,
-    total: usize,
-    (lblk, addr): (u64, u64),
+    kept: &Entries,
+    after: usize,
+    (lblk, addr, head): (u64, u64, u64),
     reason: String,
 ) {
     let bs = c.meta.geo.block_size;
@@ -1039,13 +1159,18 @@ fn cut_map(
         None => 0,
     };
     // A hole before it stays (it reads as zeros, as it did).
-    let cut = lblk.max(end).saturating_mul(bs);
-    let dropped = total - kept.len();
-    let done = match d.size > cut {
-        true => format!(
-            "; cut out with the extents after it ({dropped} in all), the file cut at byte {cut}"
+    let cut = (lblk + head).max(end).saturating_mul(bs);
+    let what = match (head, after) {
+        (0, _) => format!("; cut out with the extents after it ({} in all)", after + 1),
+        (_, 0) => format!("; its {head} blocks before block {addr} kept, the rest cut out"),
+        _ => format!(
+            "; its {head} blocks before block {addr} kept, the rest cut out with the \
+             extents after it ({after} of them)"
         ),
-        false => format!("; cut out with the extents after it ({dropped} in all)"),
+    };
+    let done = match d.size > cut {
+        true => format!("{what}, the file cut at byte {cut}"),
+        false => what,
     };
     c.fixed("extent", addr, format!("{reason}{done}"));
     d.size = d.size.min(cut);
@@ -1065,6 +1190,72 @@ fn check_nblocks(c: &mut Checker, d: &DiskInode, nblocks: u64) {
         );
         edit_inode(c, ino, |d| d.nblocks = nblocks);
     }
+}
+
+/// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) does
+/// not decode: the record a repair keeps, its bytes to write back, and
+/// what it did, if either rule below applies (else it is cleared).
+/// One bit flipped is set back when flipping it alone makes the checksum
+/// hold (`one_bit_back`), for a file's record or a directory's; else a
+/// directory's record that fails only its checksum is kept if it is
+/// otherwise sound (`sound_directory`).
+fn mended_record(
+    c: &Checker,
+    slot: &[u8],
+    ino: u64,
+    blk: u64,
+    marked: bool,
+) -> Option<(DiskInode, Vec<u8>, String)> {
+    let uuid = c.meta.uuid;
+    if let Some((bytes, bit)) = one_bit_back(slot) {
+        if let Ok(d) = DiskInode::decode(&bytes, ino, blk, &uuid) {
+            if d.decode_fork(blk).is_ok() {
+                let how = match c.repair {
+                    true => "set back, the checksum holding with it",
+                    false => "the checksum holds with it set back",
+                };
+                let how = format!("bit {} of byte {} flipped: {how}", bit % 8, bit / 8);
+                return Some((d, bytes, how));
+            }
+        }
+    }
+    let d = sound_directory(c, slot, ino, blk, marked)?;
+    let mut bytes = vec![0; INODE_SIZE];
+    d.encode(&mut bytes, &uuid);
+    let how = match c.repair {
+        true => "a directory's record otherwise sound: kept, its checksum rewritten",
+        false => "a directory's record otherwise sound",
+    };
+    Some((d, bytes, how.to_string()))
+}
+
+/// `record` (an inode slot) with the one bit set back whose flip alone
+/// makes its checksum (crc32c at byte 4) hold, and that bit's index;
+/// None if there is no such bit. CRC-32C tells every error of up to 5
+/// bits in a 512-byte record from none (Hamming distance 6 at this
+/// length), so two single bits never both make it hold, and a setting
+/// back that makes it hold is wrong only if more than 4 bits were
+/// damaged and the checksum still matches by chance: about 4,096 in
+/// 2^32 (one chance a bit). A bit of the stored checksum itself is
+/// found alike: its flip leaves the record whole.
+fn one_bit_back(record: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let stored = u32::from_le_bytes(record.get(4..8)?.try_into().ok()?);
+    let computed = crate::format::crc_with_hole(record, 4);
+    let syndrome = stored ^ computed;
+    if syndrome.count_ones() == 1 {
+        let mut bytes = record.to_vec();
+        bytes[4..8].copy_from_slice(&computed.to_le_bytes());
+        return Some((bytes, 32 + syndrome.trailing_zeros() as usize));
+    }
+    let mut bytes = record.to_vec();
+    for bit in (0..record.len() * 8).filter(|b| !(32..64).contains(b)) {
+        bytes[bit / 8] ^= 1 << (bit % 8);
+        if crate::format::crc_with_hole(&bytes, 4) == stored {
+            return Some((bytes, bit));
+        }
+        bytes[bit / 8] ^= 1 << (bit % 8);
+    }
+    None
 }
 
 /// Inode `ino`'s slot (`slot`, in block `blk`, `marked` in use) fails

@@ -974,7 +974,7 @@ fn a_repair_clears_an_inode_slot_that_does_not_decode() {
     let free = ino + 400;
     let (fblk, foff) = img.geo.inode_loc(free);
     let (r, fs) = repair_of(&img, |b| {
-        b[(blk * 4096) as usize + off + 40] ^= 4;
+        b[(blk * 4096) as usize + off + 40] ^= 6;
         b[(fblk * 4096) as usize + foff + 300] = 9;
     });
     assert_names(
@@ -991,13 +991,51 @@ fn a_repair_clears_an_inode_slot_that_does_not_decode() {
     fs.unmount().unwrap();
 }
 
+/// One bit flipped in an inode's record, anywhere in it, its checksum
+/// included: a repair sets it back (the only bit whose flip makes the
+/// checksum hold), and the file is kept whole, where two bits flipped
+/// clear it (above).
+#[test]
+fn a_repair_sets_back_one_flipped_bit_of_an_inode_record() {
+    let img = build();
+    let (blk, off) = img.geo.inode_loc(img.big);
+    let file = ino_of(&img, img.dir, b"entry-7");
+    let (fblk, foff) = img.geo.inode_loc(file);
+    let (r, fs) = repair_of(&img, |b| {
+        // Bit 3 of the big file's size; bit 0 of the other's checksum.
+        b[(blk * 4096) as usize + off + 49] ^= 8;
+        b[(fblk * 4096) as usize + foff + 4] ^= 1;
+    });
+    let big = img.big;
+    assert_names(
+        &r,
+        &format!("inode {big}: checksum mismatch; bit 3 of byte 49 flipped: set back, the checksum holding with it"),
+        true,
+    );
+    assert_names(
+        &r,
+        &format!("inode {file}: checksum mismatch; bit 0 of byte 4 flipped: set back, the checksum holding with it"),
+        true,
+    );
+    assert_eq!(fs.lookup(img.dir, b"entry-7").unwrap().ino, file);
+    let size = fs.getattr(big).unwrap().size;
+    assert_eq!(size, 199 * 4096);
+    let mut buf = vec![0; size as usize];
+    assert_eq!(fs.read(big, 0, &mut buf).unwrap(), size as usize);
+    for (i, data) in buf.chunks(4096).enumerate() {
+        let want = if i % 2 == 0 { i as u8 / 2 + 1 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {i}");
+    }
+    fs.unmount().unwrap();
+}
+
 /// A directory's slot whose checksum alone fails is kept (clearing it
 /// would send all it names to /lost+found); a file's is cleared (above).
 #[test]
 fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(img.dir);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off + 400] ^= 3);
     assert_names(
         &r,
         &format!(
@@ -1018,7 +1056,7 @@ fn a_repair_keeps_a_sound_directory_record_whose_checksum_fails() {
 fn a_repair_makes_a_damaged_root_anew() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(1);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 3);
     assert_names(
         &r,
         "inode 1: bad magic; the root directory made anew, empty; 102 entries found in \
@@ -1364,6 +1402,155 @@ fn a_repair_cuts_out_extents_that_claim_blocks_not_theirs() {
     assert!(fsck_of(&dev, false).is_clean());
 }
 
+/// A node of a file's extent tree moved (a valid copy, its checksum and
+/// block number made good) into a block of an earlier file's extent: the
+/// node keeps the block, whichever inode is checked first, for it
+/// verifies as that tree's where the extent only points there. The
+/// earlier file keeps its blocks before the node and is cut there.
+#[test]
+fn a_repair_gives_a_tree_node_its_block_over_an_earlier_file_s_extent() {
+    use foliofs::format::btree_node::{Node, TreeType};
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    fs.write(a, 0, &[1; 4 * 4096]).unwrap();
+    fs.fsync(a, false).unwrap();
+    // Every other block: an extent per block, so the map becomes a tree.
+    let big = fs.create(root, b"big", 0o644, 0, 0).unwrap().ino;
+    for i in 0..40u64 {
+        fs.write(big, i * 8192, &[i as u8 + 2; 4096]).unwrap();
+        fs.fsync(big, false).unwrap();
+        let f = fs
+            .create(root, format!("fill{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(f.ino, 0, &[9; 4096]).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    assert!(a < big);
+    let [(0, a_first, 4)] = inline_extents(&raw, a)[..] else {
+        panic!("{:?}", inline_extents(&raw, a));
+    };
+    let old = raw.inode(big).fork_root;
+    let at = (old * 4096) as usize;
+    let node = Node::decode(&raw.bytes[at..at + 4096], old, big, TreeType::Extents).unwrap();
+    let moved = a_first + 2;
+    let to = (moved * 4096) as usize;
+    node.encode(
+        &mut raw.bytes[to..to + 4096],
+        moved,
+        raw.uuid,
+        big,
+        TreeType::Extents,
+    );
+    foliofs::format::header::stamp(&mut raw.bytes[to..to + 4096]);
+    raw.edit(big, |d| d.fork_root = moved);
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!(
+            "inode {a}: extent at file block 0 (4 blocks at {a_first}): block {moved} is a \
+             node of a tree of inode {big}; its 2 blocks before block {moved} kept, the rest \
+             cut out, the file cut at byte 8192"
+        ),
+        true,
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    assert_eq!(fs.getattr(a).unwrap().size, 8192);
+    let mut buf = vec![0; 8192];
+    assert_eq!(fs.read(a, 0, &mut buf).unwrap(), 8192);
+    assert!(buf.iter().all(|&b| b == 1));
+    let mut buf = vec![0; 80 * 4096];
+    assert_eq!(fs.read(big, 0, &mut buf).unwrap(), 79 * 4096);
+    for (i, data) in buf.chunks(4096).take(79).enumerate() {
+        let want = if i % 2 == 0 { i as u8 / 2 + 2 } else { 0 };
+        assert!(data.iter().all(|&b| b == want), "block {i}");
+    }
+    // The old root's block, which nothing owns now, is free to use.
+    let f = fs.create(root, b"new", 0o644, 0, 0).unwrap().ino;
+    fs.write(f, 0, &[7; 1 << 20]).unwrap();
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
+/// Two files' extents that share part of a range, behind valid
+/// checksums: the earlier claimant keeps the shared blocks; the later
+/// keeps its blocks before them, and the file is cut where they end (a
+/// hole in place of the rest would pass zeros off as its data). An
+/// unwritten extent over another file's blocks goes alone: the hole
+/// left reads as zeros, as it did.
+#[test]
+fn a_repair_cuts_a_partly_overlapping_extent_after_its_own_blocks() {
+    let (dev, fs, _) = fresh_fs();
+    let root = fs.root_ino();
+    let a = fs.create(root, b"a", 0o644, 0, 0).unwrap().ino;
+    let b = fs.create(root, b"b", 0o644, 0, 0).unwrap().ino;
+    let c = fs.create(root, b"c", 0o644, 0, 0).unwrap().ino;
+    fs.write(b, 0, &[2; 16 * 4096]).unwrap();
+    fs.fsync(b, false).unwrap();
+    fs.write(a, 0, &[1; 4 * 4096]).unwrap();
+    fs.fsync(a, false).unwrap();
+    // c: a written block, 4 unwritten ones, a written block.
+    fs.write(c, 0, &[3; 4096]).unwrap();
+    fs.fsync(c, false).unwrap();
+    let keep = Falloc::Allocate { keep_size: false };
+    fs.fallocate(c, keep, 4096, 4 * 4096).unwrap();
+    fs.fsync(c, false).unwrap();
+    fs.write(c, 5 * 4096, &[3; 4096]).unwrap();
+    fs.fsync(c, false).unwrap();
+    fs.unmount().unwrap();
+    let mut raw = Raw::of(dev.image());
+    let [(0, a_first, 4)] = inline_extents(&raw, a)[..] else {
+        panic!("{:?}", inline_extents(&raw, a));
+    };
+    let [(0, b_first, 16)] = inline_extents(&raw, b)[..] else {
+        panic!("{:?}", inline_extents(&raw, b));
+    };
+    // b's blocks, then a's: b's extent, and its size, 2 blocks longer.
+    assert_eq!(b_first + 16, a_first);
+    raw.edit(b, |d| d.size = 18 * 4096);
+    raw.edit_entries(b, |e| e[0].1[8..12].copy_from_slice(&18u32.to_le_bytes()));
+    // c's unwritten extent over a's blocks.
+    let (lblk, _, n) = inline_extents(&raw, c)[1];
+    assert_eq!((lblk, n), (1, 4), "{:?}", inline_extents(&raw, c));
+    repoint(&mut raw, c, 1, a_first);
+    let (r, dev) = repaired(&raw.bytes);
+    assert_names(
+        &r,
+        &format!(
+            "inode {b}: extent at file block 0 (18 blocks at {b_first}): block {a_first} \
+             is claimed by inode {a}; its 16 blocks before block {a_first} kept, the rest \
+             cut out, the file cut at byte 65536"
+        ),
+        true,
+    );
+    assert_names(
+        &r,
+        &format!(
+            "inode {c}: extent at file block 1 (4 blocks at {a_first}): block {a_first} is \
+             claimed by inode {a}; an unwritten extent: dropped (its range reads as zeros, \
+             as it did)"
+        ),
+        true,
+    );
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for (f, size, byte) in [(a, 4 * 4096, 1), (b, 16 * 4096, 2)] {
+        assert_eq!(fs.getattr(f).unwrap().size, size);
+        let mut buf = vec![0; size as usize];
+        assert_eq!(fs.read(f, 0, &mut buf).unwrap(), size as usize);
+        assert!(buf.iter().all(|&x| x == byte), "inode {f}");
+    }
+    let mut buf = vec![0; 6 * 4096];
+    assert_eq!(fs.read(c, 0, &mut buf).unwrap(), 6 * 4096);
+    for (i, data) in buf.chunks(4096).enumerate() {
+        let want = if i == 0 || i == 5 { 3 } else { 0 };
+        assert!(data.iter().all(|&x| x == want), "c block {i}");
+    }
+    fs.unmount().unwrap();
+    assert!(fsck_of(&dev, false).is_clean());
+}
+
 /// An extent in a tree leaf whose checksum holds, pointed at a block
 /// of the file's own earlier extent: a repair cuts the map there and
 /// writes what is before it (more than fits inline) as a new tree.
@@ -1442,7 +1629,7 @@ fn a_repair_makes_a_directory_anew_from_its_subdirectories_records() {
     fs.unmount().unwrap();
     let mut raw = Raw::of(dev.image());
     let (blk, off) = raw.geo.inode_loc(mid);
-    raw.bytes[(blk * 4096) as usize + off] ^= 1;
+    raw.bytes[(blk * 4096) as usize + off] ^= 3;
     let (r, dev) = repaired(&raw.bytes);
     assert_names(
         &r,
@@ -1530,7 +1717,7 @@ fn a_repair_from_a_superblock_copy_takes_only_what_mkfs_fixed() {
 fn a_repair_makes_a_tree_directory_anew_from_its_leaves() {
     let img = build();
     let (blk, off) = img.geo.inode_loc(img.dir);
-    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 1);
+    let (r, fs) = repair_of(&img, |b| b[(blk * 4096) as usize + off] ^= 3);
     assert!(
         r.problems.iter().any(|p| p.repaired
             && p.message.starts_with(&format!(
