@@ -3,15 +3,13 @@
 //! a close), and mounted again with takeover; a second writer fencing the
 //! first; a store cut after any PUT, with every fsynced file there after.
 
-use async_trait::async_trait;
+mod common;
+
+use common::BeforePut;
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
-use futures::stream::BoxStream;
-use object_store::{
-    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
-    PutOptions, PutPayload, PutResult,
-};
+use object_store::PutPayload;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -232,76 +230,19 @@ fn a_damaged_wal_object_is_named() {
     assert!(e.to_string().contains(key.as_ref()), "{e}");
 }
 
-/// A store that takes `left` more PUTs and fails every one after (the
-/// machine cut off from it, at any point of the protocol).
-#[derive(Debug)]
-struct Cut {
-    inner: Arc<InMemory>,
-    left: AtomicU64,
-}
-
-impl std::fmt::Display for Cut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Cut({})", self.left.load(Ordering::Relaxed))
-    }
-}
-
-impl Cut {
-    fn take(&self) -> object_store::Result<()> {
-        let ok = self
-            .left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        match ok {
-            true => Ok(()),
-            false => Err(object_store::Error::Generic {
-                store: "cut",
-                source: "the store is out of reach".into(),
-            }),
-        }
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Cut {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.take()?;
-        self.inner.put_opts(location, payload, opts).await
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.take()?;
-        self.inner.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-    async fn delete(&self, location: &Path) -> object_store::Result<()> {
-        self.inner.delete(location).await
-    }
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+/// A hook for `BeforePut` that lets `left` more PUTs through and fails
+/// every one after (the machine cut off from the store, at any point of
+/// the protocol).
+fn cut(left: &AtomicU64) -> object_store::Result<()> {
+    match left
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        true => Ok(()),
+        false => Err(object_store::Error::Generic {
+            store: "cut",
+            source: "the store is out of reach".into(),
+        }),
     }
 }
 
@@ -314,17 +255,18 @@ fn a_cut_after_any_put_loses_nothing_fsynced() {
     let mut cut_at = 1;
     loop {
         let inner = Arc::new(InMemory::new());
-        let cut = Arc::new(Cut {
-            inner: inner.clone(),
-            left: AtomicU64::new(u64::MAX),
-        });
+        let left = Arc::new(AtomicU64::new(u64::MAX));
+        let store = Arc::new(BeforePut::new(inner.clone(), {
+            let left = left.clone();
+            move |_| cut(&left)
+        }));
         // A store out of reach for good: no waiting for it to return.
         let opts = ObjectOptions {
             retry: std::time::Duration::ZERO,
             ..Default::default()
         };
-        let dev = mkfs_with(cut.clone(), opts);
-        cut.left.store(cut_at, Ordering::SeqCst);
+        let dev = mkfs_with(store.clone(), opts);
+        left.store(cut_at, Ordering::SeqCst);
         let mut acked = 0;
         let ran = (|| {
             let fs = Fs::mount(dev.clone(), MountOptions::default())?;

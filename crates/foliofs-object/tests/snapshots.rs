@@ -3,6 +3,9 @@
 //! checkpoints; no sweep removes what a kept snapshot reads, and a sweep
 //! removes what nothing keeps, a fenced writer's orphans included.
 
+mod common;
+
+use common::BeforePut;
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::layout::{manifest_key, Manifest};
@@ -320,83 +323,6 @@ fn a_fenced_writers_orphans_are_swept() {
     assert_eq!(got, vec![2; 4096]);
 }
 
-type Hook = Box<dyn FnOnce() + Send>;
-
-/// A store that runs `hook` (once, on a thread of its own) just before
-/// the first snapshot marker is created: another machine's writer
-/// checkpointing between a snapshot's look at the image and its marker.
-#[derive(Debug)]
-struct BeforeMarker {
-    inner: Arc<InMemory>,
-    hook: parking_lot::Mutex<Option<HookBox>>,
-}
-
-struct HookBox(Hook);
-
-impl std::fmt::Debug for HookBox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "hook")
-    }
-}
-
-impl std::fmt::Display for BeforeMarker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BeforeMarker")
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for BeforeMarker {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: object_store::PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        if location.as_ref().contains("/snapshot/") {
-            if let Some(HookBox(hook)) = self.hook.lock().take() {
-                std::thread::spawn(hook).join().unwrap();
-            }
-        }
-        self.inner.put_opts(location, payload, opts).await
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-    async fn delete(&self, location: &Path) -> object_store::Result<()> {
-        self.inner.delete(location).await
-    }
-    fn list(
-        &self,
-        prefix: Option<&Path>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
-    }
-}
-
 /// The writer checkpoints (and deletes the WAL it folded) after a
 /// snapshot has looked at the image and before its marker is there: the
 /// snapshot finds the newer manifest, drops that marker and is taken
@@ -412,14 +338,21 @@ fn a_checkpoint_between_a_snapshots_look_and_its_marker_retakes_it() {
     }
     let checkpoints = dev.stats().checkpoints;
     let writer = fs.clone();
-    let hooked: Arc<dyn ObjectStore> = Arc::new(BeforeMarker {
-        inner,
-        hook: parking_lot::Mutex::new(Some(HookBox(Box::new(move || {
-            for i in 8..40 {
-                write_fsync(&writer, &format!("f{i}"), &content(i, 0));
+    // Before the snapshot's marker is written: the writer goes on and
+    // checkpoints.
+    let hook = parking_lot::Mutex::new(Some(move || {
+        for i in 8..40 {
+            write_fsync(&writer, &format!("f{i}"), &content(i, 0));
+        }
+    }));
+    let hooked: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner, move |location| {
+        if location.as_ref().contains("/snapshot/") {
+            if let Some(hook) = hook.lock().take() {
+                std::thread::spawn(hook).join().unwrap();
             }
-        })))),
-    });
+        }
+        Ok(())
+    }));
     let at = take_snapshot(hooked, &Path::from("img")).unwrap();
     assert!(
         dev.stats().checkpoints > checkpoints,

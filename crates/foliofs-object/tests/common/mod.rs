@@ -1,0 +1,88 @@
+//! What the object tests share: an in-memory store that asks a hook
+//! before each PUT, to cut the store off or to run something at a chosen
+//! moment of the protocol.
+
+use async_trait::async_trait;
+use foliofs_object::{InMemory, ObjectStore, Path};
+use futures::stream::BoxStream;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult,
+};
+use std::sync::Arc;
+
+type Before = Box<dyn Fn(&Path) -> object_store::Result<()> + Send + Sync>;
+
+/// `inner`, with `before` asked about every PUT (a whole object or a
+/// multipart upload) before it reaches the store: an error fails it.
+pub struct BeforePut {
+    inner: Arc<InMemory>,
+    before: Before,
+}
+
+impl BeforePut {
+    pub fn new(
+        inner: Arc<InMemory>,
+        before: impl Fn(&Path) -> object_store::Result<()> + Send + Sync + 'static,
+    ) -> BeforePut {
+        BeforePut {
+            inner,
+            before: Box::new(before),
+        }
+    }
+}
+
+impl std::fmt::Debug for BeforePut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforePut")
+    }
+}
+
+impl std::fmt::Display for BeforePut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforePut")
+    }
+}
+
+#[async_trait]
+impl ObjectStore for BeforePut {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        (self.before)(location)?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        (self.before)(location)?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+    async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
