@@ -201,6 +201,19 @@ pub(crate) async fn latest_manifest(
     Ok(Some((id, Manifest::decode(&key, &bytes)?)))
 }
 
+/// The newest manifest under `prefix`, with its number; no manifest is
+/// no image there.
+pub(crate) async fn image_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+) -> Result<(u64, Manifest), ObjectError> {
+    latest_manifest(store, prefix)
+        .await?
+        .ok_or_else(|| ObjectError::NoImage {
+            prefix: prefix.to_string(),
+        })
+}
+
 /// The WAL numbers present from `from` on, in order.
 pub(crate) async fn wal_numbers(
     store: &dyn ObjectStore,
@@ -225,11 +238,7 @@ pub fn holder(
     prefix: &Path,
 ) -> Result<(Option<Writer>, u64), ObjectError> {
     let rt = runtime()?;
-    let (_, m) = rt
-        .block_on(latest_manifest(&*store, prefix))?
-        .ok_or_else(|| ObjectError::NoImage {
-            prefix: prefix.to_string(),
-        })?;
+    let (_, m) = rt.block_on(image_manifest(&*store, prefix))?;
     Ok((m.writer, m.epoch))
 }
 
@@ -302,12 +311,7 @@ impl ObjectDevice {
     ) -> Result<ObjectDevice, ObjectError> {
         let rt = runtime()?;
         let (id, manifest, next_wal, logged) = rt.block_on(async {
-            let (mut id, mut manifest) =
-                latest_manifest(&*store, &prefix)
-                    .await?
-                    .ok_or_else(|| ObjectError::NoImage {
-                        prefix: prefix.to_string(),
-                    })?;
+            let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
             if let Some(at) = opts.snapshot {
                 if !opts.read_only {
                     return Err(ObjectError::Invalid(format!(

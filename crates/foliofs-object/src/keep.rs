@@ -29,7 +29,7 @@
 //! it lists the markers, so it too sees every marker whose manifest is
 //! older than the one it read.
 
-use crate::device::{create_mode, latest_manifest, now_secs, runtime, this_writer, wal_numbers};
+use crate::device::{create_mode, image_manifest, now_secs, runtime, this_writer, wal_numbers};
 use crate::layout::{
     manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker,
     OBJECT_FORMAT,
@@ -154,12 +154,7 @@ pub(crate) async fn kept(
 /// its number (`URL@N`).
 pub(crate) async fn take(store: &dyn ObjectStore, prefix: &Path) -> Result<u64, ObjectError> {
     loop {
-        let (id, m) =
-            latest_manifest(store, prefix)
-                .await?
-                .ok_or_else(|| ObjectError::NoImage {
-                    prefix: prefix.to_string(),
-                })?;
+        let (id, m) = image_manifest(store, prefix).await?;
         // The WAL as flushed: numbers from wal_start on with no gap.
         let mut at = m.wal_start;
         for s in wal_numbers(store, prefix, m.wal_start).await? {
@@ -281,12 +276,7 @@ pub(crate) async fn snapshot_manifest(
 /// writer and a reader of a snapshot; a reader of the image as of now
 /// (not a snapshot) may find the chunks it started from replaced.
 pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swept, ObjectError> {
-    let (id, latest) =
-        latest_manifest(store, prefix)
-            .await?
-            .ok_or_else(|| ObjectError::NoImage {
-                prefix: prefix.to_string(),
-            })?;
+    let (id, latest) = image_manifest(store, prefix).await?;
     let snaps = markers(store, prefix).await?;
     let kept = kept(store, prefix, &snaps, &mut HashMap::new()).await?;
     let all: Vec<_> = store.list(Some(prefix)).try_collect().await?;

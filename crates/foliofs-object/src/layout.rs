@@ -135,23 +135,33 @@ pub struct Manifest {
     pub chunks: BTreeMap<u64, u64>,
 }
 
+/// `what` (a JSON object of this layout) from the bytes at `key`, refused
+/// when its object format is newer than this foliofs reads.
+fn decode_json<T: serde::de::DeserializeOwned>(
+    key: &Path,
+    bytes: &[u8],
+    what: &str,
+    format: impl Fn(&T) -> u32,
+) -> Result<T, Damaged> {
+    let v: T =
+        serde_json::from_slice(bytes).map_err(|e| damaged(key, format!("not {what}: {e}")))?;
+    let f = format(&v);
+    if f > OBJECT_FORMAT {
+        return Err(damaged(
+            key,
+            format!("made by a newer foliofs (object format {f}, this one reads {OBJECT_FORMAT})"),
+        ));
+    }
+    Ok(v)
+}
+
 impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("a manifest serialises")
     }
 
     pub fn decode(key: &Path, bytes: &[u8]) -> Result<Manifest, Damaged> {
-        let m: Manifest = serde_json::from_slice(bytes)
-            .map_err(|e| damaged(key, format!("not a manifest: {e}")))?;
-        if m.format > OBJECT_FORMAT {
-            return Err(damaged(
-                key,
-                format!(
-                    "made by a newer foliofs (object format {}, this one reads {OBJECT_FORMAT})",
-                    m.format
-                ),
-            ));
-        }
+        let m: Manifest = decode_json(key, bytes, "a manifest", |m: &Manifest| m.format)?;
         if m.block != BLOCK || m.chunk_blocks != CHUNK_BLOCKS || m.len % BLOCK != 0 || m.len == 0 {
             return Err(damaged(
                 key,
@@ -191,14 +201,9 @@ impl SnapshotMarker {
     }
 
     pub fn decode(key: &Path, bytes: &[u8]) -> Result<SnapshotMarker, Damaged> {
-        let m: SnapshotMarker = serde_json::from_slice(bytes)
-            .map_err(|e| damaged(key, format!("not a snapshot marker: {e}")))?;
-        if m.format > OBJECT_FORMAT {
-            return Err(damaged(
-                key,
-                format!("made by a newer foliofs (object format {})", m.format),
-            ));
-        }
+        let m = decode_json(key, bytes, "a snapshot marker", |m: &SnapshotMarker| {
+            m.format
+        })?;
         let (at, _) = pair_of(key).ok_or_else(|| damaged(key, "not a snapshot key"))?;
         if m.wal_start > at {
             return Err(damaged(
