@@ -20,17 +20,19 @@
 
 use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
-    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, OBJECT_FORMAT,
+    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, FENCE_BYTES, OBJECT_FORMAT,
 };
+use crate::local::{CacheDir, CacheUse, Durability};
 use crate::{keep, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// How an object device is opened.
@@ -59,6 +61,16 @@ pub struct ObjectOptions {
     /// Open this snapshot (read-only): its manifest's chunks and its WAL,
     /// never the WAL after it, nothing claimed.
     pub snapshot: Option<u64>,
+    /// A local directory for fetched chunks and (with
+    /// `Durability::Local`) the WAL before it ships; one per image.
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of chunks and WAL the cache directory holds at most.
+    pub cache_size: u64,
+    /// When a flush returns (see `Durability`).
+    pub durability: Durability,
+    /// With `Durability::Local`: flushes wait while more than this many
+    /// bytes are durable only locally.
+    pub wal_lag_max: u64,
 }
 
 impl Default for ObjectOptions {
@@ -72,6 +84,10 @@ impl Default for ObjectOptions {
             retry: std::time::Duration::from_secs(120),
             mount_point: None,
             snapshot: None,
+            cache_dir: None,
+            cache_size: 4 << 30,
+            durability: Durability::Object,
+            wal_lag_max: 64 << 20,
         }
     }
 }
@@ -96,6 +112,10 @@ pub struct ObjectStats {
     pub fenced: Option<String>,
     /// The snapshot open, if one is.
     pub snapshot: Option<u64>,
+    pub durability: Durability,
+    /// Bytes flushed to the local WAL and not yet in the store.
+    pub unshipped_bytes: u64,
+    pub cache_dir: Option<CacheUse>,
 }
 
 type Block = Arc<[u8]>;
@@ -114,6 +134,21 @@ struct State {
     chunks: HashMap<u64, (u64, Arc<Vec<u8>>, u64)>,
     tick: u64,
     stats: ObjectStats,
+    /// With `Durability::Local`: flushed to the local WAL, not yet in the
+    /// store, each block's newest version with its local record.
+    unshipped: BTreeMap<u64, (u64, Block)>,
+    /// The local records waiting to ship, oldest first.
+    to_ship: VecDeque<Shipment>,
+    unshipped_bytes: u64,
+    /// The shipper is to stop (the device closes or is dropped).
+    ship_stop: bool,
+}
+
+/// One local WAL record on its way to the store.
+#[derive(Clone)]
+struct Shipment {
+    record: u64,
+    blocks: Vec<(u64, Block)>,
 }
 
 impl State {
@@ -121,6 +156,7 @@ impl State {
         self.pending
             .get(&b)
             .or_else(|| self.in_flight.get(&b))
+            .or_else(|| self.unshipped.get(&b).map(|(_, d)| d))
             .or_else(|| self.logged.get(&b))
     }
 }
@@ -140,7 +176,15 @@ pub struct ObjectDevice {
     /// manifest number (a manifest never changes). Taken under
     /// `flushing`, never with `state`.
     kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
+    /// Signalled when the shipper has moved records to the store (or
+    /// stopped): flushes waiting on `wal_lag_max` and close wait on it.
+    shipped: Arc<Condvar>,
+    /// `Durability::Local` only for a writer (it has a cache directory).
+    durability: Durability,
+    disk: Option<Arc<CacheDir>>,
+    shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
+    ship_stop: Arc<AtomicBool>,
 }
 
 pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
@@ -231,6 +275,107 @@ pub(crate) async fn wal_numbers(
     Ok(seqs)
 }
 
+/// The cache directory `opts` names, open for the image under `prefix`;
+/// `Durability::Local` needs one.
+fn open_cache(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    opts: &ObjectOptions,
+) -> Result<Option<Arc<CacheDir>>, ObjectError> {
+    let Some(dir) = &opts.cache_dir else {
+        if opts.durability == Durability::Local && !opts.read_only {
+            return Err(ObjectError::Invalid(
+                "durability=local keeps the WAL in a cache_dir: give one".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let identity = format!("{store}/{prefix}");
+    Ok(Some(Arc::new(CacheDir::open(
+        dir,
+        opts.cache_size,
+        &identity,
+    )?)))
+}
+
+/// Ship what the local WAL held when its writer stopped without closing
+/// (`records`, all of one earlier run), as one WAL object at the next free
+/// number: each block's newest local version. Some of these records may
+/// have shipped already (the writer stopped between a PUT and deleting
+/// them); nothing shipped is newer than them, so the image ends where the
+/// local WAL did. They are dropped if another writer has claimed the
+/// image since (their epoch is not the manifest's), or took the number.
+async fn ship_leftovers(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    manifest: &Manifest,
+    records: Vec<WalRecord>,
+) -> Result<(), ObjectError> {
+    let bytes: usize = records
+        .iter()
+        .map(|r| r.blocks.len() * BLOCK as usize)
+        .sum();
+    let epoch = records.last().map_or(0, |r| r.epoch);
+    if records.iter().any(|r| r.epoch != manifest.epoch) {
+        log::warn!(
+            "{prefix}: the local WAL held {bytes} bytes flushed at epoch {epoch}; the image \
+             was claimed at epoch {} since: they are dropped (durability=local)",
+            manifest.epoch
+        );
+        return Ok(());
+    }
+    let mut newest: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    for rec in records {
+        newest.extend(rec.blocks);
+    }
+    let list: Vec<(u64, &[u8])> = newest.iter().map(|(&b, d)| (b, &d[..])).collect();
+    let present = wal_numbers(store, prefix, manifest.wal_start).await?;
+    let seq = present.last().map_or(manifest.wal_start, |s| s + 1);
+    let body = WalRecord::encode(epoch, seq, &list);
+    match store
+        .put_opts(&wal_key(prefix, seq), PutPayload::from(body), create_mode())
+        .await
+    {
+        Ok(_) => log::info!(
+            "{prefix}: shipped the {bytes} bytes the local WAL held from the last run as WAL {seq}"
+        ),
+        Err(object_store::Error::AlreadyExists { .. }) => log::warn!(
+            "{prefix}: WAL {seq} was taken by another writer: the {bytes} bytes the local \
+             WAL held are dropped (durability=local)"
+        ),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// The WAL numbers from `from` on that hold a fence (no blocks): kept for
+/// good, because a writer fenced by one may yet try its number, and must
+/// find it taken however long it was stopped.
+async fn fence_numbers(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    from: u64,
+) -> Result<std::collections::BTreeSet<u64>, ObjectError> {
+    let metas: Vec<_> = store.list(Some(&prefix.child("wal"))).try_collect().await?;
+    Ok(metas
+        .iter()
+        .filter(|m| m.size == FENCE_BYTES)
+        .filter_map(|m| number_of(&m.location))
+        .filter(|&s| s >= from)
+        .collect())
+}
+
+/// "; epoch E by WRITER" for the writer that holds the image now, for the
+/// message of a writer fenced by it (empty if it cannot be read).
+async fn holder_note(store: &dyn ObjectStore, prefix: &Path) -> String {
+    latest_manifest(store, prefix)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|(_, m)| m.writer.map(|w| format!("; epoch {} by {w}", m.epoch)))
+        .unwrap_or_default()
+}
+
 /// The writer the newest manifest under `prefix` names (None after a
 /// clean close), with its epoch: a look that claims nothing.
 pub fn holder(
@@ -269,6 +414,7 @@ impl ObjectDevice {
             wal_start: 1,
             chunks: BTreeMap::new(),
         };
+        let disk = open_cache(&*store, &prefix, &opts)?;
         rt.block_on(async {
             if let Some((id, _)) = latest_manifest(&*store, &prefix).await? {
                 return Err(ObjectError::Exists {
@@ -286,13 +432,18 @@ impl ObjectDevice {
                 r => r.map(drop).map_err(ObjectError::from),
             }
         })?;
+        if let Some(d) = &disk {
+            // Whatever it held was of an image no longer there.
+            d.clear_chunks();
+            d.clear_wal()?;
+        }
         Ok(Self::assemble(
             rt,
             store,
             prefix,
             opts,
-            1,
-            manifest,
+            disk,
+            (1, manifest),
             1,
             BTreeMap::new(),
         ))
@@ -310,6 +461,7 @@ impl ObjectDevice {
         opts: ObjectOptions,
     ) -> Result<ObjectDevice, ObjectError> {
         let rt = runtime()?;
+        let disk = open_cache(&*store, &prefix, &opts)?;
         let (id, manifest, next_wal, logged) = rt.block_on(async {
             let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
             if let Some(at) = opts.snapshot {
@@ -326,6 +478,14 @@ impl ObjectDevice {
             if opts.read_only {
                 let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
                 return Ok((id, manifest, next, logged));
+            }
+            if let Some(d) = &disk {
+                let records = d.leftover_wal(manifest.len / BLOCK);
+                if !records.is_empty() && (manifest.writer.is_none() || opts.takeover) {
+                    ship_leftovers(&*store, &prefix, &manifest, records).await?;
+                    d.clear_wal()?;
+                    (id, manifest) = image_manifest(&*store, &prefix).await?;
+                }
             }
             // Claim: the next manifest, created only if absent, with a
             // higher epoch. Losing the race to another claim (or to the
@@ -393,7 +553,14 @@ impl ObjectDevice {
             );
         }
         Ok(Self::assemble(
-            rt, store, prefix, opts, id, manifest, next_wal, logged,
+            rt,
+            store,
+            prefix,
+            opts,
+            disk,
+            (id, manifest),
+            next_wal,
+            logged,
         ))
     }
 
@@ -403,14 +570,18 @@ impl ObjectDevice {
         store: Arc<dyn ObjectStore>,
         prefix: Path,
         opts: ObjectOptions,
-        manifest_id: u64,
-        manifest: Manifest,
+        disk: Option<Arc<CacheDir>>,
+        (manifest_id, manifest): (u64, Manifest),
         next_wal: u64,
         logged: BTreeMap<u64, Block>,
     ) -> ObjectDevice {
         let unfolded = logged.len() as u64 * BLOCK;
         let snapshot = opts.snapshot;
-        ObjectDevice {
+        let durability = match opts.read_only {
+            true => Durability::Object,
+            false => opts.durability,
+        };
+        let dev = ObjectDevice {
             rt,
             store,
             name: match prefix.as_ref() {
@@ -423,7 +594,7 @@ impl ObjectDevice {
             opts,
             flushing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 manifest_id,
                 next_wal,
                 pending: BTreeMap::new(),
@@ -437,11 +608,25 @@ impl ObjectDevice {
                     manifest: manifest_id,
                     next_wal,
                     unfolded_bytes: unfolded,
+                    durability,
                     ..Default::default()
                 },
                 manifest,
-            }),
+                unshipped: BTreeMap::new(),
+                to_ship: VecDeque::new(),
+                unshipped_bytes: 0,
+                ship_stop: false,
+            })),
+            shipped: Arc::new(Condvar::new()),
+            durability,
+            disk,
+            shipper: Mutex::new(None),
+            ship_stop: Arc::new(AtomicBool::new(false)),
+        };
+        if durability == Durability::Local {
+            dev.start_shipper();
         }
+        dev
     }
 
     /// What the device has done so far.
@@ -453,6 +638,9 @@ impl ObjectDevice {
         st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
         st.chunks = s.manifest.chunks.len() as u64;
         st.writer = s.manifest.writer.clone();
+        st.unshipped_bytes = s.unshipped_bytes;
+        drop(s);
+        st.cache_dir = self.disk.as_ref().map(|d| d.usage());
         st
     }
 
@@ -465,6 +653,7 @@ impl ObjectDevice {
         }
         self.flush()?;
         let _f = self.flushing.lock();
+        self.drain_local_wal()?;
         self.check_fenced()?;
         self.checkpoint(true).map_err(io::Error::from)?;
         self.state.lock().stats.fenced = Some("closed".into());
@@ -493,17 +682,42 @@ impl ObjectDevice {
         }
         let key = chunk_key(&self.prefix, idx, version);
         let len = self.chunk_len(idx);
-        let bytes = self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?;
-        let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
+        let (data, fetched) = match self.chunk_from_disk(&key, idx, version) {
+            Some(data) => (data, 0),
+            None => {
+                let bytes =
+                    self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?;
+                let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
+                if let Some(d) = &self.disk {
+                    d.keep_chunk(idx, version, &bytes);
+                }
+                (data, 1)
+            }
+        };
         let data = Arc::new(data);
         let mut s = self.state.lock();
-        s.stats.chunk_gets += 1;
+        s.stats.chunk_gets += fetched;
         if s.manifest.chunks.get(&idx) == Some(&version) {
             let tick = s.tick;
             s.chunks.insert(idx, (version, data.clone(), tick));
             self.trim_cache(&mut s);
         }
         Ok(data)
+    }
+
+    /// Chunk (`idx`, `version`) from the cache directory, if it has a copy
+    /// that passes its check (one that does not is dropped).
+    fn chunk_from_disk(&self, key: &Path, idx: u64, version: u64) -> Option<Vec<u8>> {
+        let disk = self.disk.as_ref()?;
+        let bytes = disk.chunk(idx, version)?;
+        match decode_chunk(key, idx, &bytes, self.chunk_len(idx)) {
+            Ok(data) => Some(data),
+            Err(e) => {
+                log::warn!("cache_dir copy of {e}: dropped, fetched again");
+                disk.forget_chunk(idx, version);
+                None
+            }
+        }
     }
 
     fn chunk_len(&self, idx: u64) -> usize {
@@ -524,48 +738,20 @@ impl ObjectDevice {
         }
     }
 
-    /// `op` until it succeeds, or fails for a cause that trying again
-    /// cannot change (a conditional PUT that lost, an object not there),
-    /// or `opts.retry` has passed: the store may be restarting.
-    fn retrying<T, F, Fut>(&self, what: &Path, mut op: F) -> object_store::Result<T>
+    /// `op` until it succeeds or fails for good (see `retry_for`).
+    fn retrying<T, F, Fut>(&self, what: &Path, op: F) -> object_store::Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
-        let until = std::time::Instant::now() + self.opts.retry;
-        let mut pause = std::time::Duration::from_millis(100);
-        let mut warned = false;
-        loop {
-            match self.rt.block_on(op()) {
-                Err(
-                    e @ (object_store::Error::AlreadyExists { .. }
-                    | object_store::Error::Precondition { .. }
-                    | object_store::Error::NotFound { .. }
-                    | object_store::Error::NotImplemented
-                    | object_store::Error::NotSupported { .. }
-                    | object_store::Error::PermissionDenied { .. }
-                    | object_store::Error::Unauthenticated { .. }),
-                ) => return Err(e),
-                Err(e) if std::time::Instant::now() < until => {
-                    if !warned {
-                        log::warn!(
-                            "{}: {what}: {e}; trying again for up to {:?}",
-                            self.name,
-                            self.opts.retry
-                        );
-                        warned = true;
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
-                }
-                r => {
-                    if warned && r.is_ok() {
-                        log::info!("{}: {what}: done after the store came back", self.name);
-                    }
-                    return r;
-                }
-            }
-        }
+        retry_for(
+            self.rt.handle(),
+            &self.name,
+            self.opts.retry,
+            None,
+            what,
+            op,
+        )
     }
 
     /// PUT what was written since the last flush as the next WAL object.
@@ -644,13 +830,7 @@ impl ObjectDevice {
 
     /// Stop writing for good, naming who took the image where it can.
     fn fence(&self, why: String) -> ObjectError {
-        let holder = self
-            .rt
-            .block_on(latest_manifest(&*self.store, &self.prefix))
-            .ok()
-            .flatten()
-            .and_then(|(_, m)| m.writer.map(|w| format!("; epoch {} by {w}", m.epoch)))
-            .unwrap_or_default();
+        let holder = self.rt.block_on(holder_note(&*self.store, &self.prefix));
         let why = format!("{why}{holder}");
         log::error!("{}: {why}: writing nothing more", self.name);
         self.state.lock().stats.fenced = Some(why.clone());
@@ -661,9 +841,16 @@ impl ObjectDevice {
     /// (naming no writer when `closing`), then delete what it replaced.
     /// Called with `flushing` held.
     fn checkpoint(&self, closing: bool) -> Result<(), ObjectError> {
-        let (id, mut next, folded) = {
+        // The WAL number taken with the blocks folded: the shipper may
+        // move more into `logged` meanwhile, for the next checkpoint.
+        let (id, mut next, folded, next_wal) = {
             let s = self.state.lock();
-            (s.manifest_id, s.manifest.clone(), s.logged.clone())
+            (
+                s.manifest_id,
+                s.manifest.clone(),
+                s.logged.clone(),
+                s.next_wal,
+            )
         };
         let new_id = id + 1;
         let old = next.clone();
@@ -682,14 +869,15 @@ impl ObjectDevice {
                 data[at..at + BLOCK as usize].copy_from_slice(d);
             }
             let key = chunk_key(&self.prefix, idx, new_id);
-            self.rt.block_on(
-                self.store
-                    .put(&key, PutPayload::from(encode_chunk(idx, &data))),
-            )?;
+            let body = Bytes::from(encode_chunk(idx, &data));
+            self.rt
+                .block_on(self.store.put(&key, PutPayload::from(body.clone())))?;
+            if let Some(d) = &self.disk {
+                d.keep_chunk(idx, new_id, &body);
+            }
             next.chunks.insert(idx, new_id);
             made.push((idx, Arc::new(data)));
         }
-        let next_wal = self.state.lock().next_wal;
         next.wal_start = next_wal;
         if closing {
             next.writer = None;
@@ -755,8 +943,18 @@ impl ObjectDevice {
                 return;
             }
         };
+        let fences = self
+            .rt
+            .block_on(fence_numbers(&*self.store, &self.prefix, old.wal_start));
+        let fences = match fences {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("{}: WAL not listed ({e}): nothing deleted", self.name);
+                return;
+            }
+        };
         let mut gone: Vec<Path> = (old.wal_start..next.wal_start)
-            .filter(|&seq| !kept.wal(seq))
+            .filter(|&seq| !kept.wal(seq) && !fences.contains(&seq))
             .map(|seq| wal_key(&self.prefix, seq))
             .collect();
         for (idx, v) in &old.chunks {
@@ -771,6 +969,296 @@ impl ObjectDevice {
             match self.rt.block_on(self.store.delete(&key)) {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => log::warn!("{key}: not deleted ({e}); left as garbage"),
+            }
+        }
+    }
+}
+
+/// `durability=local`: a flush appends what was written since the last
+/// one to the local WAL and returns once it is synced there; one shipper
+/// thread PUTs the local records in order, each batch of them as the next
+/// WAL object, and only then are their blocks in `logged`, for the next
+/// checkpoint to fold. Writers wait while more than `wal_lag_max` bytes
+/// are unshipped. A shipper fenced, or failing past the retry window,
+/// stops the device writing (as a failed flush does): the local WAL stays
+/// for the next open from this cache directory, which ships it first.
+impl ObjectDevice {
+    /// Called with `flushing` held.
+    fn flush_local(&self) -> io::Result<()> {
+        let disk = self
+            .disk
+            .as_ref()
+            .expect("durability=local has a cache_dir");
+        let blocks = {
+            let mut s = self.state.lock();
+            if let Some(why) = &s.stats.fenced {
+                return Err(eio(format!("{}: {why}", self.name)));
+            }
+            if s.pending.is_empty() {
+                return Ok(());
+            }
+            let taken = std::mem::take(&mut s.pending);
+            s.in_flight = taken.clone();
+            taken
+        };
+        let list: Vec<(u64, &[u8])> = blocks.iter().map(|(&b, d)| (b, &d[..])).collect();
+        let appended = disk.append_wal(self.epoch, &list);
+        let mut s = self.state.lock();
+        let back = std::mem::take(&mut s.in_flight);
+        let record = match appended {
+            Ok(r) => r,
+            Err(e) => {
+                for (b, d) in back {
+                    s.pending.entry(b).or_insert(d);
+                }
+                return Err(eio(format!(
+                    "{}: the local WAL in the cache_dir was not written: {e}",
+                    self.name
+                )));
+            }
+        };
+        s.unshipped_bytes += blocks.len() as u64 * BLOCK;
+        for (&b, d) in &blocks {
+            s.unshipped.insert(b, (record, d.clone()));
+        }
+        s.to_ship.push_back(Shipment {
+            record,
+            blocks: blocks.into_iter().collect(),
+        });
+        self.shipped.notify_all();
+        // Durable here; the writer waits only for the lag to shrink.
+        while s.unshipped_bytes > self.opts.wal_lag_max && s.stats.fenced.is_none() {
+            self.shipped.wait(&mut s);
+        }
+        match &s.stats.fenced {
+            Some(why) => Err(eio(format!("{}: {why}", self.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait until everything flushed locally has shipped (close).
+    fn drain_local_wal(&self) -> io::Result<()> {
+        if self.durability != Durability::Local {
+            return Ok(());
+        }
+        let mut s = self.state.lock();
+        while !s.to_ship.is_empty() && s.stats.fenced.is_none() {
+            self.shipped.wait(&mut s);
+        }
+        drop(s);
+        self.stop_shipper();
+        self.check_fenced()
+    }
+
+    fn start_shipper(&self) {
+        let ship = Shipper {
+            rt: self.rt.handle().clone(),
+            store: self.store.clone(),
+            prefix: self.prefix.clone(),
+            name: self.name.clone(),
+            retry: self.opts.retry,
+            epoch: self.epoch,
+            state: self.state.clone(),
+            shipped: self.shipped.clone(),
+            disk: self.disk.clone().expect("durability=local has a cache_dir"),
+            stop: self.ship_stop.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("foliofs-ship".into())
+            .spawn(move || ship.run())
+            .expect("a thread can be started");
+        *self.shipper.lock() = Some(handle);
+    }
+
+    fn stop_shipper(&self) {
+        self.ship_stop.store(true, Ordering::Relaxed);
+        self.state.lock().ship_stop = true;
+        self.shipped.notify_all();
+        if let Some(h) = self.shipper.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for ObjectDevice {
+    /// Without `close`: what has not shipped stays in the local WAL, as
+    /// if the machine had stopped here.
+    fn drop(&mut self) {
+        self.stop_shipper();
+    }
+}
+
+/// The shipper thread's share of the device.
+struct Shipper {
+    rt: tokio::runtime::Handle,
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    name: String,
+    retry: std::time::Duration,
+    epoch: u64,
+    state: Arc<Mutex<State>>,
+    shipped: Arc<Condvar>,
+    disk: Arc<CacheDir>,
+    /// Set to stop: a PUT being retried gives up (what it held stays in
+    /// the local WAL).
+    stop: Arc<AtomicBool>,
+}
+
+impl Shipper {
+    fn run(self) {
+        while let Some((seq, batch)) = self.next_batch() {
+            let last = batch.last().map_or(0, |r| r.record);
+            match self.put(seq, &batch) {
+                Ok(n) => self.done(seq, batch, n),
+                Err(_) if self.stop.load(Ordering::Relaxed) => return,
+                Err(why) => {
+                    log::error!("{}: {why}: writing nothing more", self.name);
+                    self.state.lock().stats.fenced = Some(why);
+                    self.shipped.notify_all();
+                    return;
+                }
+            }
+            self.disk.shipped(last);
+        }
+    }
+
+    /// Every record waiting, with the WAL number they ship as; None once
+    /// told to stop.
+    fn next_batch(&self) -> Option<(u64, Vec<Shipment>)> {
+        let mut s = self.state.lock();
+        while s.to_ship.is_empty() && !s.ship_stop {
+            self.shipped.wait(&mut s);
+        }
+        if s.ship_stop {
+            return None;
+        }
+        Some((s.next_wal, s.to_ship.iter().cloned().collect()))
+    }
+
+    /// PUT the batch as WAL `seq`: each block's newest version in it.
+    fn put(&self, seq: u64, batch: &[Shipment]) -> Result<u64, String> {
+        let mut newest: BTreeMap<u64, &Block> = BTreeMap::new();
+        for r in batch {
+            newest.extend(r.blocks.iter().map(|(b, d)| (*b, d)));
+        }
+        let list: Vec<(u64, &[u8])> = newest.iter().map(|(&b, d)| (b, &d[..])).collect();
+        let body = Bytes::from(WalRecord::encode(self.epoch, seq, &list));
+        let n = body.len() as u64;
+        let key = wal_key(&self.prefix, seq);
+        let r = retry_for(
+            &self.rt,
+            &self.name,
+            self.retry,
+            Some(&self.stop),
+            &key,
+            || {
+                self.store
+                    .put_opts(&key, PutPayload::from(body.clone()), create_mode())
+            },
+        );
+        match r {
+            Ok(_) => Ok(n),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                // Ours, if its answer was lost; else another writer's fence.
+                let theirs = self.rt.block_on(async {
+                    let bytes = self.store.get(&key).await?.bytes().await?;
+                    Ok::<_, ObjectError>(WalRecord::decode(&key, &bytes, u64::MAX)?)
+                });
+                match theirs {
+                    Ok(rec) if rec.epoch == self.epoch && bytes_eq(&rec, &list) => Ok(n),
+                    _ => {
+                        let holder = self.rt.block_on(holder_note(&*self.store, &self.prefix));
+                        Err(format!(
+                            "fenced: WAL {seq} was another writer's{holder}; what was \
+                             flushed only to the local WAL since is not in the image"
+                        ))
+                    }
+                }
+            }
+            Err(e) => Err(format!(
+                "the local WAL could not ship (WAL {seq}: {e}); it stays in the cache_dir \
+                 and ships when the image is mounted from it again"
+            )),
+        }
+    }
+
+    /// The batch is in the store: its blocks move to `logged`.
+    fn done(&self, seq: u64, batch: Vec<Shipment>, bytes: u64) {
+        let mut s = self.state.lock();
+        for Shipment { record, blocks } in batch {
+            let front = s.to_ship.pop_front().expect("the batch was queued");
+            debug_assert_eq!(front.record, record);
+            for (b, d) in blocks {
+                if s.unshipped.get(&b).is_some_and(|(r, _)| *r == record) {
+                    s.unshipped.remove(&b);
+                }
+                s.logged.insert(b, d);
+                s.unshipped_bytes -= BLOCK;
+            }
+        }
+        s.next_wal = seq + 1;
+        s.stats.wal_puts += 1;
+        s.stats.wal_bytes += bytes;
+        drop(s);
+        self.shipped.notify_all();
+    }
+}
+
+/// The record holds exactly `list` (our own PUT, its answer lost).
+fn bytes_eq(rec: &WalRecord, list: &[(u64, &[u8])]) -> bool {
+    rec.blocks.len() == list.len()
+        && rec
+            .blocks
+            .iter()
+            .zip(list)
+            .all(|((b, d), (lb, ld))| b == lb && d[..] == ld[..])
+}
+
+/// `op` until it succeeds, or fails for a cause that trying again cannot
+/// change (a conditional PUT that lost, an object not there), or `window`
+/// has passed: the store may be restarting; or `stop` is set.
+fn retry_for<T, F, Fut>(
+    rt: &tokio::runtime::Handle,
+    name: &str,
+    window: std::time::Duration,
+    stop: Option<&AtomicBool>,
+    what: &Path,
+    mut op: F,
+) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    let until = std::time::Instant::now() + window;
+    let mut pause = std::time::Duration::from_millis(100);
+    let mut warned = false;
+    loop {
+        match rt.block_on(op()) {
+            Err(
+                e @ (object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. }
+                | object_store::Error::NotFound { .. }
+                | object_store::Error::NotImplemented
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }),
+            ) => return Err(e),
+            Err(e)
+                if std::time::Instant::now() < until
+                    && !stop.is_some_and(|s| s.load(Ordering::Relaxed)) =>
+            {
+                if !warned {
+                    log::warn!("{name}: {what}: {e}; trying again for up to {window:?}");
+                    warned = true;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            r => {
+                if warned && r.is_ok() {
+                    log::info!("{name}: {what}: done after the store came back");
+                }
+                return r;
             }
         }
     }
@@ -873,11 +1361,15 @@ impl Device for ObjectDevice {
             return Ok(());
         }
         let _f = self.flushing.lock();
-        loop {
-            match self.flush_wal() {
-                Ok(()) => break,
-                Err(ObjectError::Retry) => continue,
-                Err(e) => return Err(e.into()),
+        if self.durability == Durability::Local {
+            self.flush_local()?;
+        } else {
+            loop {
+                match self.flush_wal() {
+                    Ok(()) => break,
+                    Err(ObjectError::Retry) => continue,
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         let unfolded = self.state.lock().logged.len() as u64 * BLOCK;

@@ -31,7 +31,7 @@
 
 use crate::device::{create_mode, image_manifest, now_secs, runtime, this_writer, wal_numbers};
 use crate::layout::{
-    manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker,
+    manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker, FENCE_BYTES,
     OBJECT_FORMAT,
 };
 use crate::ObjectError;
@@ -296,7 +296,8 @@ pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swep
         let number = || name.parse::<u64>().ok();
         let garbage = match dir.as_str() {
             "manifest" => number().is_some_and(|k| k + 1 < id && !kept.manifests.contains(&k)),
-            "wal" => number().is_some_and(|s| s < latest.wal_start && !kept.wal(s)),
+            "wal" => number()
+                .is_some_and(|s| s < latest.wal_start && !kept.wal(s) && meta.size != FENCE_BYTES),
             "chunk" => pair_of(&meta.location).is_some_and(|(i, v)| {
                 v <= id && latest.chunks.get(&i) != Some(&v) && !kept.chunks.contains(&(i, v))
             }),

@@ -215,6 +215,11 @@ impl SnapshotMarker {
     }
 }
 
+/// The size of a WAL object that holds no blocks: a new writer's fence.
+/// Fences are never deleted: a writer fenced by one, stopped for any
+/// time, still finds its next WAL number taken.
+pub const FENCE_BYTES: u64 = 36;
+
 /// A WAL object: the blocks one flush made durable, or a new writer's
 /// fence (no blocks).
 #[derive(Debug, PartialEq, Eq)]
@@ -316,6 +321,13 @@ pub fn decode_chunk(key: &Path, idx: u64, bytes: &[u8], len: usize) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_has_its_own_size() {
+        assert_eq!(WalRecord::encode(7, 9, &[]).len() as u64, FENCE_BYTES);
+        let one = vec![0; BLOCK as usize];
+        assert!(WalRecord::encode(7, 9, &[(1, &one)]).len() as u64 > FENCE_BYTES);
+    }
 
     #[test]
     fn wal_records_round_trip_and_damage_is_named() {

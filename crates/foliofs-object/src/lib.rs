@@ -34,9 +34,11 @@
 mod device;
 pub mod keep;
 pub mod layout;
+mod local;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};
+pub use local::{CacheUse, Durability};
 pub use object_store::memory::InMemory;
 pub use object_store::path::Path;
 pub use object_store::ObjectStore;

@@ -118,6 +118,35 @@ fn a_takeover_fences_the_old_writer() {
     assert_eq!(got, vec![4; 4096]);
 }
 
+/// A writer stopped while another took over, checkpointed and swept the
+/// WAL it had read (a process paused, a machine cut off for hours): its
+/// next flush still finds its WAL number taken, by the fence kept for
+/// good, and fails; nothing it wrote is read.
+#[test]
+fn a_writer_fenced_long_ago_still_fails_after_its_fence_was_folded() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let a = mkfs(store.clone());
+    let block = 3000 * 4096;
+    a.write_at(&[1; 4096], block).unwrap();
+    a.flush().unwrap();
+    for round in 0..3u8 {
+        let b = ObjectDevice::open(store.clone(), Path::from("img"), takeover()).unwrap();
+        b.write_at(&[10 + round; 4096], block + 4096).unwrap();
+        b.flush().unwrap();
+        b.close().unwrap();
+    }
+    foliofs_object::collect_garbage(store.clone(), &Path::from("img")).unwrap();
+    a.write_at(&[2; 4096], block).unwrap();
+    let e = a.flush().unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    let c = ObjectDevice::open(store, Path::from("img"), Default::default()).unwrap();
+    let mut got = vec![0; 4096];
+    c.read_at(&mut got, block).unwrap();
+    assert_eq!(got, vec![1; 4096], "the fenced write is never read");
+    c.read_at(&mut got, block + 4096).unwrap();
+    assert_eq!(got, vec![12; 4096]);
+}
+
 /// Checkpoints fold the WAL into chunks and delete what they replaced;
 /// the image reads the same from a fresh device after a clean close.
 #[test]

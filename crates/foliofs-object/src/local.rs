@@ -1,0 +1,478 @@
+//! The cache directory (`cache_dir`): chunks fetched from the store,
+//! kept on local disk within `cache_size`, and, with `durability=local`,
+//! the WAL made durable here before it ships.
+//!
+//! Layout of the directory:
+//!
+//! ```text
+//! lock              flock()ed while a device has the directory open
+//! image             the store and prefix the directory caches (one image)
+//! chunks/IDX-VER    a chunk object as fetched (its own checksum inside)
+//! wal/SEGMENT       local WAL records, appended: each a WalRecord
+//!                   (epoch, local record number, blocks, crc32c)
+//! ```
+//!
+//! A chunk file is a copy of an immutable object: it is checked again
+//! (`decode_chunk`) every time it is read, and one that fails is deleted
+//! and fetched again. It is written to a temporary name and renamed,
+//! never synced: after a crash it is there whole or not at all, or it
+//! fails its check.
+//!
+//! A WAL segment is appended to and synced (`fdatasync`) before a flush
+//! returns; a new segment's directory entry is synced too. A record cut
+//! by a crash fails its checksum and ends the log (it was never
+//! acknowledged). Segments are deleted once every record in them has
+//! shipped; a crash between the PUT and the delete leaves records that
+//! shipped, and the next open ships what is left again as one WAL object:
+//! each block's newest local version, which no shipped record is newer
+//! than (see `ObjectDevice::open`).
+//!
+//! Locks: `index` is a leaf (taken under the device's `state` never the
+//! other way round); WAL appends are made under the device's `flushing`.
+
+use crate::layout::{WalRecord, BLOCK};
+use crate::ObjectError;
+use object_store::path::Path;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+
+/// When a flush returns: once its blocks are in a WAL object in the
+/// store, or once they are in the local WAL (shipped in order behind it,
+/// writers waiting when more than `wal_lag_max` is unshipped).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    #[default]
+    Object,
+    Local,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "object" => Ok(Durability::Object),
+            "local" => Ok(Durability::Local),
+            _ => Err(format!("durability={s}: object or local")),
+        }
+    }
+}
+
+/// A segment is closed and a new one begun past this many bytes, so
+/// that shipped records leave the disk in steps of about this much.
+const SEGMENT_BYTES: u64 = 16 << 20;
+
+/// The header of a WAL record: magic, epoch, seq, block count.
+const RECORD_HEADER: usize = 32;
+
+/// What the directory holds, by name.
+struct Index {
+    /// (chunk, version) -> (bytes, last use).
+    chunks: HashMap<(u64, u64), (u64, u64)>,
+    chunk_bytes: u64,
+    tick: u64,
+    /// Segment number -> (the last record in it, its bytes).
+    segments: BTreeMap<u64, (u64, u64)>,
+    /// The segment appended to, open.
+    current: Option<(u64, File)>,
+    next_record: u64,
+    hits: u64,
+}
+
+/// A cache directory, open (and locked) for one device.
+pub(crate) struct CacheDir {
+    root: PathBuf,
+    /// Held for the flock.
+    _lock: File,
+    limit: u64,
+    index: Mutex<Index>,
+}
+
+/// What the cache directory holds (`foliofs stat`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CacheUse {
+    pub dir: String,
+    pub limit_bytes: u64,
+    pub chunk_bytes: u64,
+    pub chunks: u64,
+    pub wal_bytes: u64,
+    /// Chunks read from the directory instead of the store.
+    pub hits: u64,
+}
+
+fn invalid(root: &std::path::Path, why: impl std::fmt::Display) -> ObjectError {
+    ObjectError::Invalid(format!("cache_dir {}: {why}", root.display()))
+}
+
+fn sync_dir(dir: &std::path::Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl CacheDir {
+    /// Open `root` (made if absent) as the cache of the image `identity`
+    /// names, at most `limit` bytes of chunks and WAL. Refused while
+    /// another device has it open, or if it caches another image.
+    pub(crate) fn open(
+        root: &std::path::Path,
+        limit: u64,
+        identity: &str,
+    ) -> Result<CacheDir, ObjectError> {
+        let io_err = |e: io::Error| invalid(root, e);
+        for sub in ["chunks", "wal"] {
+            fs::create_dir_all(root.join(sub)).map_err(io_err)?;
+        }
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join("lock"))
+            .map_err(io_err)?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(invalid(root, "in use by another mount of this machine"));
+        }
+        let id_path = root.join("image");
+        match fs::read_to_string(&id_path) {
+            Ok(held) if held.trim_end() == identity => {}
+            Ok(held) => {
+                return Err(invalid(
+                    root,
+                    format!(
+                        "caches {} (not {identity}): give each image its own cache_dir",
+                        held.trim_end()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::write(&id_path, format!("{identity}\n")).map_err(io_err)?;
+            }
+            Err(e) => return Err(io_err(e)),
+        }
+        let mut index = Index {
+            chunks: HashMap::new(),
+            chunk_bytes: 0,
+            tick: 0,
+            segments: BTreeMap::new(),
+            current: None,
+            next_record: 1,
+            hits: 0,
+        };
+        // Chunks by age, oldest first, so that the oldest go first.
+        let mut found = Vec::new();
+        for entry in fs::read_dir(root.join("chunks")).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            let name = entry.file_name();
+            let pair = name.to_str().and_then(|n| {
+                let (i, v) = n.split_once('-')?;
+                Some((i.parse::<u64>().ok()?, v.parse::<u64>().ok()?))
+            });
+            let meta = entry.metadata().map_err(io_err)?;
+            match pair {
+                Some(pair) => found.push((meta.modified().ok(), pair, meta.len())),
+                // A temporary file a crash left.
+                None => drop(fs::remove_file(entry.path())),
+            }
+        }
+        found.sort();
+        for (_, pair, len) in found {
+            index.tick += 1;
+            index.chunks.insert(pair, (len, index.tick));
+            index.chunk_bytes += len;
+        }
+        for entry in fs::read_dir(root.join("wal")).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                let len = entry.metadata().map_err(io_err)?.len();
+                index.segments.insert(n, (0, len));
+            }
+        }
+        Ok(CacheDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+            limit,
+            index: Mutex::new(index),
+        })
+    }
+
+    pub(crate) fn usage(&self) -> CacheUse {
+        let ix = self.index.lock();
+        CacheUse {
+            dir: self.root.display().to_string(),
+            limit_bytes: self.limit,
+            chunk_bytes: ix.chunk_bytes,
+            chunks: ix.chunks.len() as u64,
+            wal_bytes: ix.segments.values().map(|&(_, n)| n).sum(),
+            hits: ix.hits,
+        }
+    }
+
+    fn chunk_path(&self, idx: u64, version: u64) -> PathBuf {
+        self.root.join("chunks").join(format!("{idx}-{version}"))
+    }
+
+    /// The bytes of chunk object (`idx`, `version`) if the directory has
+    /// them (unchecked: the caller decodes them).
+    pub(crate) fn chunk(&self, idx: u64, version: u64) -> Option<Vec<u8>> {
+        {
+            let mut ix = self.index.lock();
+            ix.tick += 1;
+            let tick = ix.tick;
+            ix.chunks.get_mut(&(idx, version))?.1 = tick;
+        }
+        match fs::read(self.chunk_path(idx, version)) {
+            Ok(bytes) => {
+                self.index.lock().hits += 1;
+                Some(bytes)
+            }
+            Err(_) => {
+                self.forget_chunk(idx, version);
+                None
+            }
+        }
+    }
+
+    /// Keep a copy of chunk object (`idx`, `version`), evicting the least
+    /// recently used chunks beyond the limit. A copy that cannot be made
+    /// (the local disk full) is only a cache miss later.
+    pub(crate) fn keep_chunk(&self, idx: u64, version: u64, bytes: &[u8]) {
+        let path = self.chunk_path(idx, version);
+        let tmp = self
+            .root
+            .join("chunks")
+            .join(format!("tmp.{idx}-{version}"));
+        if let Err(e) = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, &path)) {
+            let _ = fs::remove_file(&tmp);
+            log::warn!("cache_dir {}: chunk not kept ({e})", self.root.display());
+            return;
+        }
+        let mut ix = self.index.lock();
+        ix.tick += 1;
+        let tick = ix.tick;
+        if let Some((old, _)) = ix.chunks.insert((idx, version), (bytes.len() as u64, tick)) {
+            ix.chunk_bytes -= old;
+        }
+        ix.chunk_bytes += bytes.len() as u64;
+        self.evict(&mut ix);
+    }
+
+    /// Drop a chunk copy that is gone or failed its check.
+    pub(crate) fn forget_chunk(&self, idx: u64, version: u64) {
+        let mut ix = self.index.lock();
+        if let Some((n, _)) = ix.chunks.remove(&(idx, version)) {
+            ix.chunk_bytes -= n;
+        }
+        drop(ix);
+        let _ = fs::remove_file(self.chunk_path(idx, version));
+    }
+
+    /// Chunks, least recently used first, until chunks and WAL fit the
+    /// limit. The WAL is never evicted: it is bounded by `wal_lag_max`.
+    fn evict(&self, ix: &mut Index) {
+        let wal: u64 = ix.segments.values().map(|&(_, n)| n).sum();
+        while ix.chunk_bytes + wal > self.limit && !ix.chunks.is_empty() {
+            let (&oldest, &(n, _)) = ix
+                .chunks
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .expect("not empty");
+            ix.chunks.remove(&oldest);
+            ix.chunk_bytes -= n;
+            let _ = fs::remove_file(self.chunk_path(oldest.0, oldest.1));
+        }
+    }
+
+    /// Forget every chunk (a new image at this URL).
+    pub(crate) fn clear_chunks(&self) {
+        let mut ix = self.index.lock();
+        for (idx, version) in ix.chunks.keys().copied().collect::<Vec<_>>() {
+            let _ = fs::remove_file(self.chunk_path(idx, version));
+        }
+        ix.chunks.clear();
+        ix.chunk_bytes = 0;
+    }
+
+    fn segment_path(&self, n: u64) -> PathBuf {
+        self.root.join("wal").join(format!("{n:020}"))
+    }
+
+    /// The records the local WAL holds from an earlier run, in order: up
+    /// to the first that is cut or damaged (never acknowledged, or the
+    /// local disk lost it: the log says which).
+    pub(crate) fn leftover_wal(&self, dev_blocks: u64) -> Vec<WalRecord> {
+        let segments: Vec<u64> = self.index.lock().segments.keys().copied().collect();
+        let mut records = Vec::new();
+        for n in segments {
+            let path = self.segment_path(n);
+            let bytes = match fs::read(&path) {
+                Ok(b) => b,
+                Err(e) => {
+                    log::error!(
+                        "{}: not read ({e}); the local WAL ends before it",
+                        path.display()
+                    );
+                    return records;
+                }
+            };
+            let key = Path::from(path.display().to_string());
+            let mut at = 0;
+            while at < bytes.len() {
+                let rest = &bytes[at..];
+                let len = rest
+                    .get(24..RECORD_HEADER)
+                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                    .and_then(|count| count.checked_mul(8 + BLOCK))
+                    .and_then(|n| n.checked_add(RECORD_HEADER as u64 + 4))
+                    .filter(|&n| n <= rest.len() as u64);
+                let rec = len.map(|len| WalRecord::decode(&key, &rest[..len as usize], dev_blocks));
+                match (len, rec) {
+                    (Some(len), Some(Ok(rec))) => {
+                        records.push(rec);
+                        at += len as usize;
+                    }
+                    _ => {
+                        log::warn!(
+                            "{}: the local WAL ends at byte {at} (a record cut by a crash, \
+                             never acknowledged, or damaged)",
+                            path.display()
+                        );
+                        return records;
+                    }
+                }
+            }
+        }
+        records
+    }
+
+    /// Delete the whole local WAL (shipped, or found superseded).
+    pub(crate) fn clear_wal(&self) -> io::Result<()> {
+        let mut ix = self.index.lock();
+        ix.current = None;
+        for n in std::mem::take(&mut ix.segments).into_keys() {
+            fs::remove_file(self.segment_path(n))?;
+        }
+        ix.next_record = 1;
+        sync_dir(&self.root.join("wal"))
+    }
+
+    /// Append a record of `blocks` at `epoch` and make it durable;
+    /// returns its local number.
+    pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
+        let mut ix = self.index.lock();
+        let record = ix.next_record;
+        let body = WalRecord::encode(epoch, record, blocks);
+        let full = ix
+            .current
+            .as_ref()
+            .and_then(|(n, _)| ix.segments.get(n))
+            .is_none_or(|&(_, len)| len >= SEGMENT_BYTES);
+        if full {
+            let n = ix.segments.keys().next_back().map_or(1, |n| n + 1);
+            let file = OpenOptions::new()
+                .create_new(true)
+                .append(true)
+                .open(self.segment_path(n))?;
+            sync_dir(&self.root.join("wal"))?;
+            ix.segments.insert(n, (record, 0));
+            ix.current = Some((n, file));
+        }
+        let (n, file) = ix.current.as_mut().expect("a segment is open");
+        let n = *n;
+        if let Err(e) = file.write_all(&body).and_then(|()| file.sync_data()) {
+            // What the segment holds past its last good record is not
+            // known: the next record goes to a new one.
+            ix.current = None;
+            return Err(e);
+        }
+        let seg = ix.segments.get_mut(&n).expect("the open segment is listed");
+        *seg = (record, seg.1 + body.len() as u64);
+        ix.next_record += 1;
+        Ok(record)
+    }
+
+    /// Every record up to `record` has shipped: delete the segments that
+    /// hold nothing after it.
+    pub(crate) fn shipped(&self, record: u64) {
+        let mut ix = self.index.lock();
+        let done: Vec<u64> = ix
+            .segments
+            .iter()
+            .filter(|(_, &(last, _))| last <= record)
+            .map(|(&n, _)| n)
+            .collect();
+        for n in done {
+            if ix.current.as_ref().is_some_and(|(c, _)| *c == n) {
+                ix.current = None;
+            }
+            ix.segments.remove(&n);
+            if let Err(e) = fs::remove_file(self.segment_path(n)) {
+                log::warn!("{}: not deleted ({e})", self.segment_path(n).display());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "foliofs-cachedir-{}-{}",
+            std::process::id(),
+            crate::device::now_secs()
+        ));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn the_local_wal_survives_reopening_up_to_a_cut_record() {
+        let root = dir();
+        let block = vec![7u8; BLOCK as usize];
+        {
+            let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+            assert_eq!(c.append_wal(3, &[(1, &block)]).unwrap(), 1);
+            assert_eq!(c.append_wal(3, &[(2, &block), (5, &block)]).unwrap(), 2);
+        }
+        // A third record cut half-way by a crash.
+        let seg = root.join("wal").join(format!("{:020}", 1));
+        let whole = WalRecord::encode(3, 3, &[(9, &block)]);
+        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+        f.write_all(&whole[..whole.len() / 2]).unwrap();
+        drop(f);
+        let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+        let recs = c.leftover_wal(16);
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[1].blocks.len(), 2);
+        assert_eq!((recs[1].epoch, recs[1].seq), (3, 2));
+        assert!(CacheDir::open(&root, 1 << 30, "img").is_err(), "locked");
+        c.clear_wal().unwrap();
+        assert!(c.leftover_wal(16).is_empty());
+        drop(c);
+        assert!(CacheDir::open(&root, 1 << 30, "other").is_err());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn chunks_beyond_the_limit_go_oldest_first() {
+        let root = dir();
+        let c = CacheDir::open(&root, 3000, "img").unwrap();
+        c.keep_chunk(0, 1, &[1; 1000]);
+        c.keep_chunk(1, 1, &[2; 1000]);
+        assert!(c.chunk(0, 1).is_some()); // 0 is now newer than 1
+        c.keep_chunk(2, 1, &[3; 1000]);
+        c.keep_chunk(3, 1, &[4; 1000]);
+        assert!(c.chunk(1, 1).is_none());
+        assert_eq!(c.chunk(0, 1).unwrap(), vec![1; 1000]);
+        assert_eq!(c.usage().chunk_bytes, 3000);
+        drop(c);
+        let c = CacheDir::open(&root, 3000, "img").unwrap();
+        assert_eq!(c.usage().chunks, 3);
+        drop(c);
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,291 @@
+//! `durability=local` and the cache directory on the crate's in-memory
+//! store: a flush that returns once its blocks are in the local WAL, the
+//! lag behind the store bounded, a restart from the same cache directory
+//! shipping what had not shipped, a takeover from another machine
+//! dropping it, and chunks served from the directory.
+
+mod common;
+
+use common::BeforePut;
+use foliofs::device::Device;
+use foliofs::{Fs, MkfsOptions, MountOptions};
+use foliofs_object::{Durability, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const SIZE: u64 = 64 << 20;
+
+fn cache_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("foliofs-local-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn local(dir: &std::path::Path) -> ObjectOptions {
+    ObjectOptions {
+        cache_dir: Some(dir.to_path_buf()),
+        durability: Durability::Local,
+        ..Default::default()
+    }
+}
+
+/// A store whose WAL PUTs fail (as a store that cannot be reached does)
+/// while `gate` is shut.
+fn gated(inner: Arc<InMemory>, gate: Arc<AtomicBool>) -> Arc<dyn ObjectStore> {
+    Arc::new(BeforePut::new(inner, move |key| {
+        if key.as_ref().contains("/wal/") && !gate.load(Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "test",
+                source: "the store is cut off".into(),
+            });
+        }
+        Ok(())
+    }))
+}
+
+fn ro_mount() -> MountOptions {
+    MountOptions {
+        read_only: true,
+        ..Default::default()
+    }
+}
+
+/// Wait until everything flushed has shipped.
+fn settle(dev: &ObjectDevice) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dev.stats().unshipped_bytes > 0 {
+        assert!(std::time::Instant::now() < until, "never shipped");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn content(i: usize) -> Vec<u8> {
+    (0..9000 + i * 1311)
+        .map(|k| (k * 7 + i * 13) as u8)
+        .collect()
+}
+
+fn mkfs(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<ObjectDevice> {
+    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
+    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    dev.flush().unwrap();
+    Arc::new(dev)
+}
+
+fn write_files(fs: &Fs, files: std::ops::Range<usize>) {
+    for i in files {
+        let f = fs
+            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(f.ino, 0, &content(i)).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+}
+
+/// Every file `f i` for i in `files` reads back whole (and no file past
+/// them is there), and fsck finds the image clean.
+fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    for i in files.clone() {
+        let a = fs
+            .lookup(fs.root_ino(), format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("f{i}: {e}"));
+        let want = content(i);
+        let mut got = vec![0; want.len()];
+        assert_eq!(fs.read(a.ino, 0, &mut got).unwrap(), want.len(), "f{i}");
+        assert!(got == want, "f{i} content");
+    }
+    let past = format!("f{}", files.end);
+    assert!(fs.lookup(fs.root_ino(), past.as_bytes()).is_err(), "{past}");
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
+
+/// Files fsynced while the store could take no WAL are durable in the
+/// local WAL alone: the writer stops there (dropped, its machine up
+/// again), and opening the image from the same cache directory ships
+/// them first.
+#[test]
+fn a_restart_from_the_cache_dir_ships_what_was_flushed_locally() {
+    let dir = cache_dir("restart");
+    let inner = Arc::new(InMemory::new());
+    let gate = Arc::new(AtomicBool::new(true));
+    let store = gated(inner.clone(), gate.clone());
+    let dev = mkfs(store.clone(), local(&dir));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    write_files(&fs, 0..3);
+    settle(&dev);
+    gate.store(false, Ordering::SeqCst);
+    write_files(&fs, 3..10);
+    let st = dev.stats();
+    assert!(st.unshipped_bytes > 0, "{st:?}");
+    assert!(st.fenced.is_none(), "{st:?}");
+    drop(fs);
+    drop(dev);
+    // Without the cache directory, the store alone: the first files only.
+    let plain: Arc<dyn ObjectStore> = inner.clone();
+    let ro = ObjectOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let seen = Arc::new(ObjectDevice::open(plain, Path::from("img"), ro).unwrap());
+    let fs = Fs::mount(seen, ro_mount()).unwrap();
+    assert!(fs.lookup(fs.root_ino(), b"f2").is_ok());
+    assert!(fs.lookup(fs.root_ino(), b"f3").is_err());
+    drop(fs);
+    gate.store(true, Ordering::SeqCst);
+    let opts = ObjectOptions {
+        takeover: true,
+        ..local(&dir)
+    };
+    let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
+    verify(dev.clone(), 0..10);
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Another machine that takes the image over while this writer's local
+/// WAL has not shipped: the writer is fenced when its shipper finds the
+/// WAL number taken, its next fsync fails, and what only its local WAL
+/// held is dropped when it starts again (the image is the new writer's).
+#[test]
+fn a_takeover_fences_a_local_writer_and_drops_its_unshipped_wal() {
+    let dir = cache_dir("takeover");
+    let inner = Arc::new(InMemory::new());
+    let gate = Arc::new(AtomicBool::new(true));
+    let store = gated(inner.clone(), gate.clone());
+    let dev = mkfs(store.clone(), local(&dir));
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    write_files(&fs, 0..2);
+    settle(&dev);
+    gate.store(false, Ordering::SeqCst);
+    write_files(&fs, 100..104);
+    // The other machine: the store itself, an empty cache.
+    let other: Arc<dyn ObjectStore> = inner.clone();
+    let opts = ObjectOptions {
+        takeover: true,
+        ..Default::default()
+    };
+    let dev2 = Arc::new(ObjectDevice::open(other, Path::from("img"), opts).unwrap());
+    let fs2 = Fs::mount(dev2.clone(), MountOptions::default()).unwrap();
+    write_files(&fs2, 2..4);
+    fs2.unmount().unwrap();
+    dev2.close().unwrap();
+    // The old writer's shipper finds its next WAL number taken.
+    gate.store(true, Ordering::SeqCst);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dev.stats().fenced.is_none() {
+        assert!(std::time::Instant::now() < until, "never fenced");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let f = fs.create(fs.root_ino(), b"late", 0o644, 0, 0).unwrap();
+    fs.write(f.ino, 0, b"late").unwrap();
+    assert!(fs.fsync(f.ino, false).is_err(), "a fenced writer's fsync");
+    drop(fs);
+    drop(dev);
+    let opts = ObjectOptions {
+        takeover: true,
+        ..local(&dir)
+    };
+    let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
+    verify(dev.clone(), 0..4);
+    let fs = Fs::mount(dev.clone(), ro_mount()).unwrap();
+    assert!(fs.lookup(fs.root_ino(), b"f100").is_err());
+    drop(fs);
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// While the store takes WAL objects slowly, fsyncs return as soon as
+/// the local WAL has them, and never with more than `wal_lag_max`
+/// unshipped.
+#[test]
+fn writers_wait_only_for_the_lag_to_shrink_below_its_bound() {
+    let dir = cache_dir("lag");
+    let inner = Arc::new(InMemory::new());
+    let puts = Arc::new(AtomicU64::new(0));
+    let counted = puts.clone();
+    let store: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner.clone(), move |key| {
+        if key.as_ref().contains("/wal/") {
+            counted.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        Ok(())
+    }));
+    let lag = 1 << 20;
+    let opts = ObjectOptions {
+        wal_lag_max: lag,
+        ..local(&dir)
+    };
+    let dev = mkfs(store.clone(), opts);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let f = fs.create(fs.root_ino(), b"big", 0o644, 0, 0).unwrap();
+    let piece: Vec<u8> = (0..128 << 10).map(|k| (k % 251) as u8).collect();
+    let mut most = 0;
+    for i in 0..64u64 {
+        fs.write(f.ino, i * piece.len() as u64, &piece).unwrap();
+        fs.fsync(f.ino, true).unwrap();
+        let st = dev.stats();
+        assert!(
+            st.unshipped_bytes <= lag,
+            "{} unshipped",
+            st.unshipped_bytes
+        );
+        most = most.max(st.unshipped_bytes);
+    }
+    assert!(most > 0, "no fsync returned before its WAL shipped");
+    let flushes = 64;
+    assert!(
+        puts.load(Ordering::SeqCst) < flushes,
+        "records were not shipped together: {} PUTs",
+        puts.load(Ordering::SeqCst)
+    );
+    fs.unmount().unwrap();
+    dev.close().unwrap();
+    assert_eq!(dev.stats().unshipped_bytes, 0);
+    let plain: Arc<dyn ObjectStore> = inner;
+    let dev = Arc::new(ObjectDevice::open(plain, Path::from("img"), Default::default()).unwrap());
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let a = fs.lookup(fs.root_ino(), b"big").unwrap();
+    let mut got = vec![0; piece.len()];
+    for i in 0..64u64 {
+        fs.read(a.ino, i * piece.len() as u64, &mut got).unwrap();
+        assert!(got == piece, "piece {i}");
+    }
+    fs.unmount().unwrap();
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chunks fetched once are read from the cache directory by the next
+/// device that opens it: no GET.
+#[test]
+fn chunks_come_from_the_cache_dir_on_the_next_open() {
+    let dir = cache_dir("chunks");
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = mkfs(store.clone(), ObjectOptions::default());
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    write_files(&fs, 0..20);
+    fs.unmount().unwrap();
+    dev.close().unwrap();
+    let cached = ObjectOptions {
+        cache_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    for round in 0..2 {
+        let dev =
+            Arc::new(ObjectDevice::open(store.clone(), Path::from("img"), cached.clone()).unwrap());
+        verify(dev.clone(), 0..20);
+        let st = dev.stats();
+        let disk = st.cache_dir.clone().unwrap();
+        if round == 0 {
+            assert!(st.chunk_gets > 0, "{st:?}");
+        } else {
+            assert_eq!(st.chunk_gets, 0, "{st:?}");
+            assert!(disk.hits > 0, "{disk:?}");
+        }
+        dev.close().unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
