@@ -21,12 +21,19 @@ extern "C" {
 typedef struct foliofs foliofs;
 
 /* Format IMAGE (created or grown to SIZE bytes if SIZE > 0). Refuses an
- * image that already holds a file system unless FORCE. */
+ * image that already holds a file system unless FORCE. IMAGE may be an
+ * object image URL (s3://BUCKET/PREFIX, file:///DIR; endpoint and
+ * credentials from the AWS_* environment): SIZE is needed, and an
+ * existing one is never overwritten (-EEXIST). */
 int foliofs_mkfs(const char *image, uint64_t size, int force);
 
 /* Mount IMAGE; OPTIONS is NULL or a comma-separated list as for
  * `foliofs mount -o` (dirty_limit=64M,page_cache=1G,wb_contexts=4,
- * prealloc=off,dio_cap=256,dio_lock=shared|exclusive,ro). NULL on error. */
+ * prealloc=off,dio_cap=256,dio_lock=shared|exclusive,ro). NULL on error.
+ * IMAGE may be an object image URL (URL@N: a snapshot, with ro), with
+ * its own options too: takeover, cache_dir=DIR, cache_size=SIZE,
+ * durability=object|local, wal_lag_max=SIZE. A writer's mount is NULL
+ * while another writer holds the image (foliofs_last_error names it). */
 foliofs *foliofs_mount(const char *image, const char *options);
 
 /* Write everything back, mark the file system clean and free FS (also when

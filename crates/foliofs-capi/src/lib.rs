@@ -10,6 +10,7 @@
 use foliofs::device::FileDevice;
 use foliofs::fs::{listing, Attr, Falloc, FileType, OpenFile, SetAttr, TimeSet, Timespec};
 use foliofs::{Error, Fs, MkfsOptions, MountOptions};
+use foliofs_object::{ObjectDevice, ObjectError, ObjectOptions};
 use parking_lot::RwLock;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -85,6 +86,31 @@ pub struct Foliofs {
     fs: Fs,
     handles: RwLock<HashMap<i64, Arc<Handle>>>,
     next: AtomicI64,
+    /// An object image's device, closed after the unmount.
+    object: Option<Arc<ObjectDevice>>,
+}
+
+/// An object store's error as a failure: EBUSY while another writer
+/// holds the image, EEXIST for mkfs over one, ENOENT where there is none,
+/// EINVAL for a URL or option that does not parse, EIO otherwise.
+fn object_fail(url: &str, e: ObjectError) -> Fail {
+    let errno = match &e {
+        ObjectError::Held { .. } => libc::EBUSY,
+        ObjectError::Exists { .. } => libc::EEXIST,
+        ObjectError::NoImage { .. } | ObjectError::NoSnapshot { .. } => libc::ENOENT,
+        ObjectError::Invalid(_) => libc::EINVAL,
+        _ => libc::EIO,
+    };
+    fail(errno, format!("{url}: {e}"))
+}
+
+/// The device an object image URL names (`URL@N`: snapshot N, read-only).
+fn open_object(url: &str, opts: ObjectOptions) -> Result<Arc<ObjectDevice>, Fail> {
+    let (base, snapshot) = foliofs_object::split_snapshot(url);
+    let (store, prefix) = foliofs_object::open_url(base).map_err(|e| object_fail(url, e))?;
+    let opts = ObjectOptions { snapshot, ..opts };
+    let dev = ObjectDevice::open(store, prefix, opts).map_err(|e| object_fail(url, e))?;
+    Ok(Arc::new(dev))
 }
 
 impl Foliofs {
@@ -232,7 +258,24 @@ unsafe fn copy_out(bytes: &[u8], buf: *mut c_void, len: usize) -> Result<i64, Fa
 pub unsafe extern "C" fn foliofs_mkfs(image: *const c_char, size: u64, force: c_int) -> c_int {
     call_int(|| {
         // SAFETY: per the contract above.
-        let path = Path::new(unsafe { cstr(image, "image") }?);
+        let name = unsafe { cstr(image, "image") }?;
+        if foliofs_object::is_url(name) {
+            if size == 0 {
+                return Err(fail(
+                    libc::EINVAL,
+                    format!("{name}: a new object image needs a size"),
+                ));
+            }
+            let (store, prefix) =
+                foliofs_object::open_url(name).map_err(|e| object_fail(name, e))?;
+            let dev = ObjectDevice::create(store, prefix, size, ObjectOptions::default())
+                .map_err(|e| object_fail(name, e))?;
+            foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {})?;
+            dev.close()
+                .map_err(|e| fail(libc::EIO, format!("{name}: {e}")))?;
+            return Ok(0);
+        }
+        let path = Path::new(name);
         let dev = match foliofs::fs::open_for_mkfs(path, (size > 0).then_some(size), force != 0) {
             Err(Error::Exists) => {
                 return Err(fail(
@@ -258,21 +301,37 @@ pub unsafe extern "C" fn foliofs_mount(
     let mut out = std::ptr::null_mut();
     call(|| {
         // SAFETY: per the contract above.
-        let path = Path::new(unsafe { cstr(image, "image") }?);
-        let opts = if options.is_null() {
-            MountOptions::default()
+        let name = unsafe { cstr(image, "image") }?;
+        let list = if options.is_null() {
+            ""
         } else {
             // SAFETY: per the contract above.
-            MountOptions::parse(unsafe { cstr(options, "options") }?)
-                .map_err(|e| fail(libc::EINVAL, e))?
+            unsafe { cstr(options, "options") }?
         };
-        let dev = FileDevice::open(path, !opts.read_only)
-            .map_err(|e| fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
-        let fs = Fs::mount(Arc::new(dev), opts)?;
+        // An object image's own options (takeover, cache_dir, ...) first.
+        let mut object_opts = ObjectOptions::default();
+        let list = match foliofs_object::is_url(name) {
+            true => object_opts
+                .take_from(list)
+                .map_err(|e| fail(libc::EINVAL, e))?,
+            false => list.to_string(),
+        };
+        let opts = MountOptions::parse(&list).map_err(|e| fail(libc::EINVAL, e))?;
+        let (dev, object): (Arc<dyn foliofs::device::Device>, _) = if foliofs_object::is_url(name) {
+            object_opts.read_only = opts.read_only;
+            let d = open_object(name, object_opts)?;
+            (d.clone(), Some(d))
+        } else {
+            let d = FileDevice::open(Path::new(name), !opts.read_only)
+                .map_err(|e| fail(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
+            (Arc::new(d), None)
+        };
+        let fs = Fs::mount(dev, opts)?;
         out = Box::into_raw(Box::new(Foliofs {
             fs,
             handles: RwLock::new(HashMap::new()),
             next: AtomicI64::new(0),
+            object,
         }));
         Ok(0)
     });
@@ -289,13 +348,22 @@ pub unsafe extern "C" fn foliofs_unmount(fs: *mut Foliofs) -> c_int {
         }
         // SAFETY: the caller gives up the handle.
         let b = unsafe { Box::from_raw(fs) };
-        let Foliofs { fs, handles, .. } = *b;
+        let Foliofs {
+            fs,
+            handles,
+            object,
+            ..
+        } = *b;
         for (_, h) in handles.into_inner() {
             if let Ok(h) = Arc::try_unwrap(h) {
                 fs.release_file(h.file)?;
             }
         }
         fs.unmount()?;
+        // An object image: the WAL folded and a manifest naming no writer.
+        if let Some(d) = object {
+            d.close().map_err(|e| fail(libc::EIO, e.to_string()))?;
+        }
         Ok(0)
     })
 }

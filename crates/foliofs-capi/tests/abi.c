@@ -193,6 +193,31 @@ int main(int argc, char **argv) {
     CHECK(foliofs_stat(fs, "d/log", &st) == 0 && st.size == 40000 && st.nlink == 2);
     CHECK(foliofs_stat(fs, "late", &st) == -ENOENT);
     CHECK(foliofs_unmount(fs) == 0);
+
+    /* An object image (a file:// store: a directory) where an image path
+     * goes: made, written, fsynced, held against a second writer,
+     * unmounted and read back. */
+    char url[4200];
+    snprintf(url, sizeof url, "file://%s.objects/img", argv[1]);
+    CHECK(foliofs_mkfs(url, 32 << 20, 0) == 0);
+    CHECK(foliofs_mkfs(url, 32 << 20, 0) == -EEXIST);
+    fs = foliofs_mount(url, "cache_dir=/nonexistent/never,durability=sometimes");
+    CHECK(fs == NULL && strstr(foliofs_last_error(), "durability") != NULL);
+    fs = foliofs_mount(url, NULL);
+    CHECK(fs != NULL);
+    CHECK(foliofs_mount(url, NULL) == NULL && strstr(foliofs_last_error(), "held by") != NULL);
+    fh = foliofs_open(fs, "o", O_CREAT | O_RDWR, 0644);
+    CHECK(fh >= 0);
+    static char data[40000];
+    memset(data, 'o', sizeof data);
+    CHECK(foliofs_pwrite(fs, fh, data, sizeof data, 0) == 40000);
+    CHECK(foliofs_fsync(fs, fh, 0) == 0);
+    CHECK(foliofs_close(fs, fh) == 0);
+    CHECK(foliofs_unmount(fs) == 0);
+    fs = foliofs_mount(url, "ro");
+    CHECK(fs != NULL);
+    CHECK(foliofs_stat(fs, "o", &st) == 0 && st.size == 40000);
+    CHECK(foliofs_unmount(fs) == 0);
     printf("C ABI: every check passed\n");
     return 0;
 }

@@ -325,7 +325,7 @@ fn hex(b: &[u8]) -> String {
 fn fsck_cmd(image: &Path, repair: bool, data: bool, read_only: bool, json: bool) -> Result<i32> {
     let mut object = None;
     let dev: Arc<dyn foliofs::device::Device> = if let Some(url) = object::url_of(image) {
-        let d = Arc::new(object::open(url, !repair, false, None)?);
+        let d = Arc::new(object::open(url, !repair, None, &Default::default())?);
         object = Some(d.clone());
         d
     } else if read_only {
@@ -406,7 +406,7 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
     let dev: Arc<dyn foliofs::device::Device> = match object::url_of(image) {
         Some(url) => {
             // The image as of now, without claiming it.
-            let d = object::open(url, true, false, None)?;
+            let d = object::open(url, true, None, &Default::default())?;
             let st = d.stats();
             let snaps = object::snapshots(url)?;
             if json && path.is_none() {
@@ -432,6 +432,7 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                     st.chunks
                 );
                 let base = foliofs_object::split_snapshot(url).0;
+                object::live_mounts(base);
                 if snaps.is_empty() {
                     println!("no snapshots");
                 }

@@ -68,9 +68,12 @@ pub struct Options {
     /// writes, flushes or reads root can make fail while mounted, through
     /// the `foliofs.fault` xattr of the mount's root.
     pub fault_injection: bool,
-    /// `-o takeover`: claim an object image whose manifest names another
-    /// writer (one that died, or one to be fenced).
-    pub takeover: bool,
+    /// An object image's options (`foliofs_object::MOUNT_OPTIONS`):
+    /// `takeover` claims one whose manifest names another writer (one
+    /// that died, or one to be fenced); its cache directory, durability.
+    pub object: foliofs_object::ObjectOptions,
+    /// Which of those were given (refused for an image file).
+    pub object_given: Vec<String>,
 }
 
 impl Options {
@@ -125,7 +128,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         suid: false,
         noexec: false,
         fault_injection: false,
-        takeover: false,
+        object: Default::default(),
+        object_given: Vec::new(),
     };
     for opt in list
         .iter()
@@ -141,6 +145,10 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             Ok(false) => {}
             Err(e) => bail!("-o {e}"),
         }
+        if o.object.set(k, v).map_err(|e| anyhow::anyhow!("-o {e}"))? {
+            o.object_given.push(k.to_string());
+            continue;
+        }
         match (k, v) {
             ("allow_other", None) => o.allow_other = Some(true),
             ("noallow_other", None) => o.allow_other = Some(false),
@@ -154,7 +162,6 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("exec", None) => o.noexec = false,
             ("noexec", None) => o.noexec = true,
             ("fault_injection", None) => o.fault_injection = true,
-            ("takeover", None) => o.takeover = true,
             ("default_permissions", None) => o.default_permissions = true,
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
@@ -185,8 +192,9 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, takeover, log=FILE, \
-                 log_level=error|warn|info|debug)"
+                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, {}, log=FILE, \
+                 log_level=error|warn|info|debug)",
+                foliofs_object::MOUNT_OPTIONS
             ),
         }
     }
@@ -308,10 +316,15 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
         let (dev, object): (Arc<dyn foliofs::device::Device>, _) = match &url {
             Some(u) => {
-                let d = crate::object::open(u, o.engine.read_only, o.takeover, Some(dir))?;
+                let d = crate::object::open(u, o.engine.read_only, Some(dir), &o.object)?;
                 let d = Arc::new(d);
                 (d.clone(), Some(d))
             }
+            None if !o.object_given.is_empty() => bail!(
+                "-o {} is for object images (s3://BUCKET/PREFIX); {} is a file",
+                o.object_given.join(","),
+                image.display()
+            ),
             None => {
                 let d = FileDevice::open_with(
                     &image,
@@ -379,11 +392,16 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             SessionACL::Owner
         };
         cfg.clone_fd = true;
+        let device_status = object.clone().map(|d| {
+            Arc::new(move || serde_json::to_value(d.stats()).unwrap_or_default())
+                as foliofs_fuse::DeviceStatus
+        });
         let fuse = FuseOptions {
             cache: o.cache.clone(),
             posix_acl: o.default_permissions,
             io_uring: o.io_uring,
             faults,
+            device_status,
         };
         let serve = Serve {
             threads: o.threads,

@@ -29,13 +29,14 @@ pub(crate) fn create(url: &str, size: u64) -> Result<ObjectDevice> {
 }
 
 /// Open the image at `url`: read-only without claiming it, or claimed for
-/// writing (refused while its manifest names a writer, unless `takeover`).
+/// writing (refused while its manifest names a writer, unless
+/// `given.takeover`), with `given`'s cache directory and durability.
 /// `URL@N` opens snapshot N, read-only only.
 pub(crate) fn open(
     url: &str,
     read_only: bool,
-    takeover: bool,
     mount_point: Option<&Path>,
+    given: &ObjectOptions,
 ) -> Result<ObjectDevice> {
     let (base, snapshot) = split_snapshot(url);
     if let (Some(n), false) = (snapshot, read_only) {
@@ -46,12 +47,50 @@ pub(crate) fn open(
     let (store, prefix) = open_url(base).map_err(|e| for_people(url, e))?;
     let opts = ObjectOptions {
         read_only,
-        takeover,
         mount_point: mount_point.map(|p| p.display().to_string()),
         snapshot,
-        ..Default::default()
+        ..given.clone()
     };
     ObjectDevice::open(store, prefix, opts).map_err(|e| for_people(url, e))
+}
+
+/// For `foliofs stat URL`: what the mounts of the image on this machine
+/// report of it (its writer's WAL lag and cache directory are known only
+/// to the writer's daemon).
+pub(crate) fn live_mounts(url: &str) {
+    for m in foliofs::device::lock::fuse_mounts() {
+        if m.source != url {
+            continue;
+        }
+        let Some(dev) = crate::status::read_counters(&m.mount_point)
+            .ok()
+            .and_then(|c| c.get("device").cloned())
+        else {
+            continue;
+        };
+        let n = |k: &str| dev.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let durability = dev
+            .get("durability")
+            .and_then(|d| d.as_str())
+            .unwrap_or("object");
+        print!(
+            "mounted here on {}{}: durability={durability}, WAL lag {}",
+            m.mount_point.display(),
+            if m.read_only { " (ro)" } else { "" },
+            crate::status::bytes(n("unshipped_bytes")),
+        );
+        match dev.get("cache_dir").filter(|c| c.is_object()) {
+            Some(c) => {
+                let c = |k: &str| c.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                println!(
+                    ", cache_dir {} of {}",
+                    crate::status::bytes(c("chunk_bytes") + c("wal_bytes")),
+                    crate::status::bytes(c("limit_bytes"))
+                );
+            }
+            None => println!(", no cache_dir"),
+        }
+    }
 }
 
 /// `foliofs umount` of an object image: wait until the daemon's close

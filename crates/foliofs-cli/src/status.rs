@@ -228,10 +228,6 @@ pub fn render(
             "per second since mount".into()
         }
     );
-    let row = |w: &mut String, name: &str, total: String, per: String| {
-        let line = format!("  {name:<32}{total:>12}  {per}");
-        let _ = writeln!(w, "{}", line.trim_end());
-    };
     for (name, k) in [
         ("read by programs", "bytes_read_app"),
         ("written by programs", "bytes_written_app"),
@@ -345,7 +341,79 @@ pub fn render(
         count(get(now, "fuse_enospc_gated")),
         "ENOSPC before the data was taken".into(),
     );
+    if let Some(dev) = now.get("device").filter(|d| d.is_object()) {
+        object_rows(w, dev, rate("device.wal_bytes", bytes));
+    }
     p
+}
+
+/// One line of the page: name, total, and what it is per second or of.
+fn row(w: &mut String, name: &str, total: String, per: String) {
+    let line = format!("  {name:<32}{total:>12}  {per}");
+    let _ = writeln!(w, "{}", line.trim_end());
+}
+
+/// An object image's part of the page: where its flushes are durable,
+/// what has not reached the store, the cache directory.
+/// `wal_rate` is the WAL bytes PUT per second.
+fn object_rows(w: &mut String, dev: &Value, wal_rate: String) {
+    let durability = dev
+        .get("durability")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
+    let _ = writeln!(
+        w,
+        "
+object store"
+    );
+    row(
+        w,
+        "writer epoch",
+        get(dev, "epoch").to_string(),
+        match dev.get("fenced").and_then(Value::as_str) {
+            Some(why) => format!("writing stopped: {why}"),
+            None => format!(
+                "manifest {}, next WAL {}",
+                get(dev, "manifest"),
+                get(dev, "next_wal")
+            ),
+        },
+    );
+    row(
+        w,
+        "WAL PUTs",
+        count(get(dev, "wal_puts")),
+        format!("{} in all, {}", bytes(get(dev, "wal_bytes")), wal_rate),
+    );
+    row(
+        w,
+        "WAL lag",
+        bytes(get(dev, "unshipped_bytes")),
+        format!("durability={durability}: flushed, not yet in the store"),
+    );
+    row(
+        w,
+        "chunks",
+        count(get(dev, "chunk_gets")),
+        format!(
+            "GETs; {} PUTs in {} checkpoints",
+            count(get(dev, "chunk_puts")),
+            count(get(dev, "checkpoints"))
+        ),
+    );
+    if let Some(c) = dev.get("cache_dir").filter(|c| c.is_object()) {
+        row(
+            w,
+            "cache_dir",
+            bytes(get(c, "chunk_bytes") + get(c, "wal_bytes")),
+            format!(
+                "of {} in {} ({} chunks read from it)",
+                bytes(get(c, "limit_bytes")),
+                c.get("dir").and_then(Value::as_str).unwrap_or("?"),
+                count(get(c, "hits"))
+            ),
+        );
+    }
 }
 
 #[cfg(test)]

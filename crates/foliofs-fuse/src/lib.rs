@@ -291,6 +291,7 @@ pub struct FuseFs {
     uncached_opens: AtomicU64,
     /// The device's fault switches (`-o fault_injection`, `FAULT_XATTR`).
     faults: Option<Arc<foliofs::device::Faults>>,
+    device_status: Option<DeviceStatus>,
 }
 
 /// What the mount asks of the adapter.
@@ -308,7 +309,13 @@ pub struct FuseOptions {
     pub io_uring: bool,
     /// Let root switch the device's faults through `FAULT_XATTR`.
     pub faults: Option<Arc<foliofs::device::Faults>>,
+    /// What the device under the engine reports of itself (an object
+    /// image: its WAL lag and cache), as `device` in the counters.
+    pub device_status: Option<DeviceStatus>,
 }
+
+/// A device's own report, for the counters (`FuseOptions::device_status`).
+pub type DeviceStatus = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Engine errors to errnos, in one place. Corruption and device errors
 /// met by a request are logged here; the engine itself logs each data
@@ -420,6 +427,7 @@ impl FuseFs {
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
             faults: o.faults,
+            device_status: o.device_status,
         }
     }
 
@@ -670,6 +678,9 @@ impl FuseFs {
                 self.uncached_opens.load(Ordering::Relaxed).into(),
             );
             m.insert("fuse_enospc_gated".into(), self.space.refused().into());
+            if let Some(status) = &self.device_status {
+                m.insert("device".into(), status());
+            }
             m.insert(
                 "fuse_kernel_drops".into(),
                 self.kernel.drops().had.load(Ordering::Relaxed).into(),

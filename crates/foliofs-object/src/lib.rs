@@ -198,10 +198,18 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             {
                 b = b.with_region("us-east-1");
             }
+            // Each request rides out a server restarting (SeaweedFS
+            // answers 500 for a second or two after it listens): up to
+            // 16 tries over about 45 s, pauses doubling to 4 s. A flush
+            // tries again beyond that (`ObjectOptions::retry`).
             b = b.with_retry(object_store::RetryConfig {
-                max_retries: 8,
-                retry_timeout: std::time::Duration::from_secs(30),
-                ..Default::default()
+                max_retries: 16,
+                retry_timeout: std::time::Duration::from_secs(60),
+                backoff: object_store::BackoffConfig {
+                    init_backoff: std::time::Duration::from_millis(100),
+                    max_backoff: std::time::Duration::from_secs(4),
+                    base: 2.0,
+                },
             });
             Ok((Arc::new(b.build()?), prefix))
         }
@@ -219,9 +227,65 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
     }
 }
 
+/// The mount options of an object image, as the CLI, /etc/fstab and the
+/// C ABI take them.
+pub const MOUNT_OPTIONS: &str =
+    "takeover, cache_dir=DIR, cache_size=SIZE, durability=object|local, wal_lag_max=SIZE";
+
+impl ObjectOptions {
+    /// Take the mount option `k[=v]` if it is one of `MOUNT_OPTIONS`
+    /// (false if it is not); a bad value is an error naming it.
+    pub fn set(&mut self, k: &str, v: Option<&str>) -> Result<bool, String> {
+        let size = |v: &str| foliofs::fs::parse_size(v).map_err(|e| format!("{k}={v}: {e}"));
+        match (k, v) {
+            ("takeover", None) => self.takeover = true,
+            ("cache_dir", Some(d)) if !d.is_empty() => {
+                self.cache_dir =
+                    Some(std::path::absolute(d).map_err(|e| format!("cache_dir={d}: {e}"))?);
+            }
+            ("cache_size", Some(v)) => self.cache_size = size(v)?,
+            ("wal_lag_max", Some(v)) => self.wal_lag_max = size(v)?,
+            ("durability", Some(v)) => self.durability = v.parse()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Split the object image's options off a comma-separated list; the
+    /// rest, in order, for the engine.
+    pub fn take_from(&mut self, list: &str) -> Result<String, String> {
+        let mut rest = Vec::new();
+        for opt in list.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            if !self.set(k, v)? {
+                rest.push(opt);
+            }
+        }
+        Ok(rest.join(","))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_snapshot;
+
+    #[test]
+    fn object_options_split_off_the_engines() {
+        let mut o = super::ObjectOptions::default();
+        let rest = o
+            .take_from("ro,takeover,cache_dir=/c,cache_size=2G,durability=local,sync")
+            .unwrap();
+        assert_eq!(rest, "ro,sync");
+        assert!(o.takeover);
+        assert_eq!(o.cache_dir.as_deref(), Some(std::path::Path::new("/c")));
+        assert_eq!(o.cache_size, 2 << 30);
+        assert_eq!(o.durability, super::Durability::Local);
+        assert!(o.take_from("durability=often").is_err());
+        assert!(o.take_from("wal_lag_max=lots").is_err());
+    }
 
     #[test]
     fn snapshot_urls_split() {
