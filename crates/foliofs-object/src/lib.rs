@@ -198,19 +198,25 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             {
                 b = b.with_region("us-east-1");
             }
-            // Each request rides out a server restarting (SeaweedFS
-            // answers 500 for a second or two after it listens): up to
-            // 16 tries over about 45 s, pauses doubling to 4 s. A flush
-            // tries again beyond that (`ObjectOptions::retry`).
-            b = b.with_retry(object_store::RetryConfig {
-                max_retries: 16,
-                retry_timeout: std::time::Duration::from_secs(60),
-                backoff: object_store::BackoffConfig {
-                    init_backoff: std::time::Duration::from_millis(100),
-                    max_backoff: std::time::Duration::from_secs(4),
-                    base: 2.0,
-                },
-            });
+            Ok((Arc::new(b.with_retry(retry_config()).build()?), prefix))
+        }
+        // Credentials from GOOGLE_SERVICE_ACCOUNT (a key file) or
+        // GOOGLE_APPLICATION_CREDENTIALS.
+        "gs" => {
+            let bucket = parsed.host_str().ok_or_else(|| bad("no bucket"))?;
+            let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry_config());
+            Ok((Arc::new(b.build()?), prefix))
+        }
+        // az://CONTAINER/PREFIX; the account and its key from
+        // AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or the
+        // other AZURE_* variables object_store reads).
+        "az" | "abfs" => {
+            let container = parsed.host_str().ok_or_else(|| bad("no container"))?;
+            let b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_container_name(container)
+                .with_retry(retry_config());
             Ok((Arc::new(b.build()?), prefix))
         }
         "file" => {
@@ -268,9 +274,44 @@ impl ObjectOptions {
     }
 }
 
+/// How a request to the store is tried again: each rides out a server
+/// restarting (SeaweedFS answers 500 for a second or two after it
+/// listens), up to 16 tries over about 45 s, pauses doubling to 4 s. A
+/// flush tries again beyond that (`ObjectOptions::retry`). 503 SlowDown
+/// and other 5xx are retried; 4xx are not.
+fn retry_config() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 16,
+        retry_timeout: std::time::Duration::from_secs(60),
+        backoff: object_store::BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(100),
+            max_backoff: std::time::Duration::from_secs(4),
+            base: 2.0,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_snapshot;
+
+    #[test]
+    fn every_scheme_parses_and_a_missing_account_is_named() {
+        assert!(matches!(
+            super::open_url("ftp://x/y"),
+            Err(super::ObjectError::Invalid(_))
+        ));
+        assert!(matches!(
+            super::open_url("not a url"),
+            Err(super::ObjectError::Invalid(_))
+        ));
+        // Without an account the Azure builder says what is missing.
+        if std::env::var_os("AZURE_STORAGE_ACCOUNT_NAME").is_none() {
+            let e = super::open_url("az://container/img").expect_err("no account");
+            assert!(e.to_string().to_lowercase().contains("account"), "{e}");
+        }
+        assert!(super::open_url("memory:///img").is_ok());
+    }
 
     #[test]
     fn object_options_split_off_the_engines() {

@@ -419,19 +419,16 @@ impl CacheDir {
 mod tests {
     use super::*;
 
-    fn dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "foliofs-cachedir-{}-{}",
-            std::process::id(),
-            crate::device::now_secs()
-        ));
+    fn dir(test: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("foliofs-cachedir-{test}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
     }
 
     #[test]
     fn the_local_wal_survives_reopening_up_to_a_cut_record() {
-        let root = dir();
+        let root = dir("wal");
         let block = vec![7u8; BLOCK as usize];
         {
             let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
@@ -459,7 +456,7 @@ mod tests {
 
     #[test]
     fn chunks_beyond_the_limit_go_oldest_first() {
-        let root = dir();
+        let root = dir("chunks");
         let c = CacheDir::open(&root, 3000, "img").unwrap();
         c.keep_chunk(0, 1, &[1; 1000]);
         c.keep_chunk(1, 1, &[2; 1000]);
