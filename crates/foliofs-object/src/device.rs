@@ -14,14 +14,18 @@
 //! flush fails (EIO). A writer never overwrites an object, so nothing a
 //! fenced writer does is ever read.
 //!
+//! Reads that go on sequentially fetch the next chunks ahead (see
+//! `readahead`).
+//!
 //! Locks: `flushing` (one flush or checkpoint at a time, held across its
 //! PUTs) is taken before `state` (held only to look up or move blocks,
-//! never across a request).
+//! never across a request). The read-ahead's own lock is taken alone.
 
 use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
     WalRecord, Writer, BLOCK, CHUNK_BLOCKS, OBJECT_FORMAT,
 };
+use crate::readahead::ReadAhead;
 use crate::{keep, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
@@ -59,6 +63,9 @@ pub struct ObjectOptions {
     /// Open this snapshot (read-only): its manifest's chunks and its WAL,
     /// never the WAL after it, nothing claimed.
     pub snapshot: Option<u64>,
+    /// Chunks fetched ahead of a sequential read at a time (0: off); at
+    /// most half the chunks `cache_bytes` holds.
+    pub read_ahead_chunks: usize,
 }
 
 impl Default for ObjectOptions {
@@ -72,6 +79,7 @@ impl Default for ObjectOptions {
             retry: std::time::Duration::from_secs(120),
             mount_point: None,
             snapshot: None,
+            read_ahead_chunks: 4,
         }
     }
 }
@@ -85,6 +93,8 @@ pub struct ObjectStats {
     pub wal_puts: u64,
     pub wal_bytes: u64,
     pub chunk_gets: u64,
+    /// Of `chunk_gets`, chunks fetched ahead of a sequential read.
+    pub chunks_read_ahead: u64,
     pub chunk_puts: u64,
     pub checkpoints: u64,
     /// Bytes in the WAL not yet folded into chunks.
@@ -141,6 +151,7 @@ pub struct ObjectDevice {
     /// `flushing`, never with `state`.
     kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
     state: Mutex<State>,
+    ahead: ReadAhead,
 }
 
 pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
@@ -410,6 +421,7 @@ impl ObjectDevice {
     ) -> ObjectDevice {
         let unfolded = logged.len() as u64 * BLOCK;
         let snapshot = opts.snapshot;
+        let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts));
         ObjectDevice {
             rt,
             store,
@@ -423,6 +435,7 @@ impl ObjectDevice {
             opts,
             flushing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
+            ahead,
             state: Mutex::new(State {
                 manifest_id,
                 next_wal,
@@ -453,6 +466,7 @@ impl ObjectDevice {
         st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
         st.chunks = s.manifest.chunks.len() as u64;
         st.writer = s.manifest.writer.clone();
+        st.chunks_read_ahead = self.ahead.used();
         st
     }
 
@@ -493,7 +507,10 @@ impl ObjectDevice {
         }
         let key = chunk_key(&self.prefix, idx, version);
         let len = self.chunk_len(idx);
-        let bytes = self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?;
+        let bytes = match self.ahead.take(&self.rt, idx, version) {
+            Some(bytes) => bytes,
+            None => self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?,
+        };
         let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
         let data = Arc::new(data);
         let mut s = self.state.lock();
@@ -512,7 +529,7 @@ impl ObjectDevice {
     }
 
     fn trim_cache(&self, s: &mut State) {
-        let limit = (self.opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize;
+        let limit = cache_chunks(&self.opts);
         while s.chunks.len() > limit {
             let oldest = s
                 .chunks
@@ -819,6 +836,11 @@ async fn replay(
     Ok((seq, logged))
 }
 
+/// Chunks the cache holds.
+fn cache_chunks(opts: &ObjectOptions) -> usize {
+    (opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize
+}
+
 fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
     if offset.checked_add(n as u64).is_none_or(|end| end > len) {
         return Err(io::Error::new(
@@ -897,6 +919,7 @@ impl ObjectDevice {
     fn read_blocks(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let first = offset / BLOCK;
         let bs = BLOCK as usize;
+        self.read_ahead(first, first + (buf.len() / bs) as u64);
         let mut i = 0;
         while i < buf.len() / bs {
             let b = first + i as u64;
@@ -933,6 +956,26 @@ impl ObjectDevice {
             i += run;
         }
         Ok(())
+    }
+
+    /// After a read of blocks `first..end` that went on from the one
+    /// before: fetch the chunks after it that the cache lacks (see
+    /// `readahead`).
+    fn read_ahead(&self, first: u64, end: u64) {
+        let next = self.ahead.after_read(first, end, CHUNK_BLOCKS);
+        if next.is_empty() {
+            return;
+        }
+        let wanted: Vec<(u64, u64)> = {
+            let s = self.state.lock();
+            next.filter_map(|idx| Some((idx, *s.manifest.chunks.get(&idx)?)))
+                .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.0 != *v))
+                .collect()
+        };
+        for (idx, v) in wanted {
+            let key = chunk_key(&self.prefix, idx, v);
+            self.ahead.start(&self.rt, &self.store, key, idx, v);
+        }
     }
 
     /// Whole blocks at `offset`, into the next flush.

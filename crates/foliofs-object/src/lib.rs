@@ -34,6 +34,7 @@
 mod device;
 pub mod keep;
 pub mod layout;
+mod readahead;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};

@@ -1,0 +1,84 @@
+//! Read-ahead of chunks: a cold sequential read of an image (a fresh
+//! device, nothing cached) gets every chunk after the first from a fetch
+//! made ahead, each once, and reads the right bytes; reads that jump
+//! about, or read-ahead off, fetch only what they read.
+
+use foliofs::device::Device;
+use foliofs_object::{InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
+use std::sync::Arc;
+
+/// 16 chunks of 4 MiB.
+const SIZE: u64 = 64 << 20;
+const CHUNKS: u64 = SIZE / (4 << 20);
+const MIB: usize = 1 << 20;
+
+/// MiB `m` of the image: every byte says where it is.
+fn mib(m: u64) -> Vec<u8> {
+    (0..MIB as u64)
+        .map(|k| (((m << 20) | k).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// An image whose every chunk is in the store (written, then folded by
+/// the close).
+fn written_image() -> Arc<dyn ObjectStore> {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev =
+        ObjectDevice::create(store.clone(), Path::from("img"), SIZE, Default::default()).unwrap();
+    for m in 0..SIZE >> 20 {
+        dev.write_at(&mib(m), m << 20).unwrap();
+    }
+    dev.close().unwrap();
+    assert_eq!(dev.stats().chunks, CHUNKS);
+    store
+}
+
+fn cold(store: Arc<dyn ObjectStore>, read_ahead_chunks: usize) -> ObjectDevice {
+    let opts = ObjectOptions {
+        read_only: true,
+        read_ahead_chunks,
+        ..Default::default()
+    };
+    ObjectDevice::open(store, Path::from("img"), opts).unwrap()
+}
+
+fn read_mib(dev: &ObjectDevice, m: u64) {
+    let mut got = vec![0; MIB];
+    dev.read_at(&mut got, m << 20).unwrap();
+    assert!(got == mib(m), "MiB {m}");
+}
+
+#[test]
+fn a_cold_sequential_read_fetches_the_next_chunks_ahead() {
+    let dev = cold(written_image(), 4);
+    for m in 0..SIZE >> 20 {
+        read_mib(&dev, m);
+    }
+    let st = dev.stats();
+    // The first read starts nothing (no read before it); the second
+    // goes on from it and every chunk after the first comes from a
+    // fetch made ahead. Each chunk is fetched once.
+    assert_eq!(st.chunks_read_ahead, CHUNKS - 1, "{st:?}");
+    assert_eq!(st.chunk_gets, CHUNKS, "{st:?}");
+}
+
+#[test]
+fn reads_that_jump_or_read_ahead_off_fetch_only_what_they_read() {
+    let store = written_image();
+    let dev = cold(store.clone(), 4);
+    // Every other chunk, backwards: never where the last read ended.
+    for c in (0..CHUNKS).rev().step_by(2) {
+        read_mib(&dev, c * 4 + 1);
+    }
+    let st = dev.stats();
+    assert_eq!(st.chunks_read_ahead, 0, "{st:?}");
+    assert_eq!(st.chunk_gets, CHUNKS / 2, "{st:?}");
+
+    let dev = cold(store, 0);
+    for m in 0..SIZE >> 20 {
+        read_mib(&dev, m);
+    }
+    let st = dev.stats();
+    assert_eq!(st.chunks_read_ahead, 0, "{st:?}");
+    assert_eq!(st.chunk_gets, CHUNKS, "{st:?}");
+}
