@@ -12,8 +12,16 @@
 //! the chunk is fetched again, with retries, by the reader that needs it:
 //! read-ahead never turns a passing failure into an error.
 //!
-//! One sequential stream is followed (the last read's end): reads that
-//! jump about start nothing. The depth is bounded by the cache, so that
+//! A few sequential streams are followed at once, each by where its last
+//! read ended: the engine's direct read of a file interleaves its data
+//! with reads of the blocks holding their checksums elsewhere, one block
+//! at a time, and either alone would break the other's sequence. A
+//! stream reads ahead once it has read a quarter of a chunk in order (a
+//! file's 1 MiB reads from the second on; a stream of single metadata
+//! blocks only after 256 of them). A read a few blocks past a stream's
+//! end (up to 64: a file's next extent) goes on with it; reads that jump
+//! about start nothing.
+//! The depth, for all streams together, is bounded by the cache, so that
 //! chunks fetched ahead are not evicted by each other before they are
 //! read: at most half the chunks the cache holds.
 //!
@@ -39,9 +47,20 @@ pub(crate) struct ReadAhead {
     used: AtomicU64,
 }
 
-struct Inner {
-    /// The block after the last read's end.
+/// Streams followed at once.
+const STREAMS: usize = 4;
+
+/// Reads that went on from each other: where the next would start, and
+/// blocks read in order so far.
+#[derive(Clone, Copy)]
+struct Stream {
     next_block: u64,
+    run_blocks: u64,
+}
+
+struct Inner {
+    /// The streams, the latest read's first.
+    streams: Vec<Stream>,
     /// Fetches started, by chunk index: (version, the fetch).
     fetches: BTreeMap<u64, (u64, Fetch)>,
 }
@@ -53,7 +72,7 @@ impl ReadAhead {
         ReadAhead {
             depth: wanted.min(cache_chunks / 2),
             inner: Mutex::new(Inner {
-                next_block: u64::MAX,
+                streams: Vec::with_capacity(STREAMS),
                 fetches: BTreeMap::new(),
             }),
             used: AtomicU64::new(0),
@@ -61,10 +80,10 @@ impl ReadAhead {
     }
 
     /// A read of blocks `first..end` (chunks of `chunk_blocks`): if it
-    /// goes on where the previous read ended, the chunks to fetch ahead
-    /// (those after the read's last chunk, `depth` of them, less the ones
-    /// already fetching). Fetches of chunks the reads have passed are
-    /// dropped.
+    /// goes on where a stream's last read ended and the stream has read a
+    /// quarter chunk in order, the chunks to fetch ahead (those after the
+    /// read's last chunk, `depth` of them). Fetches of chunks before this
+    /// read's are dropped: its stream has passed them.
     pub(crate) fn after_read(
         &self,
         first: u64,
@@ -75,15 +94,35 @@ impl ReadAhead {
             return 0..0;
         }
         let mut a = self.inner.lock();
-        let sequential = first == a.next_block;
-        a.next_block = end;
+        let n = end - first;
+        // A small step forward (the next extent of a file, after a few
+        // blocks of metadata) still goes on.
+        let step = chunk_blocks / 16;
+        let goes_on = |s: &Stream| first >= s.next_block && first - s.next_block <= step;
+        let stream = match a.streams.iter().position(goes_on) {
+            Some(i) => {
+                let s = a.streams.remove(i);
+                Stream {
+                    next_block: end,
+                    run_blocks: s.run_blocks + n,
+                }
+            }
+            None => {
+                a.streams.truncate(STREAMS - 1);
+                Stream {
+                    next_block: end,
+                    run_blocks: 0,
+                }
+            }
+        };
+        a.streams.insert(0, stream);
         let from = first / chunk_blocks;
         let passed: Vec<u64> = a.fetches.range(..from).map(|(&i, _)| i).collect();
         for i in passed {
             let (_, f) = a.fetches.remove(&i).expect("listed");
             f.abort();
         }
-        if !sequential {
+        if stream.run_blocks < chunk_blocks / 4 {
             return 0..0;
         }
         let last = (end - 1) / chunk_blocks;
@@ -157,7 +196,21 @@ mod tests {
         assert_eq!(ra.after_read(0, 256, 1024), 0..0, "the first read");
         assert_eq!(ra.after_read(256, 512, 1024), 1..5);
         assert_eq!(ra.after_read(5000, 5256, 1024), 0..0, "a jump");
-        assert_eq!(ra.after_read(5256, 6144, 1024), 6..10);
+        assert_eq!(ra.after_read(5256, 5512, 1024), 6..10);
+        assert_eq!(ra.after_read(5550, 5600, 1024), 6..10, "a step");
+        assert_eq!(ra.after_read(5300, 5400, 1024), 0..0, "backwards");
+        assert_eq!(ra.after_read(5600, 6144, 1024), 6..10);
+        // A file's data and its checksums' blocks, in turn.
+        let ra = ReadAhead::new(4, 64);
+        for k in 0..4 {
+            let data = ra.after_read(4096 + k * 256, 4096 + (k + 1) * 256, 1024);
+            assert_eq!(data, if k == 0 { 0..0 } else { 5..9 }, "data read {k}");
+            assert_eq!(
+                ra.after_read(9 + k, 10 + k, 1024),
+                0..0,
+                "checksum read {k}"
+            );
+        }
         assert_eq!(ReadAhead::new(4, 4).depth, 2, "half the cache");
         assert_eq!(ReadAhead::new(0, 64).after_read(0, 1, 1024), 0..0);
     }
