@@ -38,6 +38,66 @@ fn bench_smoke_json() {
     assert!(!img.exists(), "the bench image is removed afterwards");
 }
 
+/// `--image URL`: W1 and W4 on an object image (a `file://` store here,
+/// SeaweedFS in BENCH.md), the server's floor and the cold read beside
+/// them with their ratios, and nothing left in the store afterwards.
+#[test]
+fn bench_on_an_object_image() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-object");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "W1", "W4", "--file-mib", "16", "--rounds", "2"])
+        .args(["--seconds", "0.2", "--json", "--image"])
+        .arg(format!("file://{}", dir.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outcomes = v.as_array().unwrap();
+    let ids: Vec<&str> = outcomes.iter().map(|o| o["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["W1", "W4", "OBJ"]);
+    let names: Vec<&str> = outcomes
+        .iter()
+        .flat_map(|o| o["series"].as_array().unwrap())
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("raw")), "{names:?}");
+    let ratios: Vec<&str> = outcomes[2]["ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["what"].as_str().unwrap())
+        .collect();
+    for want in [
+        "W1 fdatasyncs/s",
+        "W4 / 8 MiB PUTs",
+        "cold read / 8 MiB GETs",
+    ] {
+        assert!(
+            ratios.iter().any(|r| r.starts_with(want)),
+            "{want}: {ratios:?}"
+        );
+    }
+    for r in outcomes[2]["ratios"].as_array().unwrap() {
+        let vals = r["values"].as_array().unwrap();
+        assert!(vals.iter().all(|x| x.as_f64().unwrap() > 0.0), "{r}");
+    }
+    let mut left = Vec::new();
+    let mut dirs = vec![dir.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                left.push(p);
+            }
+        }
+    }
+    assert!(left.is_empty(), "objects left after the run: {left:?}");
+}
+
 #[test]
 fn bench_rejects_bad_input() {
     for args in [

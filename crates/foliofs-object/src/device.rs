@@ -14,15 +14,19 @@
 //! flush fails (EIO). A writer never overwrites an object, so nothing a
 //! fenced writer does is ever read.
 //!
+//! Reads that go on sequentially fetch the next chunks ahead (see
+//! `readahead`).
+//!
 //! Locks: `flushing` (one flush or checkpoint at a time, held across its
 //! PUTs) is taken before `state` (held only to look up or move blocks,
-//! never across a request).
+//! never across a request). The read-ahead's own lock is taken alone.
 
 use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
     WalRecord, Writer, BLOCK, CHUNK_BLOCKS, FENCE_BYTES, OBJECT_FORMAT,
 };
 use crate::local::{CacheDir, CacheUse, Durability};
+use crate::readahead::ReadAhead;
 use crate::{keep, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
@@ -71,6 +75,9 @@ pub struct ObjectOptions {
     /// With `Durability::Local`: flushes wait while more than this many
     /// bytes are durable only locally.
     pub wal_lag_max: u64,
+    /// Chunks fetched ahead of a sequential read at a time (0: off); at
+    /// most half the chunks `cache_bytes` holds.
+    pub read_ahead_chunks: usize,
 }
 
 impl Default for ObjectOptions {
@@ -88,6 +95,7 @@ impl Default for ObjectOptions {
             cache_size: 4 << 30,
             durability: Durability::Object,
             wal_lag_max: 64 << 20,
+            read_ahead_chunks: 4,
         }
     }
 }
@@ -101,6 +109,8 @@ pub struct ObjectStats {
     pub wal_puts: u64,
     pub wal_bytes: u64,
     pub chunk_gets: u64,
+    /// Of `chunk_gets`, chunks fetched ahead of a sequential read.
+    pub chunks_read_ahead: u64,
     pub chunk_puts: u64,
     pub checkpoints: u64,
     /// Bytes in the WAL not yet folded into chunks.
@@ -185,6 +195,7 @@ pub struct ObjectDevice {
     disk: Option<Arc<CacheDir>>,
     shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
     ship_stop: Arc<AtomicBool>,
+    ahead: ReadAhead,
 }
 
 pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
@@ -581,6 +592,7 @@ impl ObjectDevice {
             true => Durability::Object,
             false => opts.durability,
         };
+        let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts));
         let dev = ObjectDevice {
             rt,
             store,
@@ -594,6 +606,7 @@ impl ObjectDevice {
             opts,
             flushing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
+            ahead,
             state: Arc::new(Mutex::new(State {
                 manifest_id,
                 next_wal,
@@ -641,6 +654,7 @@ impl ObjectDevice {
         st.unshipped_bytes = s.unshipped_bytes;
         drop(s);
         st.cache_dir = self.disk.as_ref().map(|d| d.usage());
+        st.chunks_read_ahead = self.ahead.used();
         st
     }
 
@@ -685,8 +699,12 @@ impl ObjectDevice {
         let (data, fetched) = match self.chunk_from_disk(&key, idx, version) {
             Some(data) => (data, 0),
             None => {
-                let bytes =
-                    self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?;
+                let bytes = match self.ahead.take(&self.rt, idx, version) {
+                    Some(bytes) => bytes,
+                    None => {
+                        self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?
+                    }
+                };
                 let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
                 if let Some(d) = &self.disk {
                     d.keep_chunk(idx, version, &bytes);
@@ -726,7 +744,7 @@ impl ObjectDevice {
     }
 
     fn trim_cache(&self, s: &mut State) {
-        let limit = (self.opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize;
+        let limit = cache_chunks(&self.opts);
         while s.chunks.len() > limit {
             let oldest = s
                 .chunks
@@ -1330,6 +1348,11 @@ async fn replay(
     Ok((seq, logged))
 }
 
+/// Chunks the cache holds.
+fn cache_chunks(opts: &ObjectOptions) -> usize {
+    (opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize
+}
+
 fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
     if offset.checked_add(n as u64).is_none_or(|end| end > len) {
         return Err(io::Error::new(
@@ -1412,6 +1435,7 @@ impl ObjectDevice {
     fn read_blocks(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let first = offset / BLOCK;
         let bs = BLOCK as usize;
+        self.read_ahead(first, first + (buf.len() / bs) as u64);
         let mut i = 0;
         while i < buf.len() / bs {
             let b = first + i as u64;
@@ -1448,6 +1472,28 @@ impl ObjectDevice {
             i += run;
         }
         Ok(())
+    }
+
+    /// After a read of blocks `first..end` that went on from the one
+    /// before: fetch the chunks after it that the cache lacks (see
+    /// `readahead`).
+    fn read_ahead(&self, first: u64, end: u64) {
+        let next = self.ahead.after_read(first, end, CHUNK_BLOCKS);
+        if next.is_empty() {
+            return;
+        }
+        let wanted: Vec<(u64, u64)> = {
+            let s = self.state.lock();
+            next.filter_map(|idx| Some((idx, *s.manifest.chunks.get(&idx)?)))
+                .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.0 != *v))
+                .collect()
+        };
+        // What the cache directory holds is read from there, not fetched.
+        let on_disk = |idx: u64, v: u64| self.disk.as_ref().is_some_and(|d| d.has_chunk(idx, v));
+        for (idx, v) in wanted.into_iter().filter(|&(idx, v)| !on_disk(idx, v)) {
+            let key = chunk_key(&self.prefix, idx, v);
+            self.ahead.start(&self.rt, &self.store, key, idx, v);
+        }
     }
 
     /// Whole blocks at `offset`, into the next flush.

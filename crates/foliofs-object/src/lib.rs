@@ -35,6 +35,7 @@ mod device;
 pub mod keep;
 pub mod layout;
 mod local;
+mod readahead;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};

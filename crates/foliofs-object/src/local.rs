@@ -235,6 +235,11 @@ impl CacheDir {
         }
     }
 
+    /// Whether the directory has a copy of chunk object (`idx`, `version`).
+    pub(crate) fn has_chunk(&self, idx: u64, version: u64) -> bool {
+        self.index.lock().chunks.contains_key(&(idx, version))
+    }
+
     /// Keep a copy of chunk object (`idx`, `version`), evicting the least
     /// recently used chunks beyond the limit. A copy that cannot be made
     /// (the local disk full) is only a cache miss later.

@@ -10,7 +10,10 @@ pub struct BenchArgs {
     #[arg(default_value = "all")]
     pub workloads: Vec<String>,
     /// Image file to build the test file system in (made anew, removed
-    /// afterwards unless --keep).
+    /// afterwards unless --keep); or an object image URL
+    /// (s3://BUCKET/PREFIX): images made under a fresh prefix below it,
+    /// the server's floor measured beside them, all deleted afterwards
+    /// unless --keep.
     #[arg(long, default_value = "foliofs-bench.img")]
     pub image: PathBuf,
     /// Size of each workload's file in MiB.

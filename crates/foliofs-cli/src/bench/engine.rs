@@ -1,6 +1,8 @@
 //! The engine runner: a fresh image with the engine mounted in this
 //! process, the workload files on it, and the raw image file opened with
-//! O_DIRECT at the same device addresses for the raw-device pass.
+//! O_DIRECT at the same device addresses for the raw-device pass. An
+//! object image (`--image s3://...`) is made by `object` instead, with no
+//! raw pass.
 
 use super::args::BenchArgs;
 use super::report::fill;
@@ -14,8 +16,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A fresh file system on the bench image, big enough for `file_mib`.
-pub(super) fn fresh_fs(args: &BenchArgs) -> Result<(Arc<FileDevice>, Fs)> {
+pub(super) fn fresh_fs(args: &BenchArgs) -> Result<(Arc<dyn Device>, Fs)> {
     let size = ((args.file_mib + args.file_mib / 8 + 256) << 20).max(512 << 20);
+    if let Some(url) = crate::object::url_of(&args.image) {
+        return super::object::fresh_fs(url, size);
+    }
     let f = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -70,6 +75,12 @@ pub(super) fn file_ranges(fs: &Fs, ino: u64) -> Result<Vec<(u64, u64)>> {
         .into_iter()
         .map(|e| (e.device_block * bs, e.blocks * bs))
         .collect())
+}
+
+/// The image file opened with O_DIRECT for the raw pass; None without
+/// one (`--raw false`, an object image).
+pub(super) fn open_raw_if(args: &BenchArgs) -> Result<Option<File>> {
+    args.raw.then(|| open_raw(args)).transpose()
 }
 
 pub(super) fn open_raw(args: &BenchArgs) -> Result<File> {

@@ -7,10 +7,13 @@
 //! (parallel writeback by AG) and W5 (speculative preallocation for tiny
 //! appends); each workload is a module (`w1` .. `w5`) over the engine runner
 //! (`engine`), or, with `--target`, the system-call runner (`target`);
-//! both return `Outcome`s (`report`), printed as tables or JSON.
+//! both return `Outcome`s (`report`), printed as tables or JSON. With
+//! `--image s3://BUCKET/PREFIX` the engine runs on an object image and the
+//! server's own floor is measured beside it (`object`).
 
 mod args;
 mod engine;
+mod object;
 mod report;
 mod target;
 mod w1;
@@ -55,22 +58,30 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Outcome>> {
     if targets {
         return target::run(args, &which);
     }
+    if let Some(url) = crate::object::url_of(&args.image) {
+        return object::run(args, url, &which);
+    }
     let mut out = Vec::new();
     for w in &which {
-        let r = match w.as_str() {
-            "W1" => w1(args),
-            "W2" => w2(args),
-            "W3" => w3(args),
-            "W4" => w4(args),
-            "W5" => w5(args),
-            "W6" => w6(args),
-            _ => unreachable!("checked above"),
-        };
-        let r = r.with_context(|| format!("workload {w}"));
+        let r = workload(w, args);
         if !args.keep {
             let _ = std::fs::remove_file(&args.image);
         }
         out.push(r?);
     }
     Ok(out)
+}
+
+/// Workload `w` (checked) on the engine runner.
+fn workload(w: &str, args: &BenchArgs) -> Result<Outcome> {
+    let r = match w {
+        "W1" => w1(args),
+        "W2" => w2(args),
+        "W3" => w3(args),
+        "W4" => w4(args),
+        "W5" => w5(args),
+        "W6" => w6(args),
+        _ => unreachable!("checked above"),
+    };
+    r.with_context(|| format!("workload {w}"))
 }

@@ -3,7 +3,7 @@
 //! block each.
 
 use super::args::BenchArgs;
-use super::engine::{file_ranges, fresh_fs, make_file, open_raw, raw_read_at};
+use super::engine::{file_ranges, fresh_fs, make_file, open_raw_if, raw_read_at};
 use super::report::{progress, ratio, Outcome, Series};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
@@ -21,7 +21,7 @@ pub fn w2(args: &BenchArgs) -> Result<Outcome> {
     let (_dev, fs) = fresh_fs(args)?;
     let ino = make_file(&fs, "w2", args.file_mib, &pb)?;
     let ranges = file_ranges(&fs, ino)?;
-    let raw = open_raw(args)?;
+    let raw = open_raw_if(args)?;
     let size = args.file_mib << 20;
     let mut buf = AlignedBuf::zeroed(1 << 20);
     let mut values = vec![Vec::new(); variants.len()];
@@ -57,7 +57,7 @@ pub fn w2(args: &BenchArgs) -> Result<Outcome> {
                             bail!("short direct read at {at}: {n}");
                         }
                     } else {
-                        raw_read_at(&raw, &ranges, at, &mut buf)?;
+                        raw_read_at(raw.as_ref().expect("--raw"), &ranges, at, &mut buf)?;
                     }
                     spent[who] += r.elapsed();
                 }

@@ -3,7 +3,7 @@
 //! against exclusive.
 
 use super::args::BenchArgs;
-use super::engine::{file_ranges, fresh_fs, make_file, open_raw};
+use super::engine::{file_ranges, fresh_fs, make_file, open_raw_if};
 use super::report::{fill, plural, progress, ratio, run_threads, Outcome, Series};
 use super::target::{w3_file, w3_pass};
 use anyhow::{bail, Result};
@@ -75,7 +75,7 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
         map.extend((0..len / bs).map(|k| off + k * bs));
     }
     let map = Arc::new(map);
-    let raw = Arc::new(open_raw(args)?);
+    let raw = Arc::new(open_raw_if(args)?);
     let extents_before = fs.extents(ino)?.len();
     let mut series = Vec::new();
     let mut ratios = Vec::new();
@@ -100,6 +100,7 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
                         run_threads(threads, args.seconds, |t, stop, count| {
                             let (fs, raw, map) = (fs.clone(), raw.clone(), map.clone());
                             move || -> Result<()> {
+                                let raw = raw.as_ref().as_ref().filter(|_| raw_pass);
                                 let mut rng = 0x9E37_79B9u64 ^ ((t as u64 + 1) * 0x1000_0001);
                                 let mut buf = AlignedBuf::zeroed(bs as usize);
                                 while !stop.load(Ordering::Relaxed) {
@@ -111,15 +112,17 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
                                     if write {
                                         fill(&mut buf, b, bs as usize);
                                     }
-                                    match (raw_pass, write) {
-                                        (true, false) => {
+                                    match (raw, write) {
+                                        (Some(raw), false) => {
                                             raw.read_exact_at(&mut buf, map[b as usize])?
                                         }
-                                        (true, true) => raw.write_all_at(&buf, map[b as usize])?,
-                                        (false, false) => {
+                                        (Some(raw), true) => {
+                                            raw.write_all_at(&buf, map[b as usize])?
+                                        }
+                                        (None, false) => {
                                             fs.read_direct(ino, b * bs, &mut buf)?;
                                         }
-                                        (false, true) => {
+                                        (None, true) => {
                                             fs.write_direct(ino, b * bs, &buf)?;
                                         }
                                     }

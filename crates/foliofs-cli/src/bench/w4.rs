@@ -3,7 +3,7 @@
 //! against one.
 
 use super::args::BenchArgs;
-use super::engine::{copy_rate, file_ranges, fresh_fs, open_raw};
+use super::engine::{copy_rate, file_ranges, fresh_fs, open_raw_if};
 use super::report::{fill, progress, ratio, variant_series, Outcome, Series};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
@@ -38,7 +38,7 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
         seen.insert(d.ino / per_ag);
         dirs.push(d.ino);
     }
-    let raw = Arc::new(open_raw(args)?);
+    let raw = open_raw_if(args)?;
     let mut values = vec![Vec::new(); variants.len()];
     let mut extents = vec![Vec::new(); 2];
     // One pass of the N writers, each creating its file in its directory:
@@ -100,7 +100,7 @@ pub fn w4(args: &BenchArgs) -> Result<Outcome> {
                 ranges.extend(r);
             }
             extents[v].push(ext as f64 / n as f64);
-            if args.raw && v == 0 {
+            if let (Some(raw), 0) = (&raw, v) {
                 // The same bytes over the same device ranges, one stream.
                 let mut buf = AlignedBuf::zeroed(1 << 20);
                 fill(&mut buf, 0, 4096);

@@ -1,0 +1,349 @@
+//! The object runner (`--image s3://BUCKET/PREFIX`): the workloads on an
+//! object image (durability=object: a flush is one WAL PUT), and in the
+//! same run the server's own floor, against which the issue sets its
+//! targets: the median latency of a create-if-absent PUT of 4 KiB (W1's
+//! fdatasyncs/s against 1 / that latency), the throughput of 8 MiB PUTs
+//! with 4 in flight (W4 against it) and of 8 MiB GETs with 4 in flight (a
+//! cold read of a `file_mib` file from an empty cache against it, read-ahead
+//! of chunks on and off).
+//!
+//! A run never touches an image already at the URL: it works under a
+//! prefix of its own below it, `PREFIX/foliofs-bench-<unix seconds>-<pid>`,
+//! each workload's image at `<run>/w1` .., the floor's objects at
+//! `<run>/floor`, the cold read's image at `<run>/cold`, and deletes
+//! each when done with it (all of them are left with --keep). The raw
+//! O_DIRECT passes are left out: an object image has no raw device.
+
+use super::args::BenchArgs;
+use super::engine::make_file;
+use super::report::{fill, median, progress, ratio, Outcome, Series};
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use foliofs::device::{AlignedBuf, Device};
+use foliofs::{Fs, MkfsOptions, MountOptions};
+use foliofs_object::{open_url, ObjectDevice, ObjectOptions, ObjectStats, ObjectStore, Path};
+use futures::{StreamExt, TryStreamExt};
+use object_store::{PutMode, PutOptions, PutPayload};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Create-if-absent PUTs of 4 KiB per round, one at a time.
+const SMALL_PUTS: usize = 100;
+/// The large objects' size and how many are in flight.
+const BIG: usize = 8 << 20;
+const IN_FLIGHT: usize = 4;
+/// Chunks the cold read fetches ahead (the device's default).
+const READ_AHEAD: usize = 4;
+
+pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<Outcome>> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let run_url = format!(
+        "{}/foliofs-bench-{secs}-{}",
+        url.trim_end_matches('/'),
+        std::process::id()
+    );
+    let (store, run_prefix) = open_url(&run_url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let at = |name: &str| {
+        let mut a = args.clone();
+        a.raw = false;
+        a.image = format!("{run_url}/{name}").into();
+        a
+    };
+    let done = |name: &str| -> Result<()> {
+        if !args.keep {
+            rt.block_on(delete_under(&*store, &run_prefix.child(name)))?;
+        }
+        Ok(())
+    };
+    let mut out = Vec::new();
+    for w in which {
+        let name = w.to_lowercase();
+        let r = super::workload(w, &at(&name));
+        done(&name)?;
+        out.push(r?);
+    }
+    let r = against_floor(
+        args,
+        &at("cold"),
+        &rt,
+        &*store,
+        &run_prefix.child("floor"),
+        &out,
+    );
+    done("cold")?;
+    done("floor")?;
+    out.push(r.context("the server's floor and the cold read")?);
+    if let Some(o) = out.last_mut() {
+        o.notes.push(if args.keep {
+            format!("everything the run made is kept under {run_url}")
+        } else {
+            format!("everything the run made under {run_url} was deleted")
+        });
+    }
+    Ok(out)
+}
+
+/// A fresh object image of `size` bytes at `url` (refused if one is
+/// there), with a file system on it, mounted.
+pub(super) fn fresh_fs(url: &str, size: u64) -> Result<(Arc<dyn Device>, Fs)> {
+    let (dev, fs) = fresh_object_fs(url, size)?;
+    Ok((dev, fs))
+}
+
+fn fresh_object_fs(url: &str, size: u64) -> Result<(Arc<ObjectDevice>, Fs)> {
+    let dev = Arc::new(crate::object::create(url, size)?);
+    foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
+    dev.flush()?;
+    let fs = Fs::mount(dev.clone(), MountOptions::default())?;
+    Ok((dev, fs))
+}
+
+/// Delete every object under `prefix`.
+async fn delete_under(store: &dyn ObjectStore, prefix: &Path) -> Result<()> {
+    let keys: Vec<Path> = store
+        .list(Some(prefix))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await?;
+    futures::stream::iter(keys)
+        .map(|k| async move {
+            match store.delete(&k).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// The server's floor in one round.
+struct Floor {
+    put_ms: f64,
+    put_mibs: f64,
+    get_mibs: f64,
+}
+
+/// The floor, measured with objects under `dir` (deleted after).
+async fn floor(store: &dyn ObjectStore, dir: &Path, big_objects: usize) -> Result<Floor> {
+    let small = Bytes::from(vec![0x5a; 4096]);
+    let mut ms = Vec::with_capacity(SMALL_PUTS);
+    for i in 0..SMALL_PUTS {
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        store
+            .put_opts(
+                &dir.child(format!("small-{i}")),
+                small.clone().into(),
+                create,
+            )
+            .await?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut big = vec![0u8; BIG];
+    fill(&mut big, 0, 4096);
+    let big = Bytes::from(big);
+    let keys: Vec<Path> = (0..big_objects)
+        .map(|i| dir.child(format!("big-{i}")))
+        .collect();
+    let mib = (big_objects * BIG) as f64 / (1 << 20) as f64;
+    let t = Instant::now();
+    futures::stream::iter(&keys)
+        .map(|k| store.put(k, PutPayload::from(big.clone())))
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let put_mibs = mib / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let lens: Vec<usize> = futures::stream::iter(&keys)
+        .map(|k| async move { store.get(k).await?.bytes().await.map(|b| b.len()) })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect()
+        .await?;
+    let get_mibs = mib / t.elapsed().as_secs_f64();
+    if lens.iter().any(|&n| n != BIG) {
+        bail!("a GET of an 8 MiB object came back short: {lens:?}");
+    }
+    delete_under(store, dir).await?;
+    Ok(Floor {
+        put_ms: median(&ms),
+        put_mibs,
+        get_mibs,
+    })
+}
+
+/// MiB/s of a sequential read of the file `ino` (`mib` MiB, 1 MiB direct
+/// reads) on the image at `url` opened afresh, read-only: a second
+/// machine's empty cache. With the device's counters after it.
+fn cold_read(
+    url: &str,
+    ino: u64,
+    mib: u64,
+    read_ahead_chunks: usize,
+) -> Result<(f64, ObjectStats)> {
+    let (store, prefix) = open_url(url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let opts = ObjectOptions {
+        read_only: true,
+        read_ahead_chunks,
+        ..Default::default()
+    };
+    let dev = Arc::new(ObjectDevice::open(store, prefix, opts)?);
+    let fs = Fs::mount(
+        dev.clone(),
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let mut buf = AlignedBuf::zeroed(1 << 20);
+    let t = Instant::now();
+    for m in 0..mib {
+        let n = fs.read_direct(ino, m << 20, &mut buf)?;
+        if n != buf.len() {
+            bail!("short read of the cold file at MiB {m}: {n} bytes");
+        }
+    }
+    let rate = mib as f64 / t.elapsed().as_secs_f64();
+    // The engine verified every block's checksum; the last MiB is also
+    // compared with what was written.
+    let mut want = vec![0u8; 1 << 20];
+    fill(&mut want, ((mib - 1) << 20) / 4096, 4096);
+    if buf[..] != want[..] {
+        bail!("the cold file's last MiB reads back wrong");
+    }
+    fs.unmount()?;
+    Ok((rate, dev.stats()))
+}
+
+/// The floor and the cold read, alternated round by round, with W1's
+/// and W4's figures from `done` set against them.
+fn against_floor(
+    args: &BenchArgs,
+    cold: &BenchArgs,
+    rt: &tokio::runtime::Runtime,
+    store: &dyn ObjectStore,
+    floor_dir: &Path,
+    done: &[Outcome],
+) -> Result<Outcome> {
+    let url = crate::object::url_of(&cold.image).expect("an object image");
+    let mib = args.file_mib;
+    let pb = progress((args.rounds * 3) as u64);
+    // The file to read cold: written, the device closed (its WAL folded
+    // into chunks), every round on a new device.
+    let (dev, fs) = fresh_object_fs(url, ((mib + mib / 8 + 256) << 20).max(512 << 20))?;
+    let ino = make_file(&fs, "cold", mib, &pb)?;
+    fs.unmount()?;
+    dev.close()?;
+    drop(dev);
+    let big_objects = ((args.file_mib / 32) as usize).max(8);
+    let mut put_ms = Vec::new();
+    let mut ops = Vec::new();
+    let mut put = Vec::new();
+    let mut get = Vec::new();
+    let mut cold_mibs = vec![Vec::new(); 2];
+    let mut stats = vec![ObjectStats::default(); 2];
+    for round in 0..args.rounds {
+        pb.set_message("server floor");
+        let f = rt.block_on(floor(store, floor_dir, big_objects))?;
+        put_ms.push(f.put_ms);
+        ops.push(1e3 / f.put_ms);
+        put.push(f.put_mibs);
+        get.push(f.get_mibs);
+        pb.inc(1);
+        for k in 0..2 {
+            let v = (k + round) % 2;
+            pb.set_message(format!("cold read {}", ["read-ahead", "no read-ahead"][v]));
+            let (rate, st) = cold_read(url, ino, mib, [READ_AHEAD, 0][v])?;
+            cold_mibs[v].push(rate);
+            stats[v] = st;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let s = |name: &str, unit: &str, values: &[f64]| Series {
+        name: name.into(),
+        unit: unit.into(),
+        values: values.to_vec(),
+    };
+    let mut series = vec![
+        s("server: 4 KiB create-if-absent PUT, median", "ms", &put_ms),
+        s("server: 1 / that latency", "PUTs/s", &ops),
+        s("server: 8 MiB PUTs, 4 in flight", "MiB/s", &put),
+        s("server: 8 MiB GETs, 4 in flight", "MiB/s", &get),
+        s(
+            &format!("cold read, read-ahead {READ_AHEAD} chunks"),
+            "MiB/s",
+            &cold_mibs[0],
+        ),
+        s("cold read, no read-ahead", "MiB/s", &cold_mibs[1]),
+    ];
+    let mut ratios = Vec::new();
+    // W1's MiB/s are 4 KiB writes, each followed by fdatasync.
+    if let Some(w1) = figure(done, "W1", "per-block dirty") {
+        let syncs: Vec<f64> = w1.iter().map(|m| m * 256.0).collect();
+        ratios.push(ratio(
+            "W1 fdatasyncs/s / (1 / PUT latency)",
+            &syncs,
+            &ops,
+            "target >= 0.8",
+        ));
+        series.push(s("W1 per-block dirty", "fdatasyncs/s", &syncs));
+    }
+    if let Some(w4) = figure(done, "W4", "one context per AG") {
+        ratios.push(ratio("W4 / 8 MiB PUTs", &w4, &put, "target >= 0.8"));
+        series.push(s("W4 one context per AG", "MiB/s", &w4));
+    }
+    ratios.push(ratio(
+        "cold read / 8 MiB GETs",
+        &cold_mibs[0],
+        &get,
+        "target >= 0.8",
+    ));
+    ratios.push(ratio(
+        "cold read, read-ahead / none",
+        &cold_mibs[0],
+        &cold_mibs[1],
+        "",
+    ));
+    let counted = |st: &ObjectStats| {
+        format!(
+            "{} chunk GETs, {} of them fetched ahead",
+            st.chunk_gets, st.chunks_read_ahead
+        )
+    };
+    Ok(Outcome {
+        id: "OBJ".into(),
+        title: format!(
+            "object image, durability=object: the server's floor; W1, W4 and a cold read of a {mib} MiB file against it"
+        ),
+        series,
+        ratios,
+        notes: vec![
+            format!(
+                "floor per round: {SMALL_PUTS} create-if-absent PUTs of 4 KiB one at a time, then {big_objects} objects of 8 MiB PUT and GOT with 4 in flight"
+            ),
+            format!(
+                "cold read: 1 MiB direct reads at queue depth 1 on a device opened afresh each round (empty cache); last round: read-ahead {}; none {}",
+                counted(&stats[0]),
+                counted(&stats[1])
+            ),
+            "no raw O_DIRECT columns: an object image has no raw device".into(),
+        ],
+    })
+}
+
+/// The values of series `name` in workload `id`'s outcome, if it ran.
+fn figure(done: &[Outcome], id: &str, name: &str) -> Option<Vec<f64>> {
+    let o = done.iter().find(|o| o.id == id)?;
+    Some(o.series.iter().find(|s| s.name == name)?.values.clone())
+}
