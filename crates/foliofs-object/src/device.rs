@@ -22,7 +22,7 @@ use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
     WalRecord, Writer, BLOCK, CHUNK_BLOCKS, OBJECT_FORMAT,
 };
-use crate::{keep, ObjectError};
+use crate::{keep, lease, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
 use futures::TryStreamExt;
@@ -96,6 +96,8 @@ pub struct ObjectStats {
     pub fenced: Option<String>,
     /// The snapshot open, if one is.
     pub snapshot: Option<u64>,
+    /// The lease a read-only open holds (see `lease`).
+    pub lease: Option<String>,
 }
 
 type Block = Arc<[u8]>;
@@ -141,6 +143,8 @@ pub struct ObjectDevice {
     /// `flushing`, never with `state`.
     kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
     state: Mutex<State>,
+    /// A read-only open's lease, until close or drop.
+    lease: Mutex<Option<lease::Held>>,
 }
 
 pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
@@ -310,23 +314,32 @@ impl ObjectDevice {
         opts: ObjectOptions,
     ) -> Result<ObjectDevice, ObjectError> {
         let rt = runtime()?;
-        let (id, manifest, next_wal, logged) = rt.block_on(async {
-            let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
+        // A reader leases what it reads before it reads it (see `lease`).
+        let mut held = None;
+        let opened = rt.block_on(async {
             if let Some(at) = opts.snapshot {
+                image_manifest(&*store, &prefix).await?;
                 if !opts.read_only {
                     return Err(ObjectError::Invalid(format!(
                         "snapshot {at} opens read-only"
                     )));
                 }
-                let (id, manifest) = keep::snapshot_manifest(&*store, &prefix, at).await?;
+                let (l, id, manifest) =
+                    lease::Held::snapshot(store.clone(), &prefix, at, &opts.mount_point).await?;
+                held = Some(l);
                 // Every WAL number up to the snapshot, and none after.
                 let (next, logged) = replay(&*store, &prefix, &manifest, Some(at)).await?;
                 return Ok((id, manifest, next, logged));
             }
             if opts.read_only {
+                let (l, id, manifest) =
+                    lease::Held::newest(store.clone(), &prefix, &opts.mount_point).await?;
+                let l = held.insert(l);
                 let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
+                l.read_to(next).await?;
                 return Ok((id, manifest, next, logged));
             }
+            let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
             // Claim: the next manifest, created only if absent, with a
             // higher epoch. Losing the race to another claim (or to the
             // old writer's checkpoint) means reading the newer one.
@@ -380,7 +393,16 @@ impl ObjectDevice {
             }
             let (_, logged) = replay(&*store, &prefix, &manifest, Some(fence)).await?;
             Ok::<_, ObjectError>((id, manifest, fence + 1, logged))
-        })?;
+        });
+        let (id, manifest, next_wal, logged) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                if let Some(l) = held {
+                    l.release(&rt);
+                }
+                return Err(e);
+            }
+        };
         if let Some(w) = manifest.writer.as_ref().filter(|_| !opts.read_only) {
             log::info!(
                 "{}: claimed at epoch {} by {w} (manifest {id}, WAL from {next_wal})",
@@ -392,9 +414,13 @@ impl ObjectDevice {
                 manifest.epoch
             );
         }
-        Ok(Self::assemble(
-            rt, store, prefix, opts, id, manifest, next_wal, logged,
-        ))
+        let dev = Self::assemble(rt, store, prefix, opts, id, manifest, next_wal, logged);
+        if let Some(mut l) = held {
+            l.renew_on(&dev.rt);
+            dev.state.lock().stats.lease = Some(l.key().to_string());
+            *dev.lease.lock() = Some(l);
+        }
+        Ok(dev)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -423,6 +449,7 @@ impl ObjectDevice {
             opts,
             flushing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
+            lease: Mutex::new(None),
             state: Mutex::new(State {
                 manifest_id,
                 next_wal,
@@ -461,6 +488,7 @@ impl ObjectDevice {
     /// more.
     pub fn close(&self) -> io::Result<()> {
         if self.opts.read_only {
+            self.release_lease();
             return Ok(());
         }
         self.flush()?;
@@ -469,6 +497,15 @@ impl ObjectDevice {
         self.checkpoint(true).map_err(io::Error::from)?;
         self.state.lock().stats.fenced = Some("closed".into());
         Ok(())
+    }
+
+    /// Delete a reader's lease: what it kept is garbage for the next
+    /// sweep.
+    fn release_lease(&self) {
+        if let Some(l) = self.lease.lock().take() {
+            l.release(&self.rt);
+        }
+        self.state.lock().stats.lease = None;
     }
 
     fn check_fenced(&self) -> io::Result<()> {
@@ -730,25 +767,26 @@ impl ObjectDevice {
 
     /// After manifest `id + 1` (`next`) replaced `id` (`old`): delete what
     /// no manifest from now on names (the folded WAL, the chunk versions
-    /// replaced, manifests before the previous one) and no snapshot
-    /// keeps. The markers are listed only now, after the new manifest
-    /// was created: a snapshot taken from `id` or before checked that no
-    /// manifest after its own existed once its marker was there, so its
-    /// marker is in this list (see `keep`). If they cannot be listed,
-    /// nothing is deleted: `foliofs gc` sweeps it later.
+    /// replaced, manifests before the previous one) and no snapshot or
+    /// reader's lease keeps. The markers and leases are listed only now,
+    /// after the new manifest was created: a snapshot taken (or a lease
+    /// written) from `id` or before checked that no manifest after its
+    /// own existed once its marker was there, so it is in this list (see
+    /// `keep`, `lease`). If they cannot be listed, nothing is deleted:
+    /// `foliofs gc` sweeps it later.
     fn sweep_replaced(&self, id: u64, old: &Manifest, next: &Manifest) {
         let kept = {
             let mut cache = self.kept_manifests.lock();
             self.rt.block_on(async {
-                let snaps = keep::markers(&*self.store, &self.prefix).await?;
-                keep::kept(&*self.store, &self.prefix, &snaps, &mut cache).await
+                let holders = keep::Holders::list(&*self.store, &self.prefix, now_secs()).await?;
+                keep::kept(&*self.store, &self.prefix, &holders.holds(), &mut cache).await
             })
         };
         let kept = match kept {
             Ok(k) => k,
             Err(e) => {
                 log::warn!(
-                    "{}: snapshots not listed ({e}): nothing deleted after manifest {}",
+                    "{}: snapshots and leases not listed ({e}): nothing deleted after manifest {}",
                     self.name,
                     id + 1
                 );
@@ -773,6 +811,12 @@ impl ObjectDevice {
                 Err(e) => log::warn!("{key}: not deleted ({e}); left as garbage"),
             }
         }
+    }
+}
+
+impl Drop for ObjectDevice {
+    fn drop(&mut self) {
+        self.release_lease();
     }
 }
 
