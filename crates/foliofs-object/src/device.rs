@@ -336,7 +336,7 @@ impl ObjectDevice {
                     lease::Held::newest(store.clone(), &prefix, &opts.mount_point).await?;
                 let l = held.insert(l);
                 let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
-                l.read_to(next).await?;
+                l.read_to(next).await;
                 return Ok((id, manifest, next, logged));
             }
             let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;

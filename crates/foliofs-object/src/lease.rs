@@ -34,6 +34,11 @@
 //! renewals fail for longer than that (the store unreachable) may find
 //! its chunks swept when the store returns: its reads fail, naming the
 //! missing key; they never return other data.
+//!
+//! A lease that cannot be written at all (read-only credentials, a store
+//! refusing writes: SeaweedFS with a replica down) does not stop the
+//! open: it reads without one, as a warning says, at that risk, and the
+//! renewals go on trying to write it.
 
 use crate::device::{image_manifest, now_secs, this_writer};
 use crate::keep::{is_not_found, newest_manifest, snapshot_manifest};
@@ -173,7 +178,10 @@ impl Held {
         let held = Held::new(store.clone(), prefix, mount_point);
         for _ in 0..LEASE_TRIES {
             let (id, m) = image_manifest(&*store, prefix).await?;
-            held.write(id, m.wal_start, None).await?;
+            if let Err(e) = held.write(id, m.wal_start, None).await {
+                held.unwritten(&e);
+                return Ok((held, id, m));
+            }
             if newest_manifest(&*store, prefix).await? == Some(id) {
                 return Ok((held, id, m));
             }
@@ -202,7 +210,10 @@ impl Held {
                     return Err(e);
                 }
             };
-            held.write(id, m.wal_start, Some(at)).await?;
+            if let Err(e) = held.write(id, m.wal_start, Some(at)).await {
+                held.unwritten(&e);
+                return Ok((held, id, m));
+            }
             // The marker still there: whatever sweeps next sees it or
             // this lease.
             match store.head(&snapshot_key(prefix, at, id)).await {
@@ -221,13 +232,25 @@ impl Held {
         })
     }
 
+    fn unwritten(&self, e: &ObjectError) {
+        log::warn!(
+            "{}: lease not written ({e}); reading without one: a checkpoint or \
+             foliofs gc may delete what this reader reads (a read then fails \
+             naming the object)",
+            self.key
+        );
+    }
+
     /// The open's replay found the WAL's end: keep only what it read.
-    pub(crate) async fn read_to(&self, wal_end: u64) -> Result<(), ObjectError> {
+    pub(crate) async fn read_to(&self, wal_end: u64) {
         let (manifest, wal_start) = {
             let l = self.lease.lock();
             (l.manifest, l.wal_start)
         };
-        self.write(manifest, wal_start, Some(wal_end)).await
+        if let Err(e) = self.write(manifest, wal_start, Some(wal_end)).await {
+            // The lease written before keeps more than this: no harm.
+            log::warn!("{}: lease not narrowed to the WAL read ({e})", self.key);
+        }
     }
 
     /// Renew the lease every `LEASE_RENEW_SECS` on `rt` until released.

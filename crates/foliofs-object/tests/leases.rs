@@ -279,3 +279,30 @@ fn a_snapshot_deleted_while_open_stays_readable_until_closed() {
     fs.unmount().unwrap();
     dev.close().unwrap();
 }
+
+/// A store that refuses the lease (read-only credentials, a replica
+/// down): the reader opens and reads all the same, without one.
+#[test]
+fn a_lease_refused_by_the_store_does_not_stop_a_reader() {
+    let inner = Arc::new(InMemory::new());
+    let store: Arc<dyn ObjectStore> = inner.clone();
+    let prefix = Path::from("img");
+    let dev = mkfs(store.clone());
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    write_all(&fs, 0);
+    let refusing: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner, |location| {
+        if location.as_ref().contains("/lease/") {
+            return Err(object_store::Error::PermissionDenied {
+                path: location.to_string(),
+                source: "read-only credentials".into(),
+            });
+        }
+        Ok(())
+    }));
+    let r = Arc::new(ObjectDevice::open(refusing, prefix.clone(), reader()).unwrap());
+    assert!(leases(store.clone(), &prefix).unwrap().is_empty());
+    check(&r, 0);
+    r.close().unwrap();
+    fs.unmount().unwrap();
+    dev.close().unwrap();
+}
