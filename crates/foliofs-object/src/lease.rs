@@ -106,6 +106,10 @@ pub(crate) struct Held {
     /// The lease as last written; the renewal task rewrites it.
     lease: Arc<Mutex<Lease>>,
     renewal: Option<tokio::task::JoinHandle<()>>,
+    /// The store refused it at the open: the open does not wait on it
+    /// again (each refusal costs the client's retries, up to 30 s); the
+    /// renewals go on trying.
+    refused: bool,
 }
 
 /// A key no other lease has: this host, pid, the time, and a count
@@ -146,6 +150,7 @@ impl Held {
                 expires: 0,
             })),
             renewal: None,
+            refused: false,
         }
     }
 
@@ -175,7 +180,7 @@ impl Held {
         prefix: &Path,
         mount_point: &Option<String>,
     ) -> Result<(Held, u64, Manifest), ObjectError> {
-        let held = Held::new(store.clone(), prefix, mount_point);
+        let mut held = Held::new(store.clone(), prefix, mount_point);
         for _ in 0..LEASE_TRIES {
             let (id, m) = image_manifest(&*store, prefix).await?;
             if let Err(e) = held.write(id, m.wal_start, None).await {
@@ -201,7 +206,7 @@ impl Held {
         at: u64,
         mount_point: &Option<String>,
     ) -> Result<(Held, u64, Manifest), ObjectError> {
-        let held = Held::new(store.clone(), prefix, mount_point);
+        let mut held = Held::new(store.clone(), prefix, mount_point);
         for _ in 0..LEASE_TRIES {
             let (id, m) = match snapshot_manifest(&*store, prefix, at).await {
                 Ok(found) => found,
@@ -232,7 +237,8 @@ impl Held {
         })
     }
 
-    fn unwritten(&self, e: &ObjectError) {
+    fn unwritten(&mut self, e: &ObjectError) {
+        self.refused = true;
         log::warn!(
             "{}: lease not written ({e}); reading without one: a checkpoint or \
              foliofs gc may delete what this reader reads (a read then fails \
@@ -243,6 +249,10 @@ impl Held {
 
     /// The open's replay found the WAL's end: keep only what it read.
     pub(crate) async fn read_to(&self, wal_end: u64) {
+        if self.refused {
+            self.lease.lock().wal_end = Some(wal_end);
+            return;
+        }
         let (manifest, wal_start) = {
             let l = self.lease.lock();
             (l.manifest, l.wal_start)
