@@ -143,7 +143,8 @@ pub struct ObjectDevice {
     /// `flushing`, never with `state`.
     kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
     state: Mutex<State>,
-    /// A read-only open's lease, until close or drop.
+    /// A read-only open's lease, until close or drop. Taken alone, never
+    /// with `flushing` or `state`.
     lease: Mutex<Option<lease::Held>>,
 }
 
