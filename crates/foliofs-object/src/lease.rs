@@ -265,9 +265,12 @@ impl Held {
 
     /// Renew the lease every `LEASE_RENEW_SECS` on `rt` until released.
     pub(crate) fn renew_on(&mut self, rt: &tokio::runtime::Runtime) {
+        self.renew_every(rt, std::time::Duration::from_secs(LEASE_RENEW_SECS));
+    }
+
+    fn renew_every(&mut self, rt: &tokio::runtime::Runtime, every: std::time::Duration) {
         let (store, key, lease) = (self.store.clone(), self.key.clone(), self.lease.clone());
         self.renewal = Some(rt.spawn(async move {
-            let every = std::time::Duration::from_secs(LEASE_RENEW_SECS);
             let mut failing = false;
             loop {
                 tokio::time::sleep(every).await;
@@ -340,4 +343,40 @@ pub fn leases(store: Arc<dyn ObjectStore>, prefix: &Path) -> Result<Vec<LeaseInf
             expires: l.expires,
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use std::time::Duration;
+
+    /// The renewals rewrite the lease (even one a sweep deleted), and stop
+    /// at release, which deletes it for good.
+    #[test]
+    fn renewals_rewrite_the_lease_until_it_is_released() {
+        let rt = crate::device::runtime().unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut held = Held::new(store.clone(), &Path::from("img"), &None);
+        rt.block_on(held.write(3, 7, Some(9))).unwrap();
+        let key = held.key().clone();
+        let listed = rt.block_on(list(&*store, &Path::from("img"))).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].1.manifest, listed[0].1.wal()), (3, (7, 9)));
+        assert!(listed[0].1.expires >= now_secs() + LEASE_LIFE_SECS - 1);
+
+        held.renew_every(&rt, Duration::from_millis(20));
+        rt.block_on(store.delete(&key)).unwrap();
+        let back = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            rt.block_on(store.head(&key)).is_ok()
+        });
+        assert!(back, "a renewal wrote the lease again");
+        held.release(&rt);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            rt.block_on(store.head(&key)).is_err(),
+            "released: gone for good"
+        );
+    }
 }
