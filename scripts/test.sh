@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/model/crash/direct I/O tests,
 # FUSE tests with real programs (fio, tar, git, sqlite3, cp -a, PostgreSQL,
-# pjdfstest, stress-ng) over both
+# pjdfstest over an image file and over an object image, stress-ng) over both
 # FUSE transports (io_uring rings where the kernel has them, /dev/fuse), the
 # Debian package installed and mounted, an image in a real S3 server
 # (SeaweedFS), CLI smoke.
@@ -78,6 +78,8 @@ else
 fi
 echo "== an image in a real S3 server (SeaweedFS from PyPI) through the mount: kill -9, takeover, fencing, the server restarted"
 python3 scripts/object-s3.py target/release/foliofs
+echo "== pjdfstest (POSIX suite) through a mount of an object image in SeaweedFS"
+python3 scripts/object-s3.py target/release/foliofs --pjdfstest
 echo "== the Debian package: dpkg -i, mount -t fuse.foliofs, an fstab line, dpkg -r"
 bash scripts/package-test.sh
 echo "== CLI smoke"

@@ -409,10 +409,13 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
             let d = object::open(url, true, None, &Default::default())?;
             let st = d.stats();
             let snaps = object::snapshots(url)?;
+            let leases = object::leases(url, st.lease.as_deref())?;
             if json && path.is_none() {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({"object": st, "snapshots": snaps}))?
+                    serde_json::to_string_pretty(
+                        &json!({"object": st, "snapshots": snaps, "leases": leases})
+                    )?
                 );
             } else if !json {
                 if let Some(n) = st.snapshot {
@@ -447,6 +450,36 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                             std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.taken)
                         ),
                         s.host
+                    );
+                }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let live = leases.iter().filter(|l| l.expires > now).count();
+                println!(
+                    "{live} live readers' leases{}",
+                    if live < leases.len() {
+                        format!(" ({} expired, for foliofs gc)", leases.len() - live)
+                    } else {
+                        String::new()
+                    }
+                );
+                for l in &leases {
+                    println!(
+                        "lease {}: {} reads manifest {} and WAL {}..{}, {} {}",
+                        l.key,
+                        l.holder,
+                        l.manifest,
+                        l.wal_start,
+                        l.wal_end.map_or("".into(), |e| e.to_string()),
+                        if l.expires > now {
+                            "expires"
+                        } else {
+                            "expired"
+                        },
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(l.expires)
+                        ),
                     );
                 }
             }

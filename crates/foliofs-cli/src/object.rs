@@ -159,11 +159,21 @@ pub(crate) fn gc(url: &str, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&swept)?);
     } else {
         println!(
-            "{url}: {} objects, {} deleted ({} bytes); {} snapshot markers keep theirs",
-            swept.objects, swept.deleted, swept.deleted_bytes, swept.snapshots
+            "{url}: {} objects, {} deleted ({} bytes); {} snapshot markers and {} readers' \
+             leases keep theirs",
+            swept.objects, swept.deleted, swept.deleted_bytes, swept.snapshots, swept.leases
         );
     }
     Ok(())
+}
+
+/// The readers' leases at `url` but `own` (the one `foliofs stat` holds
+/// itself while it looks), for `foliofs stat`.
+pub(crate) fn leases(url: &str, own: Option<&str>) -> Result<Vec<foliofs_object::LeaseInfo>> {
+    let (store, prefix) = store_of(url)?;
+    let mut v = foliofs_object::leases(store, &prefix).map_err(|e| for_people(url, e))?;
+    v.retain(|l| Some(l.key.as_str()) != own);
+    Ok(v)
 }
 
 /// The snapshots kept at `url`, for `foliofs stat`.

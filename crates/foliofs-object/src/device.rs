@@ -27,7 +27,7 @@ use crate::layout::{
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::readahead::ReadAhead;
-use crate::{keep, ObjectError};
+use crate::{keep, lease, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
 use futures::TryStreamExt;
@@ -126,6 +126,8 @@ pub struct ObjectStats {
     /// Bytes flushed to the local WAL and not yet in the store.
     pub unshipped_bytes: u64,
     pub cache_dir: Option<CacheUse>,
+    /// The lease a read-only open holds (see `lease`).
+    pub lease: Option<String>,
 }
 
 type Block = Arc<[u8]>;
@@ -196,6 +198,9 @@ pub struct ObjectDevice {
     shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
     ship_stop: Arc<AtomicBool>,
     ahead: ReadAhead,
+    /// A read-only open's lease, until close or drop. Taken alone, never
+    /// with `flushing` or `state`.
+    lease: Mutex<Option<lease::Held>>,
 }
 
 pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
@@ -473,23 +478,32 @@ impl ObjectDevice {
     ) -> Result<ObjectDevice, ObjectError> {
         let rt = runtime()?;
         let disk = open_cache(&*store, &prefix, &opts)?;
-        let (id, manifest, next_wal, logged) = rt.block_on(async {
-            let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
+        // A reader leases what it reads before it reads it (see `lease`).
+        let mut held = None;
+        let opened = rt.block_on(async {
             if let Some(at) = opts.snapshot {
+                image_manifest(&*store, &prefix).await?;
                 if !opts.read_only {
                     return Err(ObjectError::Invalid(format!(
                         "snapshot {at} opens read-only"
                     )));
                 }
-                let (id, manifest) = keep::snapshot_manifest(&*store, &prefix, at).await?;
+                let (l, id, manifest) =
+                    lease::Held::snapshot(store.clone(), &prefix, at, &opts.mount_point).await?;
+                held = Some(l);
                 // Every WAL number up to the snapshot, and none after.
                 let (next, logged) = replay(&*store, &prefix, &manifest, Some(at)).await?;
                 return Ok((id, manifest, next, logged));
             }
             if opts.read_only {
+                let (l, id, manifest) =
+                    lease::Held::newest(store.clone(), &prefix, &opts.mount_point).await?;
+                let l = held.insert(l);
                 let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
+                l.read_to(next).await;
                 return Ok((id, manifest, next, logged));
             }
+            let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
             if let Some(d) = &disk {
                 let records = d.leftover_wal(manifest.len / BLOCK);
                 if !records.is_empty() && (manifest.writer.is_none() || opts.takeover) {
@@ -551,7 +565,16 @@ impl ObjectDevice {
             }
             let (_, logged) = replay(&*store, &prefix, &manifest, Some(fence)).await?;
             Ok::<_, ObjectError>((id, manifest, fence + 1, logged))
-        })?;
+        });
+        let (id, manifest, next_wal, logged) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                if let Some(l) = held {
+                    l.release(&rt);
+                }
+                return Err(e);
+            }
+        };
         if let Some(w) = manifest.writer.as_ref().filter(|_| !opts.read_only) {
             log::info!(
                 "{}: claimed at epoch {} by {w} (manifest {id}, WAL from {next_wal})",
@@ -563,7 +586,7 @@ impl ObjectDevice {
                 manifest.epoch
             );
         }
-        Ok(Self::assemble(
+        let dev = Self::assemble(
             rt,
             store,
             prefix,
@@ -572,7 +595,13 @@ impl ObjectDevice {
             (id, manifest),
             next_wal,
             logged,
-        ))
+        );
+        if let Some(mut l) = held {
+            l.renew_on(&dev.rt);
+            dev.state.lock().stats.lease = Some(l.key().to_string());
+            *dev.lease.lock() = Some(l);
+        }
+        Ok(dev)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -607,6 +636,7 @@ impl ObjectDevice {
             flushing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
             ahead,
+            lease: Mutex::new(None),
             state: Arc::new(Mutex::new(State {
                 manifest_id,
                 next_wal,
@@ -663,6 +693,7 @@ impl ObjectDevice {
     /// more.
     pub fn close(&self) -> io::Result<()> {
         if self.opts.read_only {
+            self.release_lease();
             return Ok(());
         }
         self.flush()?;
@@ -672,6 +703,15 @@ impl ObjectDevice {
         self.checkpoint(true).map_err(io::Error::from)?;
         self.state.lock().stats.fenced = Some("closed".into());
         Ok(())
+    }
+
+    /// Delete a reader's lease: what it kept is garbage for the next
+    /// sweep.
+    fn release_lease(&self) {
+        if let Some(l) = self.lease.lock().take() {
+            l.release(&self.rt);
+        }
+        self.state.lock().stats.lease = None;
     }
 
     fn check_fenced(&self) -> io::Result<()> {
@@ -942,25 +982,26 @@ impl ObjectDevice {
 
     /// After manifest `id + 1` (`next`) replaced `id` (`old`): delete what
     /// no manifest from now on names (the folded WAL, the chunk versions
-    /// replaced, manifests before the previous one) and no snapshot
-    /// keeps. The markers are listed only now, after the new manifest
-    /// was created: a snapshot taken from `id` or before checked that no
-    /// manifest after its own existed once its marker was there, so its
-    /// marker is in this list (see `keep`). If they cannot be listed,
-    /// nothing is deleted: `foliofs gc` sweeps it later.
+    /// replaced, manifests before the previous one) and no snapshot or
+    /// reader's lease keeps. The markers and leases are listed only now,
+    /// after the new manifest was created: a snapshot taken (or a lease
+    /// written) from `id` or before checked that no manifest after its
+    /// own existed once its marker was there, so it is in this list (see
+    /// `keep`, `lease`). If they cannot be listed, nothing is deleted:
+    /// `foliofs gc` sweeps it later.
     fn sweep_replaced(&self, id: u64, old: &Manifest, next: &Manifest) {
         let kept = {
             let mut cache = self.kept_manifests.lock();
             self.rt.block_on(async {
-                let snaps = keep::markers(&*self.store, &self.prefix).await?;
-                keep::kept(&*self.store, &self.prefix, &snaps, &mut cache).await
+                let holders = keep::Holders::list(&*self.store, &self.prefix, now_secs()).await?;
+                keep::kept(&*self.store, &self.prefix, &holders.holds(), &mut cache).await
             })
         };
         let kept = match kept {
             Ok(k) => k,
             Err(e) => {
                 log::warn!(
-                    "{}: snapshots not listed ({e}): nothing deleted after manifest {}",
+                    "{}: snapshots and leases not listed ({e}): nothing deleted after manifest {}",
                     self.name,
                     id + 1
                 );
@@ -1106,9 +1147,10 @@ impl ObjectDevice {
 
 impl Drop for ObjectDevice {
     /// Without `close`: what has not shipped stays in the local WAL, as
-    /// if the machine had stopped here.
+    /// if the machine had stopped here. A reader's lease goes.
     fn drop(&mut self) {
         self.stop_shipper();
+        self.release_lease();
     }
 }
 

@@ -11,8 +11,9 @@
 //! What keeps an object from a sweep: the newest manifest (its chunks,
 //! the WAL from its `wal_start` on, it and the one before it), chunk
 //! versions newer than the newest manifest (a checkpoint writes its
-//! chunks before its manifest), and every marker (its manifest, that
-//! manifest's chunks, and its WAL range). Everything else under the
+//! chunks before its manifest), every marker (its manifest, that
+//! manifest's chunks, and its WAL range) and every fresh reader's lease
+//! (the same, see `lease`). Everything else under the
 //! prefix is garbage: WAL and chunks a checkpoint replaced, manifests
 //! older than the one before the newest, the chunks of a checkpoint cut
 //! before its manifest, and those a fenced writer wrote after its fence
@@ -31,9 +32,10 @@
 
 use crate::device::{create_mode, image_manifest, now_secs, runtime, this_writer, wal_numbers};
 use crate::layout::{
-    manifest_key, number_of, pair_of, snapshot_key, Damaged, Manifest, SnapshotMarker, FENCE_BYTES,
-    OBJECT_FORMAT,
+    manifest_key, number_of, pair_of, snapshot_key, Damaged, Lease, Manifest, SnapshotMarker,
+    FENCE_BYTES, OBJECT_FORMAT,
 };
+use crate::lease;
 use crate::ObjectError;
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -65,6 +67,62 @@ pub struct Swept {
     pub deleted_bytes: u64,
     /// Snapshot markers found (each keeping its objects).
     pub snapshots: u64,
+    /// Fresh readers' leases found (each keeping its objects); expired
+    /// ones are deleted and counted in `deleted`.
+    pub leases: u64,
+}
+
+/// One thing that keeps a manifest, its chunks and a WAL range from
+/// every sweep: a snapshot marker or a fresh lease.
+#[derive(Clone, Debug)]
+pub(crate) struct Hold {
+    pub manifest: u64,
+    /// [start, end).
+    pub wal: (u64, u64),
+    /// What holds, for messages.
+    pub what: String,
+}
+
+/// What keeps objects under `prefix`: the snapshot markers, then the
+/// leases (listed in that order: see `lease`), and the leases expired by
+/// `now` (which keep nothing).
+pub(crate) struct Holders {
+    pub snapshots: Vec<SnapshotInfo>,
+    pub leases: Vec<(Path, Lease)>,
+    pub expired: Vec<Path>,
+}
+
+impl Holders {
+    pub(crate) async fn list(
+        store: &dyn ObjectStore,
+        prefix: &Path,
+        now: u64,
+    ) -> Result<Holders, ObjectError> {
+        let snapshots = markers(store, prefix).await?;
+        let (leases, expired): (Vec<_>, Vec<_>) = lease::list(store, prefix)
+            .await?
+            .into_iter()
+            .partition(|(_, l)| l.expires > now);
+        Ok(Holders {
+            snapshots,
+            leases,
+            expired: expired.into_iter().map(|(k, _)| k).collect(),
+        })
+    }
+
+    pub(crate) fn holds(&self) -> Vec<Hold> {
+        let snaps = self.snapshots.iter().map(|s| Hold {
+            manifest: s.manifest,
+            wal: (s.wal_start, s.at),
+            what: format!("snapshot {}", s.at),
+        });
+        let leases = self.leases.iter().map(|(key, l)| Hold {
+            manifest: l.manifest,
+            wal: l.wal(),
+            what: format!("the reader of lease {key}"),
+        });
+        snaps.chain(leases).collect()
+    }
 }
 
 /// What kept snapshots hold: no sweep deletes it.
@@ -83,7 +141,7 @@ impl Kept {
     }
 }
 
-fn is_not_found(e: &object_store::Error) -> bool {
+pub(crate) fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
 }
 
@@ -118,18 +176,18 @@ pub(crate) async fn markers(
     Ok(out)
 }
 
-/// What `snaps` keep. Their manifests' chunk maps come from `cache` when
+/// What `holds` keep. Their manifests' chunk maps come from `cache` when
 /// there (a manifest never changes), and the cache keeps only theirs.
 pub(crate) async fn kept(
     store: &dyn ObjectStore,
     prefix: &Path,
-    snaps: &[SnapshotInfo],
+    holds: &[Hold],
     cache: &mut HashMap<u64, BTreeMap<u64, u64>>,
 ) -> Result<Kept, ObjectError> {
     let mut k = Kept::default();
-    for s in snaps {
+    for s in holds {
         k.manifests.insert(s.manifest);
-        k.wal.push((s.wal_start, s.at));
+        k.wal.push(s.wal);
         if let Entry::Vacant(slot) = cache.entry(s.manifest) {
             let key = manifest_key(prefix, s.manifest);
             match store.get(&key).await {
@@ -137,7 +195,7 @@ pub(crate) async fn kept(
                     slot.insert(Manifest::decode(&key, &r.bytes().await?)?.chunks);
                 }
                 Err(e) if is_not_found(&e) => {
-                    log::warn!("{key}: gone, so snapshot {} cannot be read", s.at);
+                    log::warn!("{key}: gone, so {} cannot be read", s.what);
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -198,7 +256,7 @@ pub(crate) async fn take(store: &dyn ObjectStore, prefix: &Path) -> Result<u64, 
 }
 
 /// The number of the newest manifest under `prefix`, without reading it.
-async fn newest_manifest(
+pub(crate) async fn newest_manifest(
     store: &dyn ObjectStore,
     prefix: &Path,
 ) -> Result<Option<u64>, ObjectError> {
@@ -272,16 +330,17 @@ pub(crate) async fn snapshot_manifest(
 }
 
 /// Delete every object under `prefix` that neither the newest manifest
-/// nor a snapshot keeps (see the module's comment). Safe beside a live
-/// writer and a reader of a snapshot; a reader of the image as of now
-/// (not a snapshot) may find the chunks it started from replaced.
+/// nor a snapshot nor a fresh lease keeps (see the module's comment),
+/// and the expired leases. Safe beside a live writer and live readers
+/// (of the image as of their open, or of a snapshot).
 pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swept, ObjectError> {
     let (id, latest) = image_manifest(store, prefix).await?;
-    let snaps = markers(store, prefix).await?;
-    let kept = kept(store, prefix, &snaps, &mut HashMap::new()).await?;
+    let holders = Holders::list(store, prefix, now_secs()).await?;
+    let kept = kept(store, prefix, &holders.holds(), &mut HashMap::new()).await?;
     let all: Vec<_> = store.list(Some(prefix)).try_collect().await?;
     let mut swept = Swept {
-        snapshots: snaps.len() as u64,
+        snapshots: holders.snapshots.len() as u64,
+        leases: holders.leases.len() as u64,
         ..Default::default()
     };
     for meta in all {
@@ -301,6 +360,7 @@ pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swep
             "chunk" => pair_of(&meta.location).is_some_and(|(i, v)| {
                 v <= id && latest.chunks.get(&i) != Some(&v) && !kept.chunks.contains(&(i, v))
             }),
+            "lease" => holders.expired.contains(&meta.location),
             _ => false,
         };
         if garbage {

@@ -13,6 +13,9 @@
 //!                                        a kept snapshot: the image as of
 //!                                        WAL 42 (not included), read from
 //!                                        manifest 7 and the WAL after it
+//! PREFIX/lease/HOST-PID-NANOS               a reader's lease: what one open
+//!                                        reads (a manifest, its chunks, a
+//!                                        WAL range), kept until it expires
 //! ```
 //!
 //! Manifests and WAL objects are created only if absent (a conditional
@@ -79,6 +82,11 @@ pub fn snapshot_key(prefix: &Path, at: u64, manifest: u64) -> Path {
     prefix
         .child("snapshot")
         .child(format!("{at:020}-{manifest:020}"))
+}
+
+/// The lease of one reader; `id` names it uniquely (host, pid, time).
+pub fn lease_key(prefix: &Path, id: &str) -> Path {
+    prefix.child("lease").child(id)
 }
 
 /// The two numbers of a chunk key (index, manifest) or a snapshot key
@@ -219,6 +227,50 @@ impl SnapshotMarker {
 /// Fences are never deleted: a writer fenced by one, stopped for any
 /// time, still finds its next WAL number taken.
 pub const FENCE_BYTES: u64 = 36;
+/// A reader's lease (JSON): while it is fresh, no sweep deletes the
+/// manifest it names, that manifest's chunks and the WAL from
+/// `wal_start` to `wal_end`, as if it were a snapshot marker. The holder
+/// rewrites it (a plain PUT of its own key) with a later `expires`
+/// while it is open, and deletes it when it closes; a lease past
+/// `expires` keeps nothing and `foliofs gc` deletes it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Lease {
+    pub format: u32,
+    pub manifest: u64,
+    /// The first WAL number it reads.
+    pub wal_start: u64,
+    /// The first WAL number it does not read; none while it may read
+    /// every number from `wal_start` on (an open of the image as of now,
+    /// before its replay has found the WAL's end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_end: Option<u64>,
+    /// Who reads (host, pid, since when, mount point).
+    pub holder: Writer,
+    /// Seconds since the epoch after which it keeps nothing.
+    pub expires: u64,
+}
+
+impl Lease {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a lease serialises")
+    }
+
+    pub fn decode(key: &Path, bytes: &[u8]) -> Result<Lease, Damaged> {
+        let l = decode_json(key, bytes, "a lease", |l: &Lease| l.format)?;
+        if let Some(end) = l.wal_end.filter(|&e| e < l.wal_start) {
+            return Err(damaged(
+                key,
+                format!("its WAL starts at {} past its end {end}", l.wal_start),
+            ));
+        }
+        Ok(l)
+    }
+
+    /// The WAL numbers it keeps, [start, end).
+    pub fn wal(&self) -> (u64, u64) {
+        (self.wal_start, self.wal_end.unwrap_or(u64::MAX))
+    }
+}
 
 /// A WAL object: the blocks one flush made durable, or a new writer's
 /// fence (no blocks).
@@ -382,6 +434,45 @@ mod tests {
         let e = SnapshotMarker::decode(&key, &late.encode()).unwrap_err();
         assert!(e.to_string().contains("snapshot/"), "{e}");
         assert!(SnapshotMarker::decode(&key, b"[").is_err());
+    }
+
+    #[test]
+    fn leases_round_trip_and_refuse_a_backward_range() {
+        let key = lease_key(&Path::from("img"), "h-1-ff");
+        assert_eq!(key.as_ref(), "img/lease/h-1-ff");
+        let l = Lease {
+            format: OBJECT_FORMAT,
+            manifest: 7,
+            wal_start: 40,
+            wal_end: None,
+            holder: Writer {
+                host: "h".into(),
+                pid: 1,
+                since: 5,
+                at: Some("/mnt".into()),
+            },
+            expires: 125,
+        };
+        assert_eq!(Lease::decode(&key, &l.encode()).unwrap(), l);
+        assert_eq!(l.wal(), (40, u64::MAX));
+        let read = Lease {
+            wal_end: Some(42),
+            ..l.clone()
+        };
+        assert_eq!(Lease::decode(&key, &read.encode()).unwrap().wal(), (40, 42));
+        let backward = Lease {
+            wal_end: Some(39),
+            ..l.clone()
+        };
+        let e = Lease::decode(&key, &backward.encode()).unwrap_err();
+        assert!(e.to_string().contains("lease/h-1-ff"), "{e}");
+        let newer = Lease {
+            format: OBJECT_FORMAT + 1,
+            ..l
+        };
+        let e = Lease::decode(&key, &newer.encode()).unwrap_err();
+        assert!(e.to_string().contains("newer"), "{e}");
+        assert!(Lease::decode(&key, b"{").is_err());
     }
 
     #[test]

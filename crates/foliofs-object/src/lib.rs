@@ -29,16 +29,19 @@
 //! ```
 //!
 //! The object layout is in `layout`; the protocol (claim, fence, WAL,
-//! checkpoint) in `device`; snapshots and the sweep of garbage in `keep`.
+//! checkpoint) in `device`; snapshots and the sweep of garbage in `keep`;
+//! readers' leases in `lease`.
 
 mod device;
 pub mod keep;
 pub mod layout;
+pub mod lease;
 mod local;
 mod readahead;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};
+pub use lease::{leases, LeaseInfo};
 pub use local::{CacheUse, Durability};
 pub use object_store::memory::InMemory;
 pub use object_store::path::Path;
