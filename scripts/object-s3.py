@@ -361,6 +361,13 @@ def local_durability(srv, tmp, m):
     bad = [i for i in range(16) if open(os.path.join(m, f"f{i}"), "rb").read() != content(i)]
     check("after kill -9, a mount from the same cache_dir ships what only it held",
           not bad, f"lost: {bad}")
+    # fsx against its model through the mount (buffered and O_DIRECT,
+    # truncates, fallocates, fsyncs), every read checked.
+    t0 = time.time()
+    r = run("torture", "fsx", "--ops", "15000", "--seed", "44", "--target", m, check=False)
+    check("fsx over the object image's mount (durability=local) matches its model",
+          r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:])
+    print(f"   (fsx, 15000 operations: {time.time() - t0:.0f} s)")
     r = run("umount", m, check=False)
     check("a durability=local mount unmounts cleanly once its WAL has shipped",
           r.returncode == 0, r.stderr)

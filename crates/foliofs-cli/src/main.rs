@@ -265,7 +265,7 @@ fn mkfs_cmd(
             let Some(size) = size else {
                 bail!("{url}: give --size for a new object image");
             };
-            let dev = Arc::new(object::create(url, size)?);
+            let dev = Arc::new(object::create(url, size, &Default::default())?);
             (dev.clone(), Some(dev))
         }
         None => {

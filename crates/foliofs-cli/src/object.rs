@@ -16,16 +16,16 @@ fn for_people(url: &str, e: ObjectError) -> anyhow::Error {
     anyhow!("{url}: {e}")
 }
 
-/// Make a new image of `size` bytes at `url` (never over an existing one).
-pub(crate) fn create(url: &str, size: u64) -> Result<ObjectDevice> {
+/// Make a new image of `size` bytes at `url` (never over an existing one),
+/// open for writing with `opts` (cache directory, durability).
+pub(crate) fn create(url: &str, size: u64, opts: &ObjectOptions) -> Result<ObjectDevice> {
     if let (_, Some(n)) = split_snapshot(url) {
         return Err(anyhow!(
             "{url}: names snapshot {n}: make an image at a URL without @"
         ));
     }
     let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
-    ObjectDevice::create(store, prefix, size, ObjectOptions::default())
-        .map_err(|e| for_people(url, e))
+    ObjectDevice::create(store, prefix, size, opts.clone()).map_err(|e| for_people(url, e))
 }
 
 /// Open the image at `url`: read-only without claiming it, or claimed for

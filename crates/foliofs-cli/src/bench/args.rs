@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// Keep the image file.
     #[arg(long)]
     pub keep: bool,
+    /// With an object image URL: its options, as for `foliofs mount -o`
+    /// (`cache_dir=DIR,durability=local`; each image gets its own
+    /// directory below DIR).
+    #[arg(long, value_name = "LIST")]
+    pub object_options: Option<String>,
 }
 
 impl BenchArgs {

@@ -19,7 +19,7 @@ use std::time::Instant;
 pub(super) fn fresh_fs(args: &BenchArgs) -> Result<(Arc<dyn Device>, Fs)> {
     let size = ((args.file_mib + args.file_mib / 8 + 256) << 20).max(512 << 20);
     if let Some(url) = crate::object::url_of(&args.image) {
-        return super::object::fresh_fs(url, size);
+        return super::object::fresh_fs(url, size, args);
     }
     let f = OpenOptions::new()
         .create(true)

@@ -55,9 +55,21 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
         a.image = format!("{run_url}/{name}").into();
         a
     };
+    // Each image's cache directory is DIR/NAME (see `object_options`).
+    let cache_dir = {
+        let mut o = ObjectOptions::default();
+        if let Some(list) = &args.object_options {
+            o.take_from(list)
+                .map_err(|e| anyhow::anyhow!("--object-options {e}"))?;
+        }
+        o.cache_dir
+    };
     let done = |name: &str| -> Result<()> {
         if !args.keep {
             rt.block_on(delete_under(&*store, &run_prefix.child(name)))?;
+            if let Some(dir) = &cache_dir {
+                let _ = std::fs::remove_dir_all(dir.join(name));
+            }
         }
         Ok(())
     };
@@ -91,13 +103,43 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
 
 /// A fresh object image of `size` bytes at `url` (refused if one is
 /// there), with a file system on it, mounted.
-pub(super) fn fresh_fs(url: &str, size: u64) -> Result<(Arc<dyn Device>, Fs)> {
-    let (dev, fs) = fresh_object_fs(url, size)?;
+pub(super) fn fresh_fs(url: &str, size: u64, args: &BenchArgs) -> Result<(Arc<dyn Device>, Fs)> {
+    let (dev, fs) = fresh_object_fs(url, size, &object_options(args, url)?)?;
     Ok((dev, fs))
 }
 
-fn fresh_object_fs(url: &str, size: u64) -> Result<(Arc<ObjectDevice>, Fs)> {
-    let dev = Arc::new(crate::object::create(url, size)?);
+/// The object options `--object-options` gives, for the image at `url`:
+/// a cache directory of its own below the one given.
+fn object_options(args: &BenchArgs, url: &str) -> Result<ObjectOptions> {
+    let mut opts = ObjectOptions::default();
+    if let Some(list) = &args.object_options {
+        let rest = opts
+            .take_from(list)
+            .map_err(|e| anyhow::anyhow!("--object-options {e}"))?;
+        if !rest.is_empty() {
+            bail!(
+                "--object-options: {rest}: not an object image's option ({})",
+                foliofs_object::MOUNT_OPTIONS
+            );
+        }
+    }
+    if let Some(dir) = opts.cache_dir.take() {
+        opts.cache_dir = Some(dir.join(cache_name(url)));
+    }
+    Ok(opts)
+}
+
+/// The directory below `cache_dir` an image of the run caches in.
+fn cache_name(url: &str) -> String {
+    url.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("image")
+        .to_string()
+}
+
+fn fresh_object_fs(url: &str, size: u64, opts: &ObjectOptions) -> Result<(Arc<ObjectDevice>, Fs)> {
+    let dev = Arc::new(crate::object::create(url, size, opts)?);
     foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
     dev.flush()?;
     let fs = Fs::mount(dev.clone(), MountOptions::default())?;
@@ -240,7 +282,11 @@ fn against_floor(
     let pb = progress((args.rounds * 3) as u64);
     // The file to read cold: written, the device closed (its WAL folded
     // into chunks), every round on a new device.
-    let (dev, fs) = fresh_object_fs(url, ((mib + mib / 8 + 256) << 20).max(512 << 20))?;
+    let (dev, fs) = fresh_object_fs(
+        url,
+        ((mib + mib / 8 + 256) << 20).max(512 << 20),
+        &ObjectOptions::default(),
+    )?;
     let ino = make_file(&fs, "cold", mib, &pb)?;
     fs.unmount()?;
     dev.close()?;
