@@ -1101,7 +1101,8 @@ impl ObjectDevice {
         }
     }
 
-    /// Wait until everything flushed locally has shipped (close).
+    /// Wait until everything flushed locally has shipped (close), then
+    /// clear the local WAL.
     fn drain_local_wal(&self) -> io::Result<()> {
         if self.durability != Durability::Local {
             return Ok(());
@@ -1112,7 +1113,11 @@ impl ObjectDevice {
         }
         drop(s);
         self.stop_shipper();
-        self.check_fenced()
+        self.check_fenced()?;
+        match &self.disk {
+            Some(d) => d.clear_wal(),
+            None => Ok(()),
+        }
     }
 
     fn start_shipper(&self) {

@@ -36,7 +36,8 @@ use object_store::path::Path;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 
@@ -338,6 +339,8 @@ impl CacheDir {
                         records.push(rec);
                         at += len as usize;
                     }
+                    // The zeros a segment was made with: its end.
+                    _ if rest.len() >= 8 && rest[..8] == [0u8; 8] => break,
                     _ => {
                         log::warn!(
                             "{}: the local WAL ends at byte {at} (a record cut by a crash, \
@@ -369,24 +372,23 @@ impl CacheDir {
         let mut ix = self.index.lock();
         let record = ix.next_record;
         let body = WalRecord::encode(epoch, record, blocks);
+        // A record that does not fit what is left of the segment starts
+        // the next one (one larger than a segment has one to itself).
         let full = ix
             .current
             .as_ref()
             .and_then(|(n, _)| ix.segments.get(n))
-            .is_none_or(|&(_, len)| len >= SEGMENT_BYTES);
+            .is_none_or(|&(_, len)| len > 0 && len + body.len() as u64 > SEGMENT_BYTES);
         if full {
             let n = ix.segments.keys().next_back().map_or(1, |n| n + 1);
-            let file = OpenOptions::new()
-                .create_new(true)
-                .append(true)
-                .open(self.segment_path(n))?;
-            sync_dir(&self.root.join("wal"))?;
+            let file = self.new_segment(n)?;
             ix.segments.insert(n, (record, 0));
             ix.current = Some((n, file));
         }
-        let (n, file) = ix.current.as_mut().expect("a segment is open");
-        let n = *n;
-        if let Err(e) = file.write_all(&body).and_then(|()| file.sync_data()) {
+        let n = ix.current.as_ref().expect("a segment is open").0;
+        let at = ix.segments.get(&n).map_or(0, |&(_, len)| len);
+        let (_, file) = ix.current.as_mut().expect("a segment is open");
+        if let Err(e) = file.write_all_at(&body, at).and_then(|()| file.sync_data()) {
             // What the segment holds past its last good record is not
             // known: the next record goes to a new one.
             ix.current = None;
@@ -398,8 +400,30 @@ impl CacheDir {
         Ok(record)
     }
 
+    /// Segment `n`, made and filled with zeros, synced with its directory
+    /// entry: records are then written over the zeros, so that syncing one
+    /// writes its data only, not the file's size and extents (the host
+    /// file system's journal) every time; a zero where a record's magic
+    /// would be ends the segment.
+    fn new_segment(&self, n: u64) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(self.segment_path(n))?;
+        let zeros = vec![0u8; 1 << 20];
+        for k in 0..SEGMENT_BYTES / zeros.len() as u64 {
+            file.write_all_at(&zeros, k * zeros.len() as u64)?;
+        }
+        file.sync_all()?;
+        sync_dir(&self.root.join("wal"))?;
+        Ok(file)
+    }
+
     /// Every record up to `record` has shipped: delete the segments that
-    /// hold nothing after it.
+    /// hold nothing after it, but the one appended to (kept for the next
+    /// records; what shipped in it ships again, harmlessly, if the writer
+    /// stops before a close clears it).
     pub(crate) fn shipped(&self, record: u64) {
         let mut ix = self.index.lock();
         let done: Vec<u64> = ix
@@ -410,7 +434,7 @@ impl CacheDir {
             .collect();
         for n in done {
             if ix.current.as_ref().is_some_and(|(c, _)| *c == n) {
-                ix.current = None;
+                continue;
             }
             ix.segments.remove(&n);
             if let Err(e) = fs::remove_file(self.segment_path(n)) {
@@ -440,11 +464,14 @@ mod tests {
             assert_eq!(c.append_wal(3, &[(1, &block)]).unwrap(), 1);
             assert_eq!(c.append_wal(3, &[(2, &block), (5, &block)]).unwrap(), 2);
         }
-        // A third record cut half-way by a crash.
+        // A third record cut half-way by a crash, over the segment's zeros.
         let seg = root.join("wal").join(format!("{:020}", 1));
+        let used = WalRecord::encode(3, 1, &[(1, &block)]).len()
+            + WalRecord::encode(3, 2, &[(2, &block), (5, &block)]).len();
         let whole = WalRecord::encode(3, 3, &[(9, &block)]);
-        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
-        f.write_all(&whole[..whole.len() / 2]).unwrap();
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.write_all_at(&whole[..whole.len() / 2], used as u64)
+            .unwrap();
         drop(f);
         let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
         let recs = c.leftover_wal(16);
