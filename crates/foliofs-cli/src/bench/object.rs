@@ -1,5 +1,6 @@
 //! The object runner (`--image s3://BUCKET/PREFIX`): the workloads on an
-//! object image (durability=object: a flush is one WAL PUT), and in the
+//! object image (durability=object: a flush is one WAL PUT; or as
+//! `--object-options` says, e.g. durability=local), and in the
 //! same run the server's own floor, against which the issue sets its
 //! targets: the median latency of a create-if-absent PUT of 4 KiB (W1's
 //! fdatasyncs/s against 1 / that latency), the throughput of 8 MiB PUTs
@@ -370,7 +371,11 @@ fn against_floor(
     Ok(Outcome {
         id: "OBJ".into(),
         title: format!(
-            "object image, durability=object: the server's floor; W1, W4 and a cold read of a {mib} MiB file against it"
+            "object image, {}: the server's floor; W1, W4 and a cold read of a {mib} MiB file against it",
+            match &args.object_options {
+                Some(list) => list.clone(),
+                None => "durability=object".into(),
+            }
         ),
         series,
         ratios,
