@@ -3,23 +3,37 @@
 
 use std::process::Command;
 
-#[test]
-fn bench_smoke_json() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let img = dir.join("bench-smoke.img");
+/// `foliofs bench ARGS --json --image IMAGE` at tiny sizes: its outcomes,
+/// and their ids in order.
+fn bench_json(
+    args: &[&str],
+    image: impl AsRef<std::ffi::OsStr>,
+) -> (Vec<serde_json::Value>, Vec<String>) {
     let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
-        .args(["bench", "all", "--file-mib", "16", "--rounds", "2"])
-        .args(["--seconds", "0.2", "--threads", "1,2", "--json", "--image"])
-        .arg(&img)
+        .arg("bench")
+        .args(args)
+        .args(["--rounds", "2", "--seconds", "0.2", "--json", "--image"])
+        .arg(image)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let outcomes = v.as_array().unwrap();
-    let ids: Vec<&str> = outcomes.iter().map(|o| o["id"].as_str().unwrap()).collect();
+    let outcomes = v.as_array().unwrap().clone();
+    let ids = outcomes
+        .iter()
+        .map(|o| o["id"].as_str().unwrap().to_string())
+        .collect();
+    (outcomes, ids)
+}
+
+#[test]
+fn bench_smoke_json() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let img = dir.join("bench-smoke.img");
+    let (outcomes, ids) = bench_json(&["all", "--file-mib", "16", "--threads", "1,2"], &img);
     assert_eq!(ids, ["W1", "W2", "W3", "W4", "W5", "W6"]);
-    for o in outcomes {
+    for o in &outcomes {
         for s in o["series"].as_array().unwrap() {
             let vals = s["values"].as_array().unwrap();
             assert_eq!(vals.len(), 2, "{s}");
@@ -45,17 +59,10 @@ fn bench_smoke_json() {
 fn bench_on_an_object_image() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-object");
     let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
-        .args(["bench", "W1", "W4", "--file-mib", "16", "--rounds", "2"])
-        .args(["--seconds", "0.2", "--json", "--image"])
-        .arg(format!("file://{}", dir.display()))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let outcomes = v.as_array().unwrap();
-    let ids: Vec<&str> = outcomes.iter().map(|o| o["id"].as_str().unwrap()).collect();
+    let (outcomes, ids) = bench_json(
+        &["W1", "W4", "--file-mib", "16"],
+        format!("file://{}", dir.display()),
+    );
     assert_eq!(ids, ["W1", "W4", "OBJ"]);
     let names: Vec<&str> = outcomes
         .iter()

@@ -7,26 +7,15 @@
 
 mod common;
 
-use common::BeforePut;
-use foliofs::device::Device;
-use foliofs::{Fs, MkfsOptions, MountOptions};
-use foliofs_object::layout::{chunk_key, lease_key, manifest_key, Lease, Manifest, Writer};
+use common::{manifest, mkfs_with, small_checkpoints, BeforePut};
+use foliofs::{Fs, MountOptions};
+use foliofs_object::layout::{chunk_key, lease_key, manifest_key, Lease, Writer};
 use foliofs_object::{
     collect_garbage, forget_snapshot, leases, take_snapshot, InMemory, ObjectDevice, ObjectOptions,
     ObjectStore, Path,
 };
 use object_store::PutPayload;
 use std::sync::Arc;
-
-const SIZE: u64 = 64 << 20;
-
-fn small_checkpoints() -> ObjectOptions {
-    ObjectOptions {
-        checkpoint_bytes: 256 << 10,
-        cache_bytes: 8 << 20,
-        ..Default::default()
-    }
-}
 
 fn reader() -> ObjectOptions {
     ObjectOptions {
@@ -39,10 +28,7 @@ fn reader() -> ObjectOptions {
 }
 
 fn mkfs(store: Arc<dyn ObjectStore>) -> Arc<ObjectDevice> {
-    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, small_checkpoints()).unwrap();
-    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-    dev.flush().unwrap();
-    Arc::new(dev)
+    mkfs_with(store, small_checkpoints())
 }
 
 /// 12 files of 600-odd KiB: 7 MiB, over chunks beyond the first.
@@ -92,14 +78,6 @@ fn check(dev: &Arc<ObjectDevice>, round: u8) {
     fs.unmount().unwrap();
     let r = foliofs::fsck::fsck(dev.clone(), &Default::default(), |_, _| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
-}
-
-fn manifest(store: &Arc<dyn ObjectStore>, id: u64) -> Manifest {
-    let key = manifest_key(&Path::from("img"), id);
-    futures::executor::block_on(async {
-        let b = store.get(&key).await.unwrap().bytes().await.unwrap();
-        Manifest::decode(&key, &b).unwrap()
-    })
 }
 
 fn exists(store: &Arc<dyn ObjectStore>, key: &Path) -> bool {

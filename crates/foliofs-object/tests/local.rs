@@ -6,14 +6,11 @@
 
 mod common;
 
-use common::BeforePut;
-use foliofs::device::Device;
-use foliofs::{Fs, MkfsOptions, MountOptions};
+use common::{mkfs_with as mkfs, BeforePut};
+use foliofs::{Fs, MountOptions};
 use foliofs_object::{Durability, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-const SIZE: u64 = 64 << 20;
 
 fn cache_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("foliofs-local-{name}-{}", std::process::id()));
@@ -63,13 +60,6 @@ fn content(i: usize) -> Vec<u8> {
     (0..9000 + i * 1311)
         .map(|k| (k * 7 + i * 13) as u8)
         .collect()
-}
-
-fn mkfs(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<ObjectDevice> {
-    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
-    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-    dev.flush().unwrap();
-    Arc::new(dev)
 }
 
 fn write_files(fs: &Fs, files: std::ops::Range<usize>) {

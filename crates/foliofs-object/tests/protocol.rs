@@ -5,15 +5,13 @@
 
 mod common;
 
-use common::BeforePut;
+use common::{mkfs_with, BeforePut, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
 use object_store::PutPayload;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-const SIZE: u64 = 64 << 20;
 
 fn takeover() -> ObjectOptions {
     ObjectOptions {
@@ -24,13 +22,6 @@ fn takeover() -> ObjectOptions {
 
 fn mkfs(store: Arc<dyn ObjectStore>) -> Arc<ObjectDevice> {
     mkfs_with(store, Default::default())
-}
-
-fn mkfs_with(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<ObjectDevice> {
-    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
-    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-    dev.flush().unwrap();
-    Arc::new(dev)
 }
 
 fn content(i: usize) -> Vec<u8> {

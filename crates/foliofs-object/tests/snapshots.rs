@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::BeforePut;
+use common::{manifest, mkfs_with, small_checkpoints, BeforePut};
 use foliofs::device::Device;
-use foliofs::{Fs, MkfsOptions, MountOptions};
-use foliofs_object::layout::{manifest_key, Manifest};
+use foliofs::{Fs, MountOptions};
+use foliofs_object::layout::manifest_key;
 use foliofs_object::{
     collect_garbage, forget_snapshot, snapshots, take_snapshot, InMemory, ObjectDevice,
     ObjectError, ObjectOptions, ObjectStore, Path,
@@ -16,21 +16,8 @@ use foliofs_object::{
 use futures::TryStreamExt;
 use std::sync::Arc;
 
-const SIZE: u64 = 64 << 20;
-
-fn small_checkpoints() -> ObjectOptions {
-    ObjectOptions {
-        checkpoint_bytes: 256 << 10,
-        cache_bytes: 8 << 20,
-        ..Default::default()
-    }
-}
-
 fn mkfs(store: Arc<dyn ObjectStore>) -> Arc<ObjectDevice> {
-    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, small_checkpoints()).unwrap();
-    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
-    dev.flush().unwrap();
-    Arc::new(dev)
+    mkfs_with(store, small_checkpoints())
 }
 
 fn content(i: usize, round: u8) -> Vec<u8> {
@@ -116,14 +103,6 @@ fn keys(store: &Arc<dyn ObjectStore>, dir: &str) -> Vec<String> {
         let mut v: Vec<String> = l.into_iter().map(|m| m.location.to_string()).collect();
         v.sort();
         v
-    })
-}
-
-fn manifest(store: &Arc<dyn ObjectStore>, id: u64) -> Manifest {
-    let key = manifest_key(&Path::from("img"), id);
-    futures::executor::block_on(async {
-        let b = store.get(&key).await.unwrap().bytes().await.unwrap();
-        Manifest::decode(&key, &b).unwrap()
     })
 }
 

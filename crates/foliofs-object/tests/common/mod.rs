@@ -1,15 +1,50 @@
 //! What the object tests share: an in-memory store that asks a hook
 //! before each PUT, to cut the store off or to run something at a chosen
-//! moment of the protocol.
+//! moment of the protocol; a new image with a file system on it; a
+//! manifest read back. (Each test file uses some of them.)
+#![allow(dead_code)]
 
 use async_trait::async_trait;
-use foliofs_object::{InMemory, ObjectStore, Path};
+use foliofs::device::Device;
+use foliofs::MkfsOptions;
+use foliofs_object::layout::{manifest_key, Manifest};
+use foliofs_object::{InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use futures::stream::BoxStream;
 use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
     PutOptions, PutPayload, PutResult,
 };
 use std::sync::Arc;
+
+/// The images the tests make: 64 MiB, at `img`.
+pub const SIZE: u64 = 64 << 20;
+
+/// A new image at `img` with a file system on it, flushed, open for
+/// writing with `opts`.
+pub fn mkfs_with(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<ObjectDevice> {
+    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
+    foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
+    dev.flush().unwrap();
+    Arc::new(dev)
+}
+
+/// Checkpoints every 256 KiB of WAL, 8 MiB of chunks in memory.
+pub fn small_checkpoints() -> ObjectOptions {
+    ObjectOptions {
+        checkpoint_bytes: 256 << 10,
+        cache_bytes: 8 << 20,
+        ..Default::default()
+    }
+}
+
+/// Manifest `id` of the image at `img`.
+pub fn manifest(store: &Arc<dyn ObjectStore>, id: u64) -> Manifest {
+    let key = manifest_key(&Path::from("img"), id);
+    futures::executor::block_on(async {
+        let b = store.get(&key).await.unwrap().bytes().await.unwrap();
+        Manifest::decode(&key, &b).unwrap()
+    })
+}
 
 type Before = Box<dyn Fn(&Path) -> object_store::Result<()> + Send + Sync>;
 
