@@ -27,12 +27,15 @@ use crate::layout::{
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::readahead::ReadAhead;
+use crate::store::{
+    create_mode, image_manifest, latest_manifest, now_secs, runtime, this_writer, wal_numbers,
+};
 use crate::{keep, lease, ObjectError};
 use bytes::Bytes;
 use foliofs::device::Device;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, PutPayload};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -206,92 +209,8 @@ pub struct ObjectDevice {
     lease: Mutex<Option<lease::Held>>,
 }
 
-pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("foliofs-object")
-        .enable_all()
-        .build()
-}
-
-pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-pub(crate) fn this_writer(at: &Option<String>) -> Writer {
-    let mut name = [0u8; 256];
-    // SAFETY: gethostname writes at most the given length into the buffer.
-    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
-        let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
-        String::from_utf8_lossy(&name[..end]).into_owned()
-    } else {
-        "unknown".into()
-    };
-    Writer {
-        host,
-        pid: std::process::id(),
-        since: now_secs(),
-        at: at.clone(),
-    }
-}
-
-pub(crate) fn create_mode() -> PutOptions {
-    PutOptions {
-        mode: PutMode::Create,
-        ..Default::default()
-    }
-}
-
 fn eio(what: impl std::fmt::Display) -> io::Error {
     io::Error::other(what.to_string())
-}
-
-/// The newest manifest under `prefix`, with its number.
-pub(crate) async fn latest_manifest(
-    store: &dyn ObjectStore,
-    prefix: &Path,
-) -> Result<Option<(u64, Manifest)>, ObjectError> {
-    let dir = prefix.child("manifest");
-    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
-    let Some(id) = metas.iter().filter_map(|m| number_of(&m.location)).max() else {
-        return Ok(None);
-    };
-    let key = manifest_key(prefix, id);
-    let bytes = store.get(&key).await?.bytes().await?;
-    Ok(Some((id, Manifest::decode(&key, &bytes)?)))
-}
-
-/// The newest manifest under `prefix`, with its number; no manifest is
-/// no image there.
-pub(crate) async fn image_manifest(
-    store: &dyn ObjectStore,
-    prefix: &Path,
-) -> Result<(u64, Manifest), ObjectError> {
-    latest_manifest(store, prefix)
-        .await?
-        .ok_or_else(|| ObjectError::NoImage {
-            prefix: prefix.to_string(),
-        })
-}
-
-/// The WAL numbers present from `from` on, in order.
-pub(crate) async fn wal_numbers(
-    store: &dyn ObjectStore,
-    prefix: &Path,
-    from: u64,
-) -> Result<Vec<u64>, ObjectError> {
-    let dir = prefix.child("wal");
-    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
-    let mut seqs: Vec<u64> = metas
-        .iter()
-        .filter_map(|m| number_of(&m.location))
-        .filter(|&s| s >= from)
-        .collect();
-    seqs.sort_unstable();
-    Ok(seqs)
 }
 
 /// The cache directory `opts` names, open for the image under `prefix`;

@@ -30,12 +30,15 @@
 //! it lists the markers, so it too sees every marker whose manifest is
 //! older than the one it read.
 
-use crate::device::{create_mode, image_manifest, now_secs, runtime, this_writer, wal_numbers};
 use crate::layout::{
-    manifest_key, number_of, pair_of, snapshot_key, Damaged, Lease, Manifest, SnapshotMarker,
-    FENCE_BYTES, OBJECT_FORMAT,
+    manifest_key, pair_of, snapshot_key, Damaged, Lease, Manifest, SnapshotMarker, FENCE_BYTES,
+    OBJECT_FORMAT,
 };
 use crate::lease;
+use crate::store::{
+    create_mode, image_manifest, is_not_found, newest_manifest, now_secs, runtime, this_writer,
+    wal_numbers,
+};
 use crate::ObjectError;
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -139,10 +142,6 @@ impl Kept {
     pub fn wal(&self, seq: u64) -> bool {
         self.wal.iter().any(|&(a, b)| (a..b).contains(&seq))
     }
-}
-
-pub(crate) fn is_not_found(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::NotFound { .. })
 }
 
 /// Every snapshot marker under `prefix`, read, in order.
@@ -253,18 +252,6 @@ pub(crate) async fn take(store: &dyn ObjectStore, prefix: &Path) -> Result<u64, 
             }
         }
     }
-}
-
-/// The number of the newest manifest under `prefix`, without reading it.
-pub(crate) async fn newest_manifest(
-    store: &dyn ObjectStore,
-    prefix: &Path,
-) -> Result<Option<u64>, ObjectError> {
-    let metas: Vec<_> = store
-        .list(Some(&prefix.child("manifest")))
-        .try_collect()
-        .await?;
-    Ok(metas.iter().filter_map(|m| number_of(&m.location)).max())
 }
 
 /// Drop snapshot `at` (every marker of it): what only it kept is garbage

@@ -40,9 +40,9 @@
 //! open: it reads without one, as a warning says, at that risk, and the
 //! renewals go on trying to write it.
 
-use crate::device::{image_manifest, now_secs, this_writer};
-use crate::keep::{is_not_found, newest_manifest, snapshot_manifest};
+use crate::keep::snapshot_manifest;
 use crate::layout::{lease_key, snapshot_key, Lease, Manifest, Writer, OBJECT_FORMAT};
+use crate::store::{image_manifest, is_not_found, newest_manifest, now_secs, this_writer};
 use crate::ObjectError;
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -331,7 +331,7 @@ impl Held {
 
 /// The leases under `prefix` (`foliofs stat`), expired ones included.
 pub fn leases(store: Arc<dyn ObjectStore>, prefix: &Path) -> Result<Vec<LeaseInfo>, ObjectError> {
-    let found = crate::device::runtime()?.block_on(list(&*store, prefix))?;
+    let found = crate::store::runtime()?.block_on(list(&*store, prefix))?;
     Ok(found
         .into_iter()
         .map(|(key, l)| LeaseInfo {
@@ -355,7 +355,7 @@ mod tests {
     /// at release, which deletes it for good.
     #[test]
     fn renewals_rewrite_the_lease_until_it_is_released() {
-        let rt = crate::device::runtime().unwrap();
+        let rt = crate::store::runtime().unwrap();
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let mut held = Held::new(store.clone(), &Path::from("img"), &None);
         rt.block_on(held.write(3, 7, Some(9))).unwrap();

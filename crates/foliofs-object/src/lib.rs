@@ -28,9 +28,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The object layout is in `layout`; the protocol (claim, fence, WAL,
-//! checkpoint) in `device`; snapshots and the sweep of garbage in `keep`;
-//! readers' leases in `lease`.
+//! The object layout is in `layout`; the plain requests every part makes
+//! (the newest manifest, the WAL numbers, a create-if-absent PUT) in
+//! `store`; the protocol (claim, fence, WAL, checkpoint) in `device`;
+//! snapshots and the sweep of garbage in `keep`; readers' leases in
+//! `lease`; the cache directory and the local WAL in `local`.
 
 mod device;
 pub mod keep;
@@ -38,6 +40,7 @@ pub mod layout;
 pub mod lease;
 mod local;
 mod readahead;
+mod store;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};
