@@ -787,12 +787,11 @@ impl ObjectDevice {
     /// our own PUT whose answer was lost (its epoch is ours: its blocks
     /// are durable), or another writer's fence (fenced).
     fn taken(&self, key: &Path, seq: u64, _ours: BTreeMap<u64, Block>) -> ObjectError {
-        let theirs = self.rt.block_on(async {
-            let bytes = self.store.get(key).await?.bytes().await?;
-            Ok::<_, ObjectError>(WalRecord::decode(key, &bytes, self.len / BLOCK)?)
-        });
-        match theirs {
-            Ok(rec) if rec.epoch == self.epoch => {
+        match self
+            .rt
+            .block_on(taken_by(&*self.store, key, self.epoch, self.len / BLOCK))
+        {
+            TakenBy::Us(rec) => {
                 let mut s = self.state.lock();
                 for (b, d) in rec.blocks {
                     s.logged.insert(b, d.into());
@@ -800,17 +799,11 @@ impl ObjectDevice {
                 s.next_wal = seq + 1;
                 ObjectError::Retry
             }
-            Ok(rec) if rec.epoch < self.epoch && rec.blocks.is_empty() => {
-                // The fence of a claim that raced ours and lost: its
-                // writer found our fence below its own and writes nothing.
+            TakenBy::LosingClaim => {
                 self.state.lock().next_wal = seq + 1;
                 ObjectError::Retry
             }
-            Ok(rec) => self.fence(format!(
-                "fenced: WAL {seq} was written at epoch {} (this writer's is {})",
-                rec.epoch, self.epoch
-            )),
-            Err(e) => self.fence(format!("fenced: WAL {seq} is another writer's ({e})")),
+            TakenBy::Another(why) => self.fence(format!("fenced: WAL {seq} {why}")),
         }
     }
 
@@ -1169,20 +1162,19 @@ impl Shipper {
         match r {
             Ok(_) => Ok(n),
             Err(object_store::Error::AlreadyExists { .. }) => {
-                // Ours, if its answer was lost; else another writer's fence.
-                let theirs = self.rt.block_on(async {
-                    let bytes = self.store.get(&key).await?.bytes().await?;
-                    Ok::<_, ObjectError>(WalRecord::decode(&key, &bytes, u64::MAX)?)
-                });
-                match theirs {
-                    Ok(rec) if rec.epoch == self.epoch && bytes_eq(&rec, &list) => Ok(n),
-                    // A losing claim's fence (see `ObjectDevice::taken`).
-                    Ok(rec) if rec.epoch < self.epoch && rec.blocks.is_empty() => Ok(0),
-                    _ => {
+                // Only this writer writes at its epoch: a record of it
+                // there is this very PUT, its answer lost (retried whole).
+                match self
+                    .rt
+                    .block_on(taken_by(&*self.store, &key, self.epoch, u64::MAX))
+                {
+                    TakenBy::Us(_) => Ok(n),
+                    TakenBy::LosingClaim => Ok(0),
+                    TakenBy::Another(why) => {
                         let holder = self.rt.block_on(holder_note(&*self.store, &self.prefix));
                         Err(format!(
-                            "fenced: WAL {seq} was another writer's{holder}; what was \
-                             flushed only to the local WAL since is not in the image"
+                            "fenced: WAL {seq} {why}{holder}; what was flushed only to the \
+                             local WAL since is not in the image"
                         ))
                     }
                 }
@@ -1216,14 +1208,34 @@ impl Shipper {
     }
 }
 
-/// The record holds exactly `list` (our own PUT, its answer lost).
-fn bytes_eq(rec: &WalRecord, list: &[(u64, &[u8])]) -> bool {
-    rec.blocks.len() == list.len()
-        && rec
-            .blocks
-            .iter()
-            .zip(list)
-            .all(|((b, d), (lb, ld))| b == lb && d[..] == ld[..])
+/// Who holds a WAL number a writer of `epoch` found taken.
+enum TakenBy {
+    /// This writer: its own PUT whose answer was lost (its blocks are
+    /// durable).
+    Us(WalRecord),
+    /// The fence of a claim that raced this writer's and lost: its writer
+    /// found our fence below its own and writes nothing, so the number is
+    /// stepped over.
+    LosingClaim,
+    /// Another writer (or a record that cannot be read): this one is
+    /// fenced. Says what was found.
+    Another(String),
+}
+
+async fn taken_by(store: &dyn ObjectStore, key: &Path, epoch: u64, dev_blocks: u64) -> TakenBy {
+    let read = async {
+        let bytes = store.get(key).await?.bytes().await?;
+        Ok::<_, ObjectError>(WalRecord::decode(key, &bytes, dev_blocks)?)
+    };
+    match read.await {
+        Ok(rec) if rec.epoch == epoch => TakenBy::Us(rec),
+        Ok(rec) if rec.epoch < epoch && rec.blocks.is_empty() => TakenBy::LosingClaim,
+        Ok(rec) => TakenBy::Another(format!(
+            "was written at epoch {} (this writer's is {epoch})",
+            rec.epoch
+        )),
+        Err(e) => TakenBy::Another(format!("is another writer's ({e})")),
+    }
 }
 
 /// `op` until it succeeds, or fails for a cause that trying again cannot

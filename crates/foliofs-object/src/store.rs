@@ -55,9 +55,7 @@ pub(crate) async fn latest_manifest(
     store: &dyn ObjectStore,
     prefix: &Path,
 ) -> Result<Option<(u64, Manifest)>, ObjectError> {
-    let dir = prefix.child("manifest");
-    let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
-    let Some(id) = metas.iter().filter_map(|m| number_of(&m.location)).max() else {
+    let Some(id) = newest_manifest(store, prefix).await? else {
         return Ok(None);
     };
     let key = manifest_key(prefix, id);

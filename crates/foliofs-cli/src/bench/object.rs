@@ -57,14 +57,7 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
         a
     };
     // Each image's cache directory is DIR/NAME (see `object_options`).
-    let cache_dir = {
-        let mut o = ObjectOptions::default();
-        if let Some(list) = &args.object_options {
-            o.take_from(list)
-                .map_err(|e| anyhow::anyhow!("--object-options {e}"))?;
-        }
-        o.cache_dir
-    };
+    let cache_dir = given_options(args)?.cache_dir;
     let done = |name: &str| -> Result<()> {
         if !args.keep {
             rt.block_on(delete_under(&*store, &run_prefix.child(name)))?;
@@ -112,6 +105,15 @@ pub(super) fn fresh_fs(url: &str, size: u64, args: &BenchArgs) -> Result<(Arc<dy
 /// The object options `--object-options` gives, for the image at `url`:
 /// a cache directory of its own below the one given.
 fn object_options(args: &BenchArgs, url: &str) -> Result<ObjectOptions> {
+    let mut opts = given_options(args)?;
+    if let Some(dir) = opts.cache_dir.take() {
+        opts.cache_dir = Some(dir.join(cache_name(url)));
+    }
+    Ok(opts)
+}
+
+/// The options `--object-options` gives, as given.
+fn given_options(args: &BenchArgs) -> Result<ObjectOptions> {
     let mut opts = ObjectOptions::default();
     if let Some(list) = &args.object_options {
         let rest = opts
@@ -123,9 +125,6 @@ fn object_options(args: &BenchArgs, url: &str) -> Result<ObjectOptions> {
                 foliofs_object::MOUNT_OPTIONS
             );
         }
-    }
-    if let Some(dir) = opts.cache_dir.take() {
-        opts.cache_dir = Some(dir.join(cache_name(url)));
     }
     Ok(opts)
 }
