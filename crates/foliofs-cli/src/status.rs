@@ -401,6 +401,15 @@ object store"
             count(get(dev, "checkpoints"))
         ),
     );
+    row(
+        w,
+        "WAL unfolded",
+        bytes(get(dev, "unfolded_bytes")),
+        match dev.get("checkpoint_failed").and_then(Value::as_str) {
+            Some(why) => format!("in memory; the last checkpoint failed: {why}"),
+            None => "in memory, for the next checkpoint".into(),
+        },
+    );
     if let Some(c) = dev.get("cache_dir").filter(|c| c.is_object()) {
         row(
             w,

@@ -17,9 +17,16 @@
 //! Reads that go on sequentially fetch the next chunks ahead (see
 //! `readahead`).
 //!
-//! Locks: `flushing` (one flush or checkpoint at a time, held across its
-//! PUTs) is taken before `state` (held only to look up or move blocks,
-//! never across a request). The read-ahead's own lock is taken alone.
+//! A checkpointer thread folds the WAL into chunks once
+//! `checkpoint_bytes` of it have gathered, while flushes go on: a flush
+//! waits for it only when it has fallen two checkpoints behind. With
+//! `durability=local`, a shipper thread PUTs the local WAL (see below).
+//!
+//! Locks: `flushing` (one flush at a time, held across its PUT) and
+//! `checkpointing` (one checkpoint at a time, held across its PUTs) are
+//! taken before `state` (held only to look up or move blocks, never
+//! across a request), and never together except by close (`flushing`
+//! first). The read-ahead's own lock is taken alone.
 
 use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
@@ -44,6 +51,14 @@ use std::sync::Arc;
 
 /// Chunk objects a checkpoint PUTs at once.
 const CHECKPOINT_PUTS: usize = 4;
+
+/// Flushes wait while the WAL not yet folded into chunks is this many
+/// times `checkpoint_bytes`: the checkpointer has fallen behind.
+const UNFOLDED_MAX: u64 = 2;
+
+/// The longest a checkpointer waits after a failed checkpoint before it
+/// tries again.
+const CHECKPOINT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How an object device is opened.
 #[derive(Clone, Debug)]
@@ -126,6 +141,10 @@ pub struct ObjectStats {
     /// The writer the manifest names (None after a clean close).
     pub writer: Option<Writer>,
     pub fenced: Option<String>,
+    /// Why the last checkpoint failed, until one succeeds (the WAL keeps
+    /// everything meanwhile; flushes fail only once the WAL not folded
+    /// reaches its bound).
+    pub checkpoint_failed: Option<String>,
     /// The snapshot open, if one is.
     pub snapshot: Option<u64>,
     pub durability: Durability,
@@ -158,8 +177,9 @@ struct State {
     /// The local records waiting to ship, oldest first.
     to_ship: VecDeque<Shipment>,
     unshipped_bytes: u64,
-    /// The shipper is to stop (the device closes or is dropped).
-    ship_stop: bool,
+    /// The background threads are to stop (the device closes or is
+    /// dropped).
+    stopping: bool,
 }
 
 /// One local WAL record on its way to the store.
@@ -181,6 +201,14 @@ impl State {
 
 /// A foliofs image in an object store, as the engine's block device.
 pub struct ObjectDevice {
+    core: Arc<Core>,
+    /// The background threads (the checkpointer; with
+    /// `Durability::Local`, the shipper), until close or drop.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// The device, shared with its background threads.
+struct Core {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
     prefix: Path,
@@ -189,20 +217,27 @@ pub struct ObjectDevice {
     len: u64,
     opts: ObjectOptions,
     epoch: u64,
+    /// One flush at a time, held across its PUT.
     flushing: Mutex<()>,
+    /// One checkpoint at a time (the checkpointer's, or close's), held
+    /// across its PUTs and sweep.
+    checkpointing: Mutex<()>,
     /// The chunk maps of the manifests snapshots are read from, by
     /// manifest number (a manifest never changes). Taken under
-    /// `flushing`, never with `state`.
+    /// `checkpointing`, never with `state`.
     kept_manifests: Mutex<HashMap<u64, BTreeMap<u64, u64>>>,
-    state: Arc<Mutex<State>>,
-    /// Signalled when the shipper has moved records to the store (or
-    /// stopped): flushes waiting on `wal_lag_max` and close wait on it.
-    shipped: Arc<Condvar>,
+    state: Mutex<State>,
+    /// Signalled when `state` moves on: records shipped, WAL logged, a
+    /// checkpoint done or failed, the device fenced or stopping. Flushes
+    /// waiting on `wal_lag_max` or on checkpoints, close, and the
+    /// background threads wait on it.
+    changed: Condvar,
     /// `Durability::Local` only for a writer (it has a cache directory).
     durability: Durability,
     disk: Option<Arc<CacheDir>>,
-    shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
-    ship_stop: Arc<AtomicBool>,
+    /// Set when the background threads are to stop: a PUT being retried
+    /// gives up (what the shipper held stays in the local WAL).
+    stop: AtomicBool,
     ahead: ReadAhead,
     /// A read-only open's lease, until close or drop. Taken alone, never
     /// with `flushing` or `state`.
@@ -519,9 +554,9 @@ impl ObjectDevice {
             logged,
         );
         if let Some(mut l) = held {
-            l.renew_on(&dev.rt);
-            dev.state.lock().stats.lease = Some(l.key().to_string());
-            *dev.lease.lock() = Some(l);
+            l.renew_on(&dev.core.rt);
+            dev.core.state.lock().stats.lease = Some(l.key().to_string());
+            *dev.core.lease.lock() = Some(l);
         }
         Ok(dev)
     }
@@ -544,7 +579,8 @@ impl ObjectDevice {
             false => opts.durability,
         };
         let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts));
-        let dev = ObjectDevice {
+        let read_only = opts.read_only;
+        let core = Arc::new(Core {
             rt,
             store,
             name: match prefix.as_ref() {
@@ -556,10 +592,11 @@ impl ObjectDevice {
             epoch: manifest.epoch,
             opts,
             flushing: Mutex::new(()),
+            checkpointing: Mutex::new(()),
             kept_manifests: Mutex::new(HashMap::new()),
             ahead,
             lease: Mutex::new(None),
-            state: Arc::new(Mutex::new(State {
+            state: Mutex::new(State {
                 manifest_id,
                 next_wal,
                 pending: BTreeMap::new(),
@@ -580,22 +617,101 @@ impl ObjectDevice {
                 unshipped: BTreeMap::new(),
                 to_ship: VecDeque::new(),
                 unshipped_bytes: 0,
-                ship_stop: false,
-            })),
-            shipped: Arc::new(Condvar::new()),
+                stopping: false,
+            }),
+            changed: Condvar::new(),
             durability,
             disk,
-            shipper: Mutex::new(None),
-            ship_stop: Arc::new(AtomicBool::new(false)),
-        };
-        if durability == Durability::Local {
-            dev.start_shipper();
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        if !read_only {
+            threads.push(core.start("foliofs-checkpoint", Core::checkpointer));
         }
-        dev
+        if durability == Durability::Local {
+            threads.push(core.start("foliofs-ship", Core::shipper));
+        }
+        ObjectDevice {
+            core,
+            threads: Mutex::new(threads),
+        }
     }
 
     /// What the device has done so far.
     pub fn stats(&self) -> ObjectStats {
+        self.core.stats()
+    }
+
+    /// Flush, fold the WAL into chunks and write a manifest that names no
+    /// writer: the next open needs no takeover. The device writes nothing
+    /// more.
+    pub fn close(&self) -> io::Result<()> {
+        let core = &self.core;
+        if core.opts.read_only {
+            core.release_lease();
+            return Ok(());
+        }
+        core.flush()?;
+        let _f = core.flushing.lock();
+        core.wait_shipped();
+        self.stop_threads();
+        core.check_fenced()?;
+        if let Some(d) = core
+            .disk
+            .as_ref()
+            .filter(|_| core.durability == Durability::Local)
+        {
+            d.clear_wal()?;
+        }
+        let _c = core.checkpointing.lock();
+        core.checkpoint(true).map_err(io::Error::from)?;
+        core.state.lock().stats.fenced = Some("closed".into());
+        Ok(())
+    }
+
+    /// Fold the WAL flushed so far into chunks and a new manifest now,
+    /// rather than when `checkpoint_bytes` of it have gathered; returns
+    /// once the manifest is in the store.
+    pub fn checkpoint_now(&self) -> io::Result<()> {
+        let _c = self.core.checkpointing.lock();
+        self.core.check_fenced()?;
+        self.core.checkpoint(false).map_err(io::Error::from)
+    }
+
+    /// Stop the background threads and wait for them: a checkpoint in
+    /// progress finishes; a PUT being retried gives up.
+    fn stop_threads(&self) {
+        {
+            let mut s = self.core.state.lock();
+            s.stopping = true;
+            self.core.stop.store(true, Ordering::Relaxed);
+        }
+        self.core.changed.notify_all();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ObjectDevice {
+    /// Without `close`: what has not shipped stays in the local WAL, as
+    /// if the machine had stopped here. A reader's lease goes.
+    fn drop(&mut self) {
+        self.stop_threads();
+        self.core.release_lease();
+    }
+}
+
+impl Core {
+    fn start(self: &Arc<Core>, name: &str, run: fn(&Core)) -> std::thread::JoinHandle<()> {
+        let core = self.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(&core))
+            .expect("a thread can be started")
+    }
+
+    fn stats(&self) -> ObjectStats {
         let s = self.state.lock();
         let mut st = s.stats.clone();
         st.manifest = s.manifest_id;
@@ -608,23 +724,6 @@ impl ObjectDevice {
         st.cache_dir = self.disk.as_ref().map(|d| d.usage());
         st.chunks_read_ahead = self.ahead.used();
         st
-    }
-
-    /// Flush, fold the WAL into chunks and write a manifest that names no
-    /// writer: the next open needs no takeover. The device writes nothing
-    /// more.
-    pub fn close(&self) -> io::Result<()> {
-        if self.opts.read_only {
-            self.release_lease();
-            return Ok(());
-        }
-        self.flush()?;
-        let _f = self.flushing.lock();
-        self.drain_local_wal()?;
-        self.check_fenced()?;
-        self.checkpoint(true).map_err(io::Error::from)?;
-        self.state.lock().stats.fenced = Some("closed".into());
-        Ok(())
     }
 
     /// Delete a reader's lease: what it kept is garbage for the next
@@ -816,9 +915,58 @@ impl ObjectDevice {
         ObjectError::Fenced(why)
     }
 
+    /// The checkpointer thread: whenever `checkpoint_bytes` of WAL have
+    /// gathered, fold them (flushes go on meanwhile). A checkpoint that
+    /// fails is tried again after a pause; the WAL holds everything until
+    /// one succeeds.
+    fn checkpointer(&self) {
+        let mut pause = std::time::Duration::ZERO;
+        loop {
+            {
+                let mut s = self.state.lock();
+                let until = std::time::Instant::now() + pause;
+                while !s.stopping && std::time::Instant::now() < until {
+                    self.changed.wait_until(&mut s, until);
+                }
+                while !s.stopping
+                    && s.stats.fenced.is_none()
+                    && (s.logged.is_empty()
+                        || (s.logged.len() as u64 * BLOCK) < self.opts.checkpoint_bytes)
+                {
+                    self.changed.wait(&mut s);
+                }
+                if s.stopping || s.stats.fenced.is_some() {
+                    return;
+                }
+            }
+            let done = {
+                let _c = self.checkpointing.lock();
+                self.checkpoint(false)
+            };
+            let mut s = self.state.lock();
+            match done {
+                Ok(()) => {
+                    s.stats.checkpoint_failed = None;
+                    pause = std::time::Duration::ZERO;
+                }
+                Err(_) if s.stopping => return,
+                Err(e) => {
+                    if s.stats.fenced.is_none() {
+                        log::warn!("{}: checkpoint failed ({e}); trying again", self.name);
+                    }
+                    s.stats.checkpoint_failed = Some(e.to_string());
+                    pause =
+                        (pause * 2).clamp(std::time::Duration::from_secs(1), CHECKPOINT_PAUSE_MAX);
+                }
+            }
+            drop(s);
+            self.changed.notify_all();
+        }
+    }
+
     /// Fold the WAL into new chunk objects and write the next manifest
     /// (naming no writer when `closing`), then delete what it replaced.
-    /// Called with `flushing` held.
+    /// Called with `checkpointing` held; flushes go on meanwhile.
     fn checkpoint(&self, closing: bool) -> Result<(), ObjectError> {
         // The WAL number taken with the blocks folded: the shipper may
         // move more into `logged` meanwhile, for the next checkpoint.
@@ -856,10 +1004,21 @@ impl ObjectDevice {
                 let body = Bytes::from(encode_chunk(idx, &data));
                 bodies.push((idx, chunk_key(&self.prefix, idx, new_id), body, data));
             }
-            self.rt
-                .block_on(futures::future::try_join_all(bodies.iter().map(
-                    |(_, key, body, _)| self.store.put(key, PutPayload::from(body.clone())),
-                )))?;
+            // Retried as a group: a chunk key is this checkpoint's own,
+            // so PUTting it again is harmless.
+            let group_key = &bodies[0].1;
+            retry_for(
+                self.rt.handle(),
+                &self.name,
+                self.opts.retry,
+                (!closing).then_some(&self.stop),
+                group_key,
+                || {
+                    futures::future::try_join_all(bodies.iter().map(|(_, key, body, _)| {
+                        self.store.put(key, PutPayload::from(body.clone()))
+                    }))
+                },
+            )?;
             for (idx, _, body, data) in bodies {
                 if let Some(d) = &self.disk {
                     d.keep_chunk(idx, new_id, &body);
@@ -973,7 +1132,7 @@ impl ObjectDevice {
 /// are unshipped. A shipper fenced, or failing past the retry window,
 /// stops the device writing (as a failed flush does): the local WAL stays
 /// for the next open from this cache directory, which ships it first.
-impl ObjectDevice {
+impl Core {
     /// Called with `flushing` held.
     fn flush_local(&self) -> io::Result<()> {
         let disk = self
@@ -1016,10 +1175,10 @@ impl ObjectDevice {
             record,
             blocks: blocks.into_iter().collect(),
         });
-        self.shipped.notify_all();
+        self.changed.notify_all();
         // Durable here; the writer waits only for the lag to shrink.
         while s.unshipped_bytes > self.opts.wal_lag_max && s.stats.fenced.is_none() {
-            self.shipped.wait(&mut s);
+            self.changed.wait(&mut s);
         }
         match &s.stats.fenced {
             Some(why) => Err(eio(format!("{}: {why}", self.name))),
@@ -1027,99 +1186,37 @@ impl ObjectDevice {
         }
     }
 
-    /// Wait until everything flushed locally has shipped (close), then
-    /// clear the local WAL.
-    fn drain_local_wal(&self) -> io::Result<()> {
-        if self.durability != Durability::Local {
-            return Ok(());
-        }
+    /// Wait until everything flushed locally has shipped (close).
+    fn wait_shipped(&self) {
         let mut s = self.state.lock();
         while !s.to_ship.is_empty() && s.stats.fenced.is_none() {
-            self.shipped.wait(&mut s);
-        }
-        drop(s);
-        self.stop_shipper();
-        self.check_fenced()?;
-        match &self.disk {
-            Some(d) => d.clear_wal(),
-            None => Ok(()),
+            self.changed.wait(&mut s);
         }
     }
 
-    fn start_shipper(&self) {
-        let ship = Shipper {
-            rt: self.rt.handle().clone(),
-            store: self.store.clone(),
-            prefix: self.prefix.clone(),
-            name: self.name.clone(),
-            retry: self.opts.retry,
-            epoch: self.epoch,
-            state: self.state.clone(),
-            shipped: self.shipped.clone(),
-            disk: self.disk.clone().expect("durability=local has a cache_dir"),
-            stop: self.ship_stop.clone(),
-        };
-        let handle = std::thread::Builder::new()
-            .name("foliofs-ship".into())
-            .spawn(move || ship.run())
-            .expect("a thread can be started");
-        *self.shipper.lock() = Some(handle);
-    }
-
-    fn stop_shipper(&self) {
-        self.ship_stop.store(true, Ordering::Relaxed);
-        self.state.lock().ship_stop = true;
-        self.shipped.notify_all();
-        if let Some(h) = self.shipper.lock().take() {
-            let _ = h.join();
-        }
-    }
-}
-
-impl Drop for ObjectDevice {
-    /// Without `close`: what has not shipped stays in the local WAL, as
-    /// if the machine had stopped here. A reader's lease goes.
-    fn drop(&mut self) {
-        self.stop_shipper();
-        self.release_lease();
-    }
-}
-
-/// The shipper thread's share of the device.
-struct Shipper {
-    rt: tokio::runtime::Handle,
-    store: Arc<dyn ObjectStore>,
-    prefix: Path,
-    name: String,
-    retry: std::time::Duration,
-    epoch: u64,
-    state: Arc<Mutex<State>>,
-    shipped: Arc<Condvar>,
-    disk: Arc<CacheDir>,
-    /// Set to stop: a PUT being retried gives up (what it held stays in
-    /// the local WAL).
-    stop: Arc<AtomicBool>,
-}
-
-impl Shipper {
-    fn run(self) {
+    /// The shipper thread: PUT what waits in the local WAL, in order.
+    fn shipper(&self) {
+        let disk = self
+            .disk
+            .as_ref()
+            .expect("durability=local has a cache_dir");
         while let Some((seq, batch)) = self.next_batch() {
             let last = batch.last().map_or(0, |r| r.record);
-            match self.put(seq, &batch) {
+            match self.ship(seq, &batch) {
                 Ok(0) => {
                     self.state.lock().next_wal = seq + 1;
                     continue;
                 }
-                Ok(n) => self.done(seq, batch, n),
+                Ok(n) => self.shipped(seq, batch, n),
                 Err(_) if self.stop.load(Ordering::Relaxed) => return,
                 Err(why) => {
                     log::error!("{}: {why}: writing nothing more", self.name);
                     self.state.lock().stats.fenced = Some(why);
-                    self.shipped.notify_all();
+                    self.changed.notify_all();
                     return;
                 }
             }
-            self.disk.shipped(last);
+            disk.shipped(last);
         }
     }
 
@@ -1127,10 +1224,10 @@ impl Shipper {
     /// told to stop.
     fn next_batch(&self) -> Option<(u64, Vec<Shipment>)> {
         let mut s = self.state.lock();
-        while s.to_ship.is_empty() && !s.ship_stop {
-            self.shipped.wait(&mut s);
+        while s.to_ship.is_empty() && !s.stopping {
+            self.changed.wait(&mut s);
         }
-        if s.ship_stop {
+        if s.stopping {
             return None;
         }
         Some((s.next_wal, s.to_ship.iter().cloned().collect()))
@@ -1139,7 +1236,7 @@ impl Shipper {
     /// PUT the batch as WAL `seq`: each block's newest version in it.
     /// Ok(bytes PUT), or Ok(0) if `seq` held a losing claim's fence: the
     /// batch goes to the next number.
-    fn put(&self, seq: u64, batch: &[Shipment]) -> Result<u64, String> {
+    fn ship(&self, seq: u64, batch: &[Shipment]) -> Result<u64, String> {
         let mut newest: BTreeMap<u64, &Block> = BTreeMap::new();
         for r in batch {
             newest.extend(r.blocks.iter().map(|(b, d)| (*b, d)));
@@ -1149,9 +1246,9 @@ impl Shipper {
         let n = body.len() as u64;
         let key = wal_key(&self.prefix, seq);
         let r = retry_for(
-            &self.rt,
+            self.rt.handle(),
             &self.name,
-            self.retry,
+            self.opts.retry,
             Some(&self.stop),
             &key,
             || {
@@ -1187,7 +1284,7 @@ impl Shipper {
     }
 
     /// The batch is in the store: its blocks move to `logged`.
-    fn done(&self, seq: u64, batch: Vec<Shipment>, bytes: u64) {
+    fn shipped(&self, seq: u64, batch: Vec<Shipment>, bytes: u64) {
         let mut s = self.state.lock();
         for Shipment { record, blocks } in batch {
             let front = s.to_ship.pop_front().expect("the batch was queued");
@@ -1204,7 +1301,7 @@ impl Shipper {
         s.stats.wal_puts += 1;
         s.stats.wal_bytes += bytes;
         drop(s);
-        self.shipped.notify_all();
+        self.changed.notify_all();
     }
 }
 
@@ -1355,7 +1452,7 @@ fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
     Ok(())
 }
 
-impl ObjectDevice {
+impl Core {
     /// For I/O of `n` bytes at `offset` that is not in whole blocks (the
     /// superblock's 512-byte probe): the whole blocks it lies in, read,
     /// with where the bytes start in them.
@@ -1372,6 +1469,24 @@ impl ObjectDevice {
 }
 
 impl Device for ObjectDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.core.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.core.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.core.flush()
+    }
+
+    fn len(&self) -> u64 {
+        self.core.len
+    }
+}
+
+impl Core {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_io(self.len, offset, buf.len())?;
         match self.around(offset, buf.len())? {
@@ -1410,19 +1525,33 @@ impl Device for ObjectDevice {
                 }
             }
         }
-        let unfolded = self.state.lock().logged.len() as u64 * BLOCK;
-        if unfolded >= self.opts.checkpoint_bytes {
-            self.checkpoint(false)?;
+        // The checkpointer folds the WAL in the background; a flush waits
+        // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the
+        // WAL not yet folded is held in memory).
+        let mut s = self.state.lock();
+        let unfolded = |s: &State| s.logged.len() as u64 * BLOCK;
+        if unfolded(&s) >= self.opts.checkpoint_bytes {
+            self.changed.notify_all();
+        }
+        while !s.logged.is_empty() && unfolded(&s) >= UNFOLDED_MAX * self.opts.checkpoint_bytes {
+            if let Some(why) = s
+                .stats
+                .fenced
+                .as_ref()
+                .or(s.stats.checkpoint_failed.as_ref())
+            {
+                return Err(eio(format!(
+                    "{}: the WAL is not being folded into chunks: {why}",
+                    self.name
+                )));
+            }
+            self.changed.wait(&mut s);
         }
         Ok(())
     }
-
-    fn len(&self) -> u64 {
-        self.len
-    }
 }
 
-impl ObjectDevice {
+impl Core {
     /// Whole blocks from `offset`.
     fn read_blocks(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let first = offset / BLOCK;
@@ -1444,17 +1573,27 @@ impl ObjectDevice {
             let idx = b / CHUNK_BLOCKS;
             // The rest of this chunk's run in one go.
             let run = ((idx + 1) * CHUNK_BLOCKS - b).min((buf.len() / bs - i) as u64) as usize;
+            // A checkpoint that replaces the chunk meanwhile (folding
+            // blocks of the run out of the WAL, and perhaps deleting the
+            // version asked for) sends the run round again.
+            let replaced = || self.state.lock().manifest.chunks.get(&idx).copied() != version;
             match version {
                 None => buf[i * bs..(i + run) * bs].fill(0),
                 Some(v) => {
-                    let data = self.chunk(idx, v)?;
+                    let data = match self.chunk(idx, v) {
+                        Ok(data) => data,
+                        Err(_) if replaced() => continue,
+                        Err(e) => return Err(e),
+                    };
                     let at = ((b % CHUNK_BLOCKS) * BLOCK) as usize;
                     buf[i * bs..(i + run) * bs].copy_from_slice(&data[at..at + run * bs]);
                 }
             }
-            // Blocks of the run written meanwhile (or checkpointed from
-            // the WAL while the chunk was fetched) win over the chunk.
+            // Blocks of the run written meanwhile win over the chunk.
             let s = self.state.lock();
+            if s.manifest.chunks.get(&idx).copied() != version {
+                continue;
+            }
             for k in 0..run {
                 if let Some(d) = s.block(b + k as u64) {
                     buf[(i + k) * bs..(i + k + 1) * bs].copy_from_slice(d);

@@ -290,6 +290,11 @@ fn checkpoints_fold_the_wal_and_a_clean_close_needs_no_takeover() {
         fs.fsync(f.ino, false).unwrap();
     }
     fs.unmount().unwrap();
+    // The checkpointer folds in the background, while the writes go on.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while dev.stats().checkpoints == 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let st = dev.stats();
     assert!(st.checkpoints > 0 && st.chunk_puts > 0, "{st:?}");
     dev.close().unwrap();

@@ -126,11 +126,14 @@ fn a_snapshot_reads_its_moment_while_the_writer_goes_on() {
     for i in 0..8 {
         write_fsync(&fs, &format!("f{i}"), &content(i, 1));
     }
+    dev.checkpoint_now().unwrap();
     fs.unlink(fs.root_ino(), b"f0").unwrap();
     for i in 8..40 {
         write_fsync(&fs, &format!("f{i}"), &content(i, 1));
     }
+    dev.checkpoint_now().unwrap();
     fs.sync().unwrap();
+    dev.checkpoint_now().unwrap();
     assert!(
         dev.stats().checkpoints >= before + 3,
         "the writer checkpointed: {:?}",
@@ -316,13 +319,14 @@ fn a_checkpoint_between_a_snapshots_look_and_its_marker_retakes_it() {
         write_fsync(&fs, &format!("f{i}"), &content(i, 0));
     }
     let checkpoints = dev.stats().checkpoints;
-    let writer = fs.clone();
+    let (writer, folds) = (fs.clone(), dev.clone());
     // Before the snapshot's marker is written: the writer goes on and
     // checkpoints.
     let hook = parking_lot::Mutex::new(Some(move || {
         for i in 8..40 {
             write_fsync(&writer, &format!("f{i}"), &content(i, 0));
         }
+        folds.checkpoint_now().unwrap();
     }));
     let hooked: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner, move |location| {
         if location.as_ref().contains("/snapshot/") {
