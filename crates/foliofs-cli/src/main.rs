@@ -93,6 +93,10 @@ enum Cmd {
         /// Overwrite an existing foliofs file system.
         #[arg(short, long)]
         force: bool,
+        /// For an object image: the size of its chunk objects, a power of
+        /// two from 256K to 64M (default 4M).
+        #[arg(long, value_parser = parse_size)]
+        chunk_size: Option<u64>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -253,6 +257,7 @@ pub(crate) fn open_error(image: &Path, e: std::io::Error) -> anyhow::Error {
 fn mkfs_cmd(
     image: &Path,
     size: Option<u64>,
+    chunk_size: Option<u64>,
     o: MkfsOptions,
     force: bool,
     json: bool,
@@ -265,8 +270,19 @@ fn mkfs_cmd(
             let Some(size) = size else {
                 bail!("{url}: give --size for a new object image");
             };
-            let dev = Arc::new(object::create(url, size, &Default::default())?);
+            let opts = foliofs_object::ObjectOptions {
+                chunk_bytes: chunk_size
+                    .unwrap_or(foliofs_object::ObjectOptions::default().chunk_bytes),
+                ..Default::default()
+            };
+            let dev = Arc::new(object::create(url, size, &opts)?);
             (dev.clone(), Some(dev))
+        }
+        None if chunk_size.is_some() => {
+            bail!(
+                "--chunk-size is for object images (s3://BUCKET/PREFIX); {} is a file",
+                image.display()
+            )
         }
         None => {
             let dev = match foliofs::fs::open_for_mkfs(image, size, force) {
@@ -423,7 +439,7 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                 }
                 println!(
                     "object image {url}: manifest {}, writer epoch {}, {}; WAL {} bytes past \
-                     the last checkpoint (next WAL {}); {} chunk objects",
+                     the last checkpoint (next WAL {}); {} chunk objects of {} KiB",
                     st.manifest,
                     st.epoch,
                     match &st.writer {
@@ -432,7 +448,8 @@ fn stat_cmd(image: &Path, path: Option<&str>, json: bool) -> Result<()> {
                     },
                     st.unfolded_bytes,
                     st.next_wal,
-                    st.chunks
+                    st.chunks,
+                    st.chunk_bytes >> 10,
                 );
                 let base = foliofs_object::split_snapshot(url).0;
                 object::live_mounts(base);
@@ -633,10 +650,12 @@ fn main() -> ExitCode {
             label,
             root_owner,
             force,
+            chunk_size,
             json,
         } => mkfs_cmd(
             &image,
             size,
+            chunk_size,
             MkfsOptions {
                 block_size,
                 ag_count,

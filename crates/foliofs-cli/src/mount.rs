@@ -145,6 +145,9 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             Ok(false) => {}
             Err(e) => bail!("-o {e}"),
         }
+        if k == "chunk_size" {
+            bail!("-o chunk_size: an image's chunk size is chosen when it is made (foliofs mkfs URL --chunk-size SIZE)");
+        }
         if o.object.set(k, v).map_err(|e| anyhow::anyhow!("-o {e}"))? {
             o.object_given.push(k.to_string());
             continue;

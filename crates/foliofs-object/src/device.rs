@@ -30,7 +30,7 @@
 
 use crate::layout::{
     chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
-    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, FENCE_BYTES, OBJECT_FORMAT,
+    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, CHUNK_BLOCKS_RANGE, FENCE_BYTES, OBJECT_FORMAT,
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::readahead::ReadAhead;
@@ -99,6 +99,9 @@ pub struct ObjectOptions {
     /// Chunks fetched ahead of a sequential read at a time (0: off); at
     /// most half the chunks `cache_bytes` holds.
     pub read_ahead_chunks: usize,
+    /// For a new image (`create`): the bytes of each chunk object, a power
+    /// of two from 256 KiB to 64 MiB. An image opened keeps its own.
+    pub chunk_bytes: u64,
 }
 
 impl Default for ObjectOptions {
@@ -117,6 +120,7 @@ impl Default for ObjectOptions {
             durability: Durability::Object,
             wal_lag_max: 64 << 20,
             read_ahead_chunks: 4,
+            chunk_bytes: CHUNK_BLOCKS * BLOCK,
         }
     }
 }
@@ -138,6 +142,8 @@ pub struct ObjectStats {
     pub unfolded_bytes: u64,
     /// Chunk objects the manifest names (the rest of the device is zeros).
     pub chunks: u64,
+    /// Bytes of each chunk object (the image's, chosen when it was made).
+    pub chunk_bytes: u64,
     /// The writer the manifest names (None after a clean close).
     pub writer: Option<Writer>,
     pub fenced: Option<String>,
@@ -215,6 +221,8 @@ struct Core {
     /// The prefix as messages name it.
     name: String,
     len: u64,
+    /// Blocks in each chunk object (the manifest's).
+    chunk_blocks: u64,
     opts: ObjectOptions,
     epoch: u64,
     /// One flush at a time, held across its PUT.
@@ -377,11 +385,20 @@ impl ObjectDevice {
                 "an image needs at least one block".into(),
             ));
         }
+        let chunk_blocks = opts.chunk_bytes / BLOCK;
+        if opts.chunk_bytes % BLOCK != 0 || !crate::layout::chunk_blocks_ok(chunk_blocks) {
+            return Err(ObjectError::Invalid(format!(
+                "chunk size {}: a power of two from {} KiB to {} MiB",
+                opts.chunk_bytes,
+                (CHUNK_BLOCKS_RANGE.start() * BLOCK) >> 10,
+                (CHUNK_BLOCKS_RANGE.end() * BLOCK) >> 20
+            )));
+        }
         let manifest = Manifest {
             format: OBJECT_FORMAT,
             len,
             block: BLOCK,
-            chunk_blocks: CHUNK_BLOCKS,
+            chunk_blocks,
             epoch: 1,
             writer: Some(this_writer(&opts.mount_point)),
             wal_start: 1,
@@ -578,7 +595,8 @@ impl ObjectDevice {
             true => Durability::Object,
             false => opts.durability,
         };
-        let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts));
+        let chunk_blocks = manifest.chunk_blocks;
+        let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts, chunk_blocks));
         let read_only = opts.read_only;
         let core = Arc::new(Core {
             rt,
@@ -589,6 +607,7 @@ impl ObjectDevice {
             },
             prefix,
             len: manifest.len,
+            chunk_blocks,
             epoch: manifest.epoch,
             opts,
             flushing: Mutex::new(()),
@@ -673,6 +692,9 @@ impl ObjectDevice {
     /// rather than when `checkpoint_bytes` of it have gathered; returns
     /// once the manifest is in the store.
     pub fn checkpoint_now(&self) -> io::Result<()> {
+        if self.core.opts.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
         let _c = self.core.checkpointing.lock();
         self.core.check_fenced()?;
         self.core.checkpoint(false).map_err(io::Error::from)
@@ -718,6 +740,7 @@ impl Core {
         st.next_wal = s.next_wal;
         st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
         st.chunks = s.manifest.chunks.len() as u64;
+        st.chunk_bytes = self.chunk_blocks * BLOCK;
         st.writer = s.manifest.writer.clone();
         st.unshipped_bytes = s.unshipped_bytes;
         drop(s);
@@ -800,12 +823,12 @@ impl Core {
     }
 
     fn chunk_len(&self, idx: u64) -> usize {
-        let start = idx * CHUNK_BLOCKS * BLOCK;
-        (self.len - start).min(CHUNK_BLOCKS * BLOCK) as usize
+        let start = idx * self.chunk_blocks * BLOCK;
+        (self.len - start).min(self.chunk_blocks * BLOCK) as usize
     }
 
     fn trim_cache(&self, s: &mut State) {
-        let limit = cache_chunks(&self.opts);
+        let limit = cache_chunks(&self.opts, self.chunk_blocks);
         while s.chunks.len() > limit {
             let oldest = s
                 .chunks
@@ -983,7 +1006,10 @@ impl Core {
         let old = next.clone();
         let mut by_chunk: BTreeMap<u64, Vec<(u64, &Block)>> = BTreeMap::new();
         for (&b, d) in &folded {
-            by_chunk.entry(b / CHUNK_BLOCKS).or_default().push((b, d));
+            by_chunk
+                .entry(b / self.chunk_blocks)
+                .or_default()
+                .push((b, d));
         }
         let mut made = Vec::new();
         let chunks: Vec<_> = by_chunk.iter().collect();
@@ -998,7 +1024,7 @@ impl Core {
                     None => vec![0; self.chunk_len(idx)],
                 };
                 for (b, d) in blocks {
-                    let at = ((b % CHUNK_BLOCKS) * BLOCK) as usize;
+                    let at = ((b % self.chunk_blocks) * BLOCK) as usize;
                     data[at..at + BLOCK as usize].copy_from_slice(d);
                 }
                 let body = Bytes::from(encode_chunk(idx, &data));
@@ -1438,8 +1464,8 @@ async fn replay(
 }
 
 /// Chunks the cache holds.
-fn cache_chunks(opts: &ObjectOptions) -> usize {
-    (opts.cache_bytes / (CHUNK_BLOCKS * BLOCK)).max(2) as usize
+fn cache_chunks(opts: &ObjectOptions, chunk_blocks: u64) -> usize {
+    (opts.cache_bytes / (chunk_blocks * BLOCK)).max(2) as usize
 }
 
 fn check_io(len: u64, offset: u64, n: usize) -> io::Result<()> {
@@ -1568,11 +1594,11 @@ impl Core {
                     i += 1;
                     continue;
                 }
-                s.manifest.chunks.get(&(b / CHUNK_BLOCKS)).copied()
+                s.manifest.chunks.get(&(b / self.chunk_blocks)).copied()
             };
-            let idx = b / CHUNK_BLOCKS;
+            let idx = b / self.chunk_blocks;
             // The rest of this chunk's run in one go.
-            let run = ((idx + 1) * CHUNK_BLOCKS - b).min((buf.len() / bs - i) as u64) as usize;
+            let run = ((idx + 1) * self.chunk_blocks - b).min((buf.len() / bs - i) as u64) as usize;
             // A checkpoint that replaces the chunk meanwhile (folding
             // blocks of the run out of the WAL, and perhaps deleting the
             // version asked for) sends the run round again.
@@ -1585,7 +1611,7 @@ impl Core {
                         Err(_) if replaced() => continue,
                         Err(e) => return Err(e),
                     };
-                    let at = ((b % CHUNK_BLOCKS) * BLOCK) as usize;
+                    let at = ((b % self.chunk_blocks) * BLOCK) as usize;
                     buf[i * bs..(i + run) * bs].copy_from_slice(&data[at..at + run * bs]);
                 }
             }
@@ -1609,7 +1635,7 @@ impl Core {
     /// before: fetch the chunks after it that the cache lacks (see
     /// `readahead`).
     fn read_ahead(&self, first: u64, end: u64) {
-        let next = self.ahead.after_read(first, end, CHUNK_BLOCKS);
+        let next = self.ahead.after_read(first, end, self.chunk_blocks);
         if next.is_empty() {
             return;
         }

@@ -33,8 +33,18 @@ use std::collections::BTreeMap;
 /// Bytes of one device block as the object device keeps them.
 pub const BLOCK: u64 = 4096;
 
-/// Blocks in one chunk object (4 MiB).
+/// Blocks in one chunk object of a new image unless told otherwise
+/// (4 MiB). Each image's manifest names its own (`chunk_blocks`).
 pub const CHUNK_BLOCKS: u64 = 1024;
+
+/// The chunk sizes an image may have, in blocks: powers of two from
+/// 256 KiB to 64 MiB.
+pub const CHUNK_BLOCKS_RANGE: std::ops::RangeInclusive<u64> = 64..=16384;
+
+/// Whether `blocks` is a chunk size an image may have.
+pub fn chunk_blocks_ok(blocks: u64) -> bool {
+    blocks.is_power_of_two() && CHUNK_BLOCKS_RANGE.contains(&blocks)
+}
 
 /// The object format this crate writes.
 pub const OBJECT_FORMAT: u32 = 1;
@@ -170,7 +180,8 @@ impl Manifest {
 
     pub fn decode(key: &Path, bytes: &[u8]) -> Result<Manifest, Damaged> {
         let m: Manifest = decode_json(key, bytes, "a manifest", |m: &Manifest| m.format)?;
-        if m.block != BLOCK || m.chunk_blocks != CHUNK_BLOCKS || m.len % BLOCK != 0 || m.len == 0 {
+        if m.block != BLOCK || !chunk_blocks_ok(m.chunk_blocks) || m.len % BLOCK != 0 || m.len == 0
+        {
             return Err(damaged(
                 key,
                 format!(
@@ -179,7 +190,7 @@ impl Manifest {
                 ),
             ));
         }
-        let chunks = m.len.div_ceil(BLOCK * CHUNK_BLOCKS);
+        let chunks = m.len.div_ceil(BLOCK * m.chunk_blocks);
         if let Some((&idx, _)) = m.chunks.iter().find(|(&i, _)| i >= chunks) {
             return Err(damaged(key, format!("chunk {idx} past the device end")));
         }

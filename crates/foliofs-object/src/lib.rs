@@ -283,6 +283,9 @@ impl ObjectOptions {
             ("cache_size", Some(v)) => self.cache_size = size(v)?,
             ("wal_lag_max", Some(v)) => self.wal_lag_max = size(v)?,
             ("durability", Some(v)) => self.durability = v.parse()?,
+            // For a new image only (`foliofs mkfs --chunk-size`, `bench
+            // --object-options`): an image opened keeps its own.
+            ("chunk_size", Some(v)) => self.chunk_bytes = size(v)?,
             _ => return Ok(false),
         }
         Ok(true)

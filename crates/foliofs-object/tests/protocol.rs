@@ -440,3 +440,54 @@ fn a_cut_after_any_put_loses_nothing_fsynced() {
         cut_at += 1;
     }
 }
+
+/// An image made with chunks of 256 KiB or of 64 MiB (the smallest and
+/// the largest) checkpoints, closes and reads back whole on a fresh
+/// device, which takes the size from the manifest; a size that is not a
+/// power of two in that range is refused when the image is made.
+#[test]
+fn images_keep_the_chunk_size_they_were_made_with() {
+    for chunk_bytes in [256 << 10, 64 << 20] {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dev = mkfs_with(
+            store.clone(),
+            ObjectOptions {
+                chunk_bytes,
+                checkpoint_bytes: 256 << 10,
+                ..Default::default()
+            },
+        );
+        assert_eq!(dev.stats().chunk_bytes, chunk_bytes);
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        for i in 0..12 {
+            let f = fs
+                .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+            fs.write(f.ino, 0, &content(i)).unwrap();
+            fs.fsync(f.ino, false).unwrap();
+        }
+        fs.unmount().unwrap();
+        dev.close().unwrap();
+        let cold =
+            Arc::new(ObjectDevice::open(store, Path::from("img"), Default::default()).unwrap());
+        let st = cold.stats();
+        assert_eq!(st.chunk_bytes, chunk_bytes);
+        assert!(
+            st.chunks * chunk_bytes >= 256 << 10 && st.chunks <= SIZE / chunk_bytes,
+            "{st:?}"
+        );
+        verify(cold, 0..12);
+    }
+    for bad in [3 << 20, 128 << 10, 128 << 20, 4096 * 1000] {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let opts = ObjectOptions {
+            chunk_bytes: bad,
+            ..Default::default()
+        };
+        match ObjectDevice::create(store, Path::from("img"), SIZE, opts) {
+            Err(ObjectError::Invalid(why)) => assert!(why.contains("power of two"), "{why}"),
+            Err(e) => panic!("chunk size {bad}: {e}"),
+            Ok(_) => panic!("chunk size {bad} accepted"),
+        }
+    }
+}
