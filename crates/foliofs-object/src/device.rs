@@ -783,13 +783,18 @@ impl Core {
         let (data, fetched) = match self.chunk_from_disk(&key, idx, version) {
             Some(data) => (data, 0),
             None => {
-                let bytes = match self.ahead.take(&self.rt, idx, version) {
-                    Some(bytes) => bytes,
+                // A fetch made ahead has verified its blocks already.
+                let (bytes, data) = match self.ahead.take(&self.rt, idx, version) {
+                    Some(got) => got,
                     None => {
-                        self.retrying(&key, || async { self.store.get(&key).await?.bytes().await })?
+                        let bytes = self.retrying(&key, || async {
+                            self.store.get(&key).await?.bytes().await
+                        })?;
+                        let data =
+                            decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
+                        (bytes, data)
                     }
                 };
-                let data = decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
                 if let Some(d) = &self.disk {
                     d.keep_chunk(idx, version, &bytes);
                 }
@@ -1649,7 +1654,9 @@ impl Core {
         let on_disk = |idx: u64, v: u64| self.disk.as_ref().is_some_and(|d| d.has_chunk(idx, v));
         for (idx, v) in wanted.into_iter().filter(|&(idx, v)| !on_disk(idx, v)) {
             let key = chunk_key(&self.prefix, idx, v);
-            self.ahead.start(&self.rt, &self.store, key, idx, v);
+            let (len, keep) = (self.chunk_len(idx), self.disk.is_some());
+            self.ahead
+                .start(&self.rt, &self.store, key, idx, v, len, keep);
         }
     }
 

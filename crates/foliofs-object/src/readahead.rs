@@ -6,11 +6,14 @@
 //! what the store serves with several in flight (`foliofs bench` measures
 //! both). When reads go on where the previous one ended, the chunks
 //! after the read's last are GOT meanwhile on the device's runtime, up to
-//! `depth` at a time; `chunk()` takes a fetch's bytes instead of asking
-//! the store and verifies them (`decode_chunk`) as it verifies its own,
-//! then caches them like any chunk. A fetch that failed is forgotten and
-//! the chunk is fetched again, with retries, by the reader that needs it:
-//! read-ahead never turns a passing failure into an error.
+//! `depth` GETs running at a time. A fetch also verifies what it got
+//! (`decode_chunk`, on the runtime's blocking threads): the checksum and
+//! the copy out of the object are done beside the reader, not by it, and
+//! `chunk()` takes the verified blocks instead of asking the store, then
+//! caches them like any chunk. A fetch that failed, or got bytes that do
+//! not verify, is forgotten and the chunk is fetched again, with retries,
+//! and verified by the reader that needs it: read-ahead never turns a
+//! passing failure into an error, nor lets an unverified block through.
 //!
 //! A few sequential streams are followed at once, each by where its last
 //! read ended: the engine's direct read of a file interleaves its data
@@ -23,11 +26,15 @@
 //! about start nothing.
 //! The depth, for all streams together, is bounded by the cache, so that
 //! chunks fetched ahead are not evicted by each other before they are
-//! read: at most half the chunks the cache holds.
+//! read: at most half the chunks the cache holds. Only GETs still running
+//! count against it: a fetch that is done waits for its reader without
+//! holding the next one back (done or not, at most twice `depth` fetches
+//! are held).
 //!
 //! Lock: `inner` is taken alone: never with the device's `state`, never
 //! while waiting for a fetch.
 
+use crate::layout::decode_chunk;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -37,7 +44,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-type Fetch = JoinHandle<object_store::Result<Bytes>>;
+/// What a fetch made ahead got: the object's bytes (empty unless asked
+/// to keep them, for the cache directory) and its blocks, verified; None
+/// if the GET failed or what it got does not verify.
+type Fetched = Option<(Bytes, Vec<u8>)>;
+type Fetch = JoinHandle<Fetched>;
 
 pub(crate) struct ReadAhead {
     /// Chunks fetched ahead at a time (0: read-ahead off).
@@ -82,8 +93,8 @@ impl ReadAhead {
     /// A read of blocks `first..end` (chunks of `chunk_blocks`): if it
     /// goes on where a stream's last read ended and the stream has read a
     /// quarter chunk in order, the chunks to fetch ahead (those after the
-    /// read's last chunk, `depth` of them). Fetches of chunks before this
-    /// read's are dropped: its stream has passed them.
+    /// read's last chunk, `depth` of them). Fetches that no stream
+    /// followed will read any more are dropped.
     pub(crate) fn after_read(
         &self,
         first: u64,
@@ -116,9 +127,22 @@ impl ReadAhead {
             }
         };
         a.streams.insert(0, stream);
-        let from = first / chunk_blocks;
-        let passed: Vec<u64> = a.fetches.range(..from).map(|(&i, _)| i).collect();
-        for i in passed {
+        // Fetches no stream will read: behind every stream, or of a
+        // stream no longer followed. (Not just those behind this read:
+        // the file's data and its checksums are read in turn, and each
+        // stream's fetches must outlive the other's reads.)
+        let depth = self.depth as u64;
+        let wanted = |i: u64, s: &Stream| {
+            let at = s.next_block / chunk_blocks;
+            i >= at && i <= at + depth
+        };
+        let unwanted: Vec<u64> = a
+            .fetches
+            .keys()
+            .copied()
+            .filter(|&i| !a.streams.iter().any(|s| wanted(i, s)))
+            .collect();
+        for i in unwanted {
             let (_, f) = a.fetches.remove(&i).expect("listed");
             f.abort();
         }
@@ -129,8 +153,11 @@ impl ReadAhead {
         last + 1..last + 1 + self.depth as u64
     }
 
-    /// Start fetching chunk `idx` at `version` from `key`, unless it is
-    /// fetching already or `depth` fetches are.
+    /// Start fetching chunk `idx` at `version` (`len` bytes of blocks)
+    /// from `key` and verifying it, unless it is fetching already or
+    /// `depth` GETs are running. `keep_bytes`: keep the object's bytes
+    /// too (for the cache directory).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -138,28 +165,57 @@ impl ReadAhead {
         key: Path,
         idx: u64,
         version: u64,
+        len: usize,
+        keep_bytes: bool,
     ) {
         let mut a = self.inner.lock();
-        if a.fetches.get(&idx).is_some_and(|(v, _)| *v == version) || a.fetches.len() >= self.depth
-        {
+        if a.fetches.get(&idx).is_some_and(|(v, _)| *v == version) {
+            return;
+        }
+        let running = a.fetches.values().filter(|(_, f)| !f.is_finished()).count();
+        if running >= self.depth || a.fetches.len() >= 2 * self.depth {
             return;
         }
         let store = store.clone();
-        let fetch = rt.spawn(async move { store.get(&key).await?.bytes().await });
+        let fetch = rt.spawn(async move {
+            let bytes = match async { store.get(&key).await?.bytes().await }.await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    log::debug!("chunk {idx} fetched ahead: {e}; fetching it again");
+                    return None;
+                }
+            };
+            // The checksum and the copy of 4 MiB: off the runtime's
+            // workers, which go on receiving the other fetches.
+            let checked = tokio::task::spawn_blocking(move || {
+                let data = decode_chunk(&key, idx, &bytes, len);
+                (bytes, data)
+            })
+            .await
+            .ok()?;
+            match checked {
+                (bytes, Ok(data)) => Some((if keep_bytes { bytes } else { Bytes::new() }, data)),
+                (_, Err(e)) => {
+                    log::warn!("chunk {idx} fetched ahead: {e}; fetching it again");
+                    None
+                }
+            }
+        });
         if let Some((_, old)) = a.fetches.insert(idx, (version, fetch)) {
             old.abort();
         }
     }
 
-    /// The bytes of chunk `idx` at `version` if a fetch made ahead has
-    /// them (waiting for it if it is still running), unverified; None if
+    /// The object's bytes (empty unless the fetch was asked to keep them)
+    /// and verified blocks of chunk `idx` at `version` if a fetch made
+    /// ahead has them (waiting for it if it is still running); None if
     /// none was made or it failed.
     pub(crate) fn take(
         &self,
         rt: &tokio::runtime::Runtime,
         idx: u64,
         version: u64,
-    ) -> Option<Bytes> {
+    ) -> Option<(Bytes, Vec<u8>)> {
         let fetch = {
             let mut a = self.inner.lock();
             match a.fetches.get(&idx) {
@@ -167,17 +223,9 @@ impl ReadAhead {
                 _ => None,
             }
         }?;
-        match rt.block_on(fetch) {
-            Ok(Ok(bytes)) => {
-                self.used.fetch_add(1, Ordering::Relaxed);
-                Some(bytes)
-            }
-            Ok(Err(e)) => {
-                log::debug!("chunk {idx} fetched ahead: {e}; fetching it again");
-                None
-            }
-            Err(_) => None,
-        }
+        let got = rt.block_on(fetch).ok().flatten()?;
+        self.used.fetch_add(1, Ordering::Relaxed);
+        Some(got)
     }
 
     /// Chunks read from fetches made ahead so far.
@@ -189,6 +237,9 @@ impl ReadAhead {
 #[cfg(test)]
 mod tests {
     use super::ReadAhead;
+    use object_store::path::Path;
+    use object_store::ObjectStore;
+    use std::sync::Arc;
 
     #[test]
     fn only_sequential_reads_look_ahead() {
@@ -213,5 +264,30 @@ mod tests {
         }
         assert_eq!(ReadAhead::new(4, 4).depth, 2, "half the cache");
         assert_eq!(ReadAhead::new(0, 64).after_read(0, 1, 1024), 0..0);
+    }
+
+    #[test]
+    fn a_read_of_checksums_further_on_keeps_the_data_fetches() {
+        let rt = crate::store::runtime().unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let ra = ReadAhead::new(4, 64);
+        let start = |r: std::ops::Range<u64>| {
+            for i in r {
+                ra.start(&rt, &store, Path::from(format!("c{i}")), i, 1, 4096, false);
+            }
+        };
+        let fetching = || ra.inner.lock().fetches.keys().copied().collect::<Vec<_>>();
+        // Data in chunk 4 on, its checksums' blocks in chunk 300.
+        for k in 0..4 {
+            start(ra.after_read(4096 + k * 256, 4096 + (k + 1) * 256, 1024));
+            start(ra.after_read(300 * 1024 + k, 300 * 1024 + k + 1, 1024));
+        }
+        assert_eq!(fetching(), vec![5, 6, 7, 8], "the data's fetches stay");
+        // A jump elsewhere, four times: the old streams are forgotten and
+        // their fetches dropped.
+        for k in 0..4 {
+            ra.after_read(100_000 + k * 100, 100_001 + k * 100, 1024);
+        }
+        assert!(fetching().is_empty(), "{:?}", fetching());
     }
 }
