@@ -1024,9 +1024,11 @@ impl Core {
         for group in chunks.chunks(CHECKPOINT_PUTS) {
             let mut bodies = Vec::with_capacity(group.len());
             for &(&idx, blocks) in group {
+                // A chunk the WAL covers whole is not read back first.
+                let whole = blocks.len() as u64 * BLOCK == self.chunk_len(idx) as u64;
                 let mut data = match old.chunks.get(&idx) {
-                    Some(&v) => self.chunk(idx, v)?.as_ref().clone(),
-                    None => vec![0; self.chunk_len(idx)],
+                    Some(&v) if !whole => self.chunk(idx, v)?.as_ref().clone(),
+                    _ => vec![0; self.chunk_len(idx)],
                 };
                 for (b, d) in blocks {
                     let at = ((b % self.chunk_blocks) * BLOCK) as usize;

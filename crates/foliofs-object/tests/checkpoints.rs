@@ -249,3 +249,37 @@ fn reads_racing_checkpoints_see_every_flushed_write() {
     assert!(dev.stats().checkpoints >= 20, "{:?}", dev.stats());
     dev.close().unwrap();
 }
+
+/// A checkpoint reads a chunk back from the store only to keep the
+/// blocks the WAL does not cover: a chunk written whole is not fetched.
+#[test]
+fn a_chunk_written_whole_is_not_read_back_by_its_checkpoint() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = ObjectDevice::create(store.clone(), Path::from("img"), SIZE, opts()).unwrap();
+    // Chunks 3 and 4 (MiB 12 to 20) written whole, folded, closed.
+    write_mib(&dev, 12, 8, 1).unwrap();
+    dev.checkpoint_now().unwrap();
+    dev.close().unwrap();
+    let dev = ObjectDevice::open(store.clone(), Path::from("img"), opts()).unwrap();
+    write_mib(&dev, 12, 4, 2).unwrap();
+    dev.write_at(&[9; 4096], 16 << 20).unwrap();
+    dev.flush().unwrap();
+    dev.checkpoint_now().unwrap();
+    assert_eq!(
+        dev.stats().chunk_gets,
+        1,
+        "only chunk 4, one block of it rewritten, was read back: {:?}",
+        dev.stats()
+    );
+    dev.close().unwrap();
+    let dev = ObjectDevice::open(store, Path::from("img"), opts()).unwrap();
+    let mut got = vec![0; 4096];
+    for (b, round) in [(3072u64, 2u8), (4095, 2), (4097, 1), (5119, 1)] {
+        dev.read_at(&mut got, b * BLOCK).unwrap();
+        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
+        assert_eq!(got[8], round, "block {b}");
+    }
+    dev.read_at(&mut got, 16 << 20).unwrap();
+    assert_eq!(got, vec![9; 4096]);
+    dev.close().unwrap();
+}
