@@ -2402,10 +2402,11 @@ fn a_failed_writeback_is_reported_and_leaves_no_phantom_data() {
     m.remount("");
     let back = std::fs::read(m.path("f")).unwrap();
     assert!(back[..old.len()] == old[..]);
-    assert!(
-        back.len() < old.len() + new.len(),
-        "every refused byte reached the disk"
-    );
+    // Not all of it fits. (The size may reach the end: the kernel's
+    // writeback requests run in any order, and the last one may be
+    // among those that found room, leaving a hole before it.)
+    let landed = back[old.len()..].iter().filter(|&&b| b == 0xee).count();
+    assert!(landed < new.len(), "every refused byte reached the disk");
     // What the cache showed after the failure is what the disk has, and
     // zeros past it. (The size it showed is the kernel's, or the disk's
     // once the kernel refetched the attributes.)
