@@ -40,8 +40,8 @@
 //! open: it reads without one, as a warning says, at that risk, and the
 //! renewals go on trying to write it.
 
-use crate::keep::snapshot_manifest;
 use crate::layout::{lease_key, snapshot_key, Lease, Manifest, Writer, OBJECT_FORMAT};
+use crate::markers::snapshot_manifest;
 use crate::store::{image_manifest, is_not_found, newest_manifest, now_secs, this_writer};
 use crate::ObjectError;
 use futures::TryStreamExt;

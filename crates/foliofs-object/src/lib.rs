@@ -39,13 +39,15 @@ pub mod keep;
 pub mod layout;
 pub mod lease;
 mod local;
+mod markers;
 mod readahead;
 mod store;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
-pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, SnapshotInfo, Swept};
+pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, Swept};
 pub use lease::{leases, LeaseInfo};
 pub use local::{CacheUse, Durability};
+pub use markers::SnapshotInfo;
 pub use object_store::memory::InMemory;
 pub use object_store::path::Path;
 pub use object_store::ObjectStore;

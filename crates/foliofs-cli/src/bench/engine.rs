@@ -9,7 +9,6 @@ use super::report::fill;
 use anyhow::{bail, Context, Result};
 use foliofs::device::{AlignedBuf, Device, FileDevice};
 use foliofs::{Fs, MkfsOptions, MountOptions};
-use indicatif::ProgressBar;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::Arc;
@@ -51,20 +50,6 @@ pub(super) fn fresh_fs(args: &BenchArgs) -> Result<(Arc<dyn Device>, Fs)> {
     foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {})?;
     let fs = Fs::mount(dev.clone(), MountOptions::default())?;
     Ok((dev, fs))
-}
-
-/// Create `name` holding `mib` MiB written with 1 MiB direct writes.
-pub(super) fn make_file(fs: &Fs, name: &str, mib: u64, pb: &ProgressBar) -> Result<u64> {
-    let bs = fs.block_size() as usize;
-    let ino = fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)?.ino;
-    let mut buf = AlignedBuf::zeroed(1 << 20);
-    pb.set_message(format!("writing {name}"));
-    for m in 0..mib {
-        fill(&mut buf, (m << 20) / bs as u64, bs);
-        fs.write_direct(ino, m << 20, &buf)?;
-    }
-    fs.sync()?;
-    Ok(ino)
 }
 
 /// Device byte ranges (offset, len) holding the file, in file order.

@@ -4,6 +4,8 @@
 
 use anyhow::{bail, Result};
 use comfy_table::Table;
+use foliofs::device::AlignedBuf;
+use foliofs::Fs;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -202,6 +204,20 @@ pub fn print(outcomes: &[Outcome], markdown: bool) {
         }
         println!();
     }
+}
+
+/// Create `name` holding `mib` MiB written with 1 MiB direct writes.
+pub fn make_file(fs: &Fs, name: &str, mib: u64, pb: &ProgressBar) -> Result<u64> {
+    let bs = fs.block_size() as usize;
+    let ino = fs.create(fs.root_ino(), name.as_bytes(), 0o644, 0, 0)?.ino;
+    let mut buf = AlignedBuf::zeroed(1 << 20);
+    pb.set_message(format!("writing {name}"));
+    for m in 0..mib {
+        fill(&mut buf, (m << 20) / bs as u64, bs);
+        fs.write_direct(ino, m << 20, &buf)?;
+    }
+    fs.sync()?;
+    Ok(ino)
 }
 
 #[cfg(test)]

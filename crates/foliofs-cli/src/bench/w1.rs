@@ -3,7 +3,8 @@
 //! dirtying, and the raw device's own 4 KiB write + fdatasync.
 
 use super::args::BenchArgs;
-use super::engine::{file_ranges, fresh_fs, make_file, open_raw, raw_write_at};
+use super::engine::{file_ranges, fresh_fs, open_raw, raw_write_at};
+use super::report::make_file;
 use super::report::{fill, progress, ratio, run_threads, Outcome, Series};
 use super::target::{w1_files, w1_pass};
 use anyhow::{bail, Result};

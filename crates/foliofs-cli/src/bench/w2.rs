@@ -3,7 +3,8 @@
 //! block each.
 
 use super::args::BenchArgs;
-use super::engine::{file_ranges, fresh_fs, make_file, open_raw_if, raw_read_at};
+use super::engine::{file_ranges, fresh_fs, open_raw_if, raw_read_at};
+use super::report::make_file;
 use super::report::{progress, ratio, Outcome, Series};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
