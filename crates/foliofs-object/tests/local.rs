@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{mkfs_with as mkfs, BeforePut};
+use common::{mkfs_with as mkfs, write_files, BeforePut};
 use foliofs::{Fs, MountOptions};
 use foliofs_object::{Durability, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,16 +62,6 @@ fn content(i: usize) -> Vec<u8> {
         .collect()
 }
 
-fn write_files(fs: &Fs, files: std::ops::Range<usize>) {
-    for i in files {
-        let f = fs
-            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        fs.write(f.ino, 0, &content(i)).unwrap();
-        fs.fsync(f.ino, false).unwrap();
-    }
-}
-
 /// Every file `f i` for i in `files` reads back whole (and no file past
 /// them is there), and fsck finds the image clean.
 fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
@@ -104,10 +94,10 @@ fn a_restart_from_the_cache_dir_ships_what_was_flushed_locally() {
     let store = gated(inner.clone(), gate.clone());
     let dev = mkfs(store.clone(), local(&dir));
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    write_files(&fs, 0..3);
+    write_files(&fs, 0..3, content);
     settle(&dev);
     gate.store(false, Ordering::SeqCst);
-    write_files(&fs, 3..10);
+    write_files(&fs, 3..10, content);
     let st = dev.stats();
     assert!(st.unshipped_bytes > 0, "{st:?}");
     assert!(st.fenced.is_none(), "{st:?}");
@@ -147,10 +137,10 @@ fn a_takeover_fences_a_local_writer_and_drops_its_unshipped_wal() {
     let store = gated(inner.clone(), gate.clone());
     let dev = mkfs(store.clone(), local(&dir));
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    write_files(&fs, 0..2);
+    write_files(&fs, 0..2, content);
     settle(&dev);
     gate.store(false, Ordering::SeqCst);
-    write_files(&fs, 100..104);
+    write_files(&fs, 100..104, content);
     // The other machine: the store itself, an empty cache.
     let other: Arc<dyn ObjectStore> = inner.clone();
     let opts = ObjectOptions {
@@ -159,7 +149,7 @@ fn a_takeover_fences_a_local_writer_and_drops_its_unshipped_wal() {
     };
     let dev2 = Arc::new(ObjectDevice::open(other, Path::from("img"), opts).unwrap());
     let fs2 = Fs::mount(dev2.clone(), MountOptions::default()).unwrap();
-    write_files(&fs2, 2..4);
+    write_files(&fs2, 2..4, content);
     fs2.unmount().unwrap();
     dev2.close().unwrap();
     // The old writer's shipper finds its next WAL number taken.
@@ -256,7 +246,7 @@ fn chunks_come_from_the_cache_dir_on_the_next_open() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let dev = mkfs(store.clone(), ObjectOptions::default());
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    write_files(&fs, 0..20);
+    write_files(&fs, 0..20, content);
     fs.unmount().unwrap();
     dev.close().unwrap();
     let cached = ObjectOptions {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mkfs_with, BeforePut, SIZE};
+use common::{mkfs_with, write_files, BeforePut, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
@@ -26,18 +26,6 @@ fn mkfs(store: Arc<dyn ObjectStore>) -> Arc<ObjectDevice> {
 
 fn content(i: usize) -> Vec<u8> {
     (0..5000 + i * 777).map(|k| (k * 31 + i) as u8).collect()
-}
-
-/// Files `f{i}` for i in `files`, each written with `content(i)` and
-/// fsynced.
-fn write_files(fs: &Fs, files: std::ops::Range<usize>) {
-    for i in files {
-        let f = fs
-            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
-            .unwrap();
-        fs.write(f.ino, 0, &content(i)).unwrap();
-        fs.fsync(f.ino, false).unwrap();
-    }
 }
 
 /// Every file `name i` for i in `files` reads back whole, and fsck finds
@@ -66,7 +54,7 @@ fn a_lost_writer_loses_nothing_fsynced() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let dev = mkfs(store.clone());
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    write_files(&fs, 0..12);
+    write_files(&fs, 0..12, content);
     // The machine is gone: nothing more reaches the store from it.
     std::mem::forget(fs);
     let plain = ObjectDevice::open(store.clone(), Path::from("img"), Default::default());
@@ -288,7 +276,7 @@ fn checkpoints_fold_the_wal_and_a_clean_close_needs_no_takeover() {
     let dev = Arc::new(dev);
     foliofs::mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    write_files(&fs, 0..40);
+    write_files(&fs, 0..40, content);
     fs.unmount().unwrap();
     // The checkpointer folds in the background, while the writes go on.
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -459,7 +447,7 @@ fn images_keep_the_chunk_size_they_were_made_with() {
         );
         assert_eq!(dev.stats().chunk_bytes, chunk_bytes);
         let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-        write_files(&fs, 0..12);
+        write_files(&fs, 0..12, content);
         fs.unmount().unwrap();
         dev.close().unwrap();
         let cold =

@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 use foliofs::device::Device;
-use foliofs::MkfsOptions;
+use foliofs::{Fs, MkfsOptions};
 use foliofs_object::layout::{manifest_key, Manifest};
 use foliofs_object::{InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use futures::stream::BoxStream;
@@ -26,6 +26,18 @@ pub fn mkfs_with(store: Arc<dyn ObjectStore>, opts: ObjectOptions) -> Arc<Object
     foliofs::mkfs(&dev, &MkfsOptions::default(), |_, _| {}).unwrap();
     dev.flush().unwrap();
     Arc::new(dev)
+}
+
+/// Files `f{i}` for i in `files`, each written with `content(i)` and
+/// fsynced.
+pub fn write_files(fs: &Fs, files: std::ops::Range<usize>, content: fn(usize) -> Vec<u8>) {
+    for i in files {
+        let f = fs
+            .create(fs.root_ino(), format!("f{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+        fs.write(f.ino, 0, &content(i)).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
 }
 
 /// Checkpoints every 256 KiB of WAL, 8 MiB of chunks in memory.
