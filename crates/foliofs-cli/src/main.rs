@@ -270,11 +270,10 @@ fn mkfs_cmd(
             let Some(size) = size else {
                 bail!("{url}: give --size for a new object image");
             };
-            let opts = foliofs_object::ObjectOptions {
-                chunk_bytes: chunk_size
-                    .unwrap_or(foliofs_object::ObjectOptions::default().chunk_bytes),
-                ..Default::default()
-            };
+            let mut opts = foliofs_object::ObjectOptions::default();
+            if let Some(bytes) = chunk_size {
+                opts.chunk_bytes = bytes;
+            }
             let dev = Arc::new(object::create(url, size, &opts)?);
             (dev.clone(), Some(dev))
         }

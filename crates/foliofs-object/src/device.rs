@@ -196,6 +196,16 @@ struct Shipment {
 }
 
 impl State {
+    /// Bytes in the WAL not yet folded into chunks (held in memory).
+    fn unfolded_bytes(&self) -> u64 {
+        self.logged.len() as u64 * BLOCK
+    }
+
+    /// The version of chunk `idx` the manifest names (None: zeros).
+    fn chunk_version(&self, idx: u64) -> Option<u64> {
+        self.manifest.chunks.get(&idx).copied()
+    }
+
     fn block(&self, b: u64) -> Option<&Block> {
         self.pending
             .get(&b)
@@ -738,7 +748,7 @@ impl Core {
         let mut st = s.stats.clone();
         st.manifest = s.manifest_id;
         st.next_wal = s.next_wal;
-        st.unfolded_bytes = s.logged.len() as u64 * BLOCK;
+        st.unfolded_bytes = s.unfolded_bytes();
         st.chunks = s.manifest.chunks.len() as u64;
         st.chunk_bytes = self.chunk_blocks * BLOCK;
         st.writer = s.manifest.writer.clone();
@@ -958,8 +968,7 @@ impl Core {
                 }
                 while !s.stopping
                     && s.stats.fenced.is_none()
-                    && (s.logged.is_empty()
-                        || (s.logged.len() as u64 * BLOCK) < self.opts.checkpoint_bytes)
+                    && (s.logged.is_empty() || s.unfolded_bytes() < self.opts.checkpoint_bytes)
                 {
                     self.changed.wait(&mut s);
                 }
@@ -973,10 +982,7 @@ impl Core {
             };
             let mut s = self.state.lock();
             match done {
-                Ok(()) => {
-                    s.stats.checkpoint_failed = None;
-                    pause = std::time::Duration::ZERO;
-                }
+                Ok(()) => pause = std::time::Duration::ZERO,
                 Err(_) if s.stopping => return,
                 Err(e) => {
                     if s.stats.fenced.is_none() {
@@ -1084,6 +1090,7 @@ impl Core {
             let tick = s.tick;
             s.stats.chunk_puts += made.len() as u64;
             s.stats.checkpoints += 1;
+            s.stats.checkpoint_failed = None;
             for (idx, data) in made {
                 s.chunks.insert(idx, (new_id, data, tick));
             }
@@ -1562,11 +1569,12 @@ impl Core {
         // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the
         // WAL not yet folded is held in memory).
         let mut s = self.state.lock();
-        let unfolded = |s: &State| s.logged.len() as u64 * BLOCK;
-        if unfolded(&s) >= self.opts.checkpoint_bytes {
+        if s.unfolded_bytes() >= self.opts.checkpoint_bytes {
             self.changed.notify_all();
         }
-        while !s.logged.is_empty() && unfolded(&s) >= UNFOLDED_MAX * self.opts.checkpoint_bytes {
+        while !s.logged.is_empty()
+            && s.unfolded_bytes() >= UNFOLDED_MAX * self.opts.checkpoint_bytes
+        {
             if let Some(why) = s
                 .stats
                 .fenced
@@ -1601,7 +1609,7 @@ impl Core {
                     i += 1;
                     continue;
                 }
-                s.manifest.chunks.get(&(b / self.chunk_blocks)).copied()
+                s.chunk_version(b / self.chunk_blocks)
             };
             let idx = b / self.chunk_blocks;
             // The rest of this chunk's run in one go.
@@ -1609,7 +1617,7 @@ impl Core {
             // A checkpoint that replaces the chunk meanwhile (folding
             // blocks of the run out of the WAL, and perhaps deleting the
             // version asked for) sends the run round again.
-            let replaced = || self.state.lock().manifest.chunks.get(&idx).copied() != version;
+            let replaced = || self.state.lock().chunk_version(idx) != version;
             match version {
                 None => buf[i * bs..(i + run) * bs].fill(0),
                 Some(v) => {
@@ -1624,7 +1632,7 @@ impl Core {
             }
             // Blocks of the run written meanwhile win over the chunk.
             let s = self.state.lock();
-            if s.manifest.chunks.get(&idx).copied() != version {
+            if s.chunk_version(idx) != version {
                 continue;
             }
             for k in 0..run {

@@ -59,6 +59,16 @@ fn write_mib(dev: &ObjectDevice, at: u64, mib: u64, round: u8) -> std::io::Resul
     dev.flush()
 }
 
+/// Each block `b` reads as `write_mib` wrote it in its `round`.
+fn expect_blocks(dev: &ObjectDevice, blocks: &[(u64, u8)]) {
+    let mut got = vec![0; 4096];
+    for &(b, round) in blocks {
+        dev.read_at(&mut got, b * BLOCK).unwrap();
+        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
+        assert_eq!(got[8], round, "block {b}");
+    }
+}
+
 fn wait_for(what: &str, done: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(20);
     while !done() {
@@ -117,11 +127,7 @@ fn flushes_do_not_wait_for_checkpoints_until_they_fall_behind() {
     assert!(dev.stats().checkpoints >= 1, "{:?}", dev.stats());
     // Everything reads back, folded or not.
     let mut got = vec![0; 4096];
-    for (b, round) in [(0u64, 1u8), (200, 1), (600, 3)] {
-        dev.read_at(&mut got, b * BLOCK).unwrap();
-        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
-        assert_eq!(got[8], round, "block {b}");
-    }
+    expect_blocks(&dev, &[(0, 1), (200, 1), (600, 3)]);
     dev.read_at(&mut got, 8 << 20).unwrap();
     assert_eq!(got, vec![2; 4096]);
     dev.close().unwrap();
@@ -169,12 +175,7 @@ fn a_failing_checkpoint_is_tried_again_and_loses_nothing() {
     write_mib(&dev, 1, 1, 3).unwrap();
     dev.close().unwrap();
     let again = ObjectDevice::open(plain, Path::from("img"), ObjectOptions::default()).unwrap();
-    let mut got = vec![0; 4096];
-    for (b, round) in [(0u64, 1u8), (255, 1), (256, 3), (511, 3)] {
-        again.read_at(&mut got, b * BLOCK).unwrap();
-        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
-        assert_eq!(got[8], round, "block {b}");
-    }
+    expect_blocks(&again, &[(0, 1), (255, 1), (256, 3), (511, 3)]);
     again.close().unwrap();
 }
 
@@ -274,11 +275,7 @@ fn a_chunk_written_whole_is_not_read_back_by_its_checkpoint() {
     dev.close().unwrap();
     let dev = ObjectDevice::open(store, Path::from("img"), opts()).unwrap();
     let mut got = vec![0; 4096];
-    for (b, round) in [(3072u64, 2u8), (4095, 2), (4097, 1), (5119, 1)] {
-        dev.read_at(&mut got, b * BLOCK).unwrap();
-        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
-        assert_eq!(got[8], round, "block {b}");
-    }
+    expect_blocks(&dev, &[(3072, 2), (4095, 2), (4097, 1), (5119, 1)]);
     dev.read_at(&mut got, 16 << 20).unwrap();
     assert_eq!(got, vec![9; 4096]);
     dev.close().unwrap();

@@ -16,8 +16,7 @@
 //! O_DIRECT passes are left out: an object image has no raw device.
 
 use super::args::BenchArgs;
-use super::report::make_file;
-use super::report::{fill, median, progress, ratio, Outcome, Series};
+use super::report::{fill, make_file, median, progress, ratio, Outcome, Series};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use foliofs::device::{AlignedBuf, Device};

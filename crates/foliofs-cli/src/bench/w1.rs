@@ -4,8 +4,7 @@
 
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, open_raw, raw_write_at};
-use super::report::make_file;
-use super::report::{fill, progress, ratio, run_threads, Outcome, Series};
+use super::report::{fill, make_file, progress, ratio, run_threads, Outcome, Series};
 use super::target::{w1_files, w1_pass};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;

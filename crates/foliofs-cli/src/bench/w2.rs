@@ -4,8 +4,7 @@
 
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, open_raw_if, raw_read_at};
-use super::report::make_file;
-use super::report::{progress, ratio, Outcome, Series};
+use super::report::{make_file, progress, ratio, Outcome, Series};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
 use std::time::{Duration, Instant};

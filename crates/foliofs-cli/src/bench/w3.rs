@@ -4,8 +4,7 @@
 
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, open_raw_if};
-use super::report::make_file;
-use super::report::{fill, plural, progress, ratio, run_threads, Outcome, Series};
+use super::report::{fill, make_file, plural, progress, ratio, run_threads, Outcome, Series};
 use super::target::{w3_file, w3_pass};
 use anyhow::{bail, Result};
 use foliofs::device::AlignedBuf;
