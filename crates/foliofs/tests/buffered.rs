@@ -831,3 +831,115 @@ fn fallocate_maps_the_holes_around_dirty_blocks_and_refuses_what_cannot_fit() {
     }
     unmount_and_check(fs, dev);
 }
+
+/// A device that counts the bytes read and the reads in flight at once,
+/// and makes each read take a while once `slow` is set, so that readers
+/// meet.
+struct WatchedReads {
+    inner: Arc<MemDevice>,
+    slow: std::sync::atomic::AtomicBool,
+    bytes: std::sync::atomic::AtomicU64,
+    now: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
+}
+
+impl Device for WatchedReads {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        if self.slow.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        let r = self.inner.read_at(buf, offset);
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+}
+
+/// Buffered reads of what is not cached read the device without the
+/// metadata lock: readers of different parts of a file read at once,
+/// and readers of the same folio wait for one fill instead of each
+/// reading it (the FUSE mount's request threads serve the kernel's
+/// read-ahead of one stream so).
+#[test]
+fn cold_buffered_readers_read_the_device_at_once_and_share_fills() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    const MIB: usize = 1 << 20;
+    const FILE: usize = 16 * MIB;
+    const CHUNK: usize = 128 << 10;
+    let mem = Arc::new(MemDevice::new(256 << 20));
+    mkfs(&*mem, &MkfsOptions::default(), |_, _| {}).unwrap();
+    let dev = Arc::new(WatchedReads {
+        inner: mem,
+        slow: AtomicBool::new(false),
+        bytes: AtomicU64::new(0),
+        now: AtomicU64::new(0),
+        peak: AtomicU64::new(0),
+    });
+    let byte = |at: usize| (at / 4096 * 7 + at % 251) as u8;
+    let data: Vec<u8> = (0..FILE).map(byte).collect();
+    let ino = {
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        let ino = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+        fs.write(ino, 0, &data).unwrap();
+        fs.fsync(ino, false).unwrap();
+        fs.unmount().unwrap();
+        ino
+    };
+    // Each phase on a fresh mount, so nothing of the file is cached.
+    let phase = |chunks_of: fn(usize, usize) -> Vec<usize>| {
+        let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
+        fs.getattr(ino).unwrap();
+        dev.slow.store(true, Ordering::SeqCst);
+        dev.bytes.store(0, Ordering::SeqCst);
+        dev.peak.store(0, Ordering::SeqCst);
+        let start = Arc::new(std::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (fs, start) = (fs.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let mut buf = vec![0u8; CHUNK];
+                    for c in chunks_of(t, FILE / CHUNK) {
+                        let at = c * CHUNK;
+                        assert_eq!(fs.read(ino, at as u64, &mut buf).unwrap(), CHUNK);
+                        let want: Vec<u8> = (at..at + CHUNK).map(byte).collect();
+                        assert!(buf == want, "chunk {c} read back wrong");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        dev.slow.store(false, Ordering::SeqCst);
+        let fs = Arc::try_unwrap(fs).ok().unwrap();
+        fs.unmount().unwrap();
+        (
+            dev.bytes.load(Ordering::SeqCst),
+            dev.peak.load(Ordering::SeqCst),
+        )
+    };
+    // A quarter of the file each: four streams, read at once.
+    let (_, peak) = phase(|t, n| (t * n / 4..(t + 1) * n / 4).collect());
+    assert!(peak >= 2, "the readers of four streams read one at a time");
+    // The same stream on every thread, a chunk each in turn: each folio
+    // read from the device once (the metadata's reads besides).
+    let (bytes, _) = phase(|t, n| (t..n).step_by(4).collect());
+    assert!(
+        bytes < (FILE + 2 * MIB) as u64,
+        "{} MiB read from the device for a {} MiB file",
+        bytes >> 20,
+        FILE >> 20
+    );
+}

@@ -38,7 +38,19 @@ use crate::format::superblock::Superblock;
 use crate::meta::{self, Meta};
 use clock::now;
 use data::iolock::{IoLocks, Mode};
+use data::read::Fill;
 use data::write::{drive, Locked};
+
+/// How many times a buffered read plans a fill to run without the
+/// metadata lock before it fills under it (`Fs::read`).
+const UNLOCKED_FILLS: u32 = 4;
+
+thread_local! {
+    /// Each reading thread's buffer for its fills (`Fs::fill_unlocked`),
+    /// kept rather than mapped (and zeroed by the kernel) anew for each.
+    static FILL_BUF: std::cell::Cell<crate::device::AlignedBuf> =
+        std::cell::Cell::new(crate::device::AlignedBuf::zeroed(0));
+}
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use state::{Inner, Knobs, Shared};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -143,6 +155,7 @@ impl Fs {
                 next_dio_id: AtomicU64::new(1),
                 dio_overwrites_now: AtomicU64::new(0),
                 wb_done: Condvar::new(),
+                fill_done: Condvar::new(),
                 wb_kick: Condvar::new(),
                 group: Default::default(),
                 wb_stats: (0..MAX_WB_CONTEXTS)
@@ -734,9 +747,30 @@ impl Fs {
     pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
         let mut tries = 0;
+        let mut fills = 0;
         loop {
             let mut g = self.s.inner.lock();
             let gen = g.with(ino)?.0.data_gen;
+            // The device reads and their checksums run without the
+            // metadata lock, so readers of other folios (the kernel's
+            // readahead on several request threads) and everything else
+            // go on meanwhile. A plan that meets a change (the folio
+            // evicted, a direct overwrite) is made again, a few times;
+            // then the fill runs under the lock.
+            if fills < UNLOCKED_FILLS {
+                match g.fill_plan(ino, offset, buf.len())? {
+                    Fill::Ready => {}
+                    Fill::Wait => {
+                        self.s.fill_done.wait(&mut g);
+                        continue;
+                    }
+                    Fill::Plan(plan) => {
+                        fills += 1;
+                        self.fill_unlocked(g, ino, &plan, &mut tries)?;
+                        continue;
+                    }
+                }
+            }
             match g.read(ino, offset, buf) {
                 Err(e @ Error::DataChecksum { .. }) => {
                     // A direct overwrite racing this read is not corruption.
@@ -753,6 +787,42 @@ impl Fs {
                 }
                 r => return r,
             }
+        }
+    }
+
+    /// Run `plan` (`Inner::fill_plan`): its device reads and checksums
+    /// without the metadata lock (`g`, released), its folio's blocks
+    /// installed under it. Ok also when what it read was stale (the
+    /// caller plans again) or a direct overwrite explains a checksum
+    /// mismatch.
+    fn fill_unlocked(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        plan: &data::read::FillPlan,
+        tries: &mut u32,
+    ) -> Result<()> {
+        // Pinned: the inode outlives the read even if its last name and
+        // description go meanwhile.
+        g.with(ino)?.0.open += 1;
+        drop(g);
+        let mut io = FILL_BUF.replace(crate::device::AlignedBuf::zeroed(0));
+        let r = plan.read(ino, self.s.block_size, &*self.s.dev, &mut io);
+        let mut g = self.s.inner.lock();
+        let installed = g.fill_install(ino, plan, r.is_ok().then_some(&io[..]));
+        FILL_BUF.set(io);
+        self.s.fill_done.notify_all();
+        g.release(ino)?;
+        installed?;
+        match r {
+            Err(e @ Error::DataChecksum { .. }) => {
+                if self.race_explains(&mut g, ino, plan.gen(), tries)? {
+                    Ok(())
+                } else {
+                    Err(self.checksum_failed(e))
+                }
+            }
+            r => r,
         }
     }
 

@@ -132,6 +132,9 @@ pub(crate) struct Shared {
     /// Signalled (with `inner`) when a writeback completes: fsync,
     /// truncate and throttled writers wait on it.
     pub wb_done: Condvar,
+    /// A buffered read's fill without the metadata lock ended
+    /// (`Folio::filling`).
+    pub fill_done: Condvar,
     /// Wakes the writeback contexts (with `inner`).
     pub wb_kick: Condvar,
     /// Group commit under `inner` (`meta::commit`).

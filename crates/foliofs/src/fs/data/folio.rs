@@ -102,6 +102,10 @@ pub(crate) struct Folio {
     /// count as any dirty block's); writeback leaves the folio alone and
     /// eviction skips it until the copy is done.
     pub writer: bool,
+    /// A reader is reading its missing blocks from the device without
+    /// the metadata lock (`FillPlan`). Other readers of it wait for that
+    /// fill rather than read the same blocks again; eviction skips it.
+    pub filling: bool,
 }
 
 impl Folio {
@@ -125,6 +129,7 @@ impl Folio {
             tick,
             wb_pending: 0,
             writer: false,
+            filling: false,
         }
     }
 
@@ -246,10 +251,10 @@ impl Folio {
         self.data.range_mut(i * bs..(i + 1) * bs)
     }
 
-    /// Neither under writeback nor being copied into: it may be evicted
-    /// or dropped if clean.
+    /// Neither under writeback nor being copied into nor filled: it may
+    /// be evicted or dropped if clean.
     pub fn idle(&self) -> bool {
-        self.wb_pending == 0 && !self.writer
+        self.wb_pending == 0 && !self.writer && !self.filling
     }
 }
 

@@ -46,7 +46,7 @@ pub(super) mod folio;
 pub(super) mod iolock;
 pub(super) mod overwrite;
 mod pagecache;
-mod read;
+pub(in crate::fs) mod read;
 mod size;
 pub(super) mod write;
 pub(super) mod writeback;
