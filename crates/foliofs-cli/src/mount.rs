@@ -46,7 +46,8 @@ pub struct Options {
     pub default_permissions: bool,
     pub threads: usize,
     /// What the kernel may cache: `-o writeback_cache|no_writeback_cache,
-    /// attr_timeout=S, entry_timeout=S, negative_timeout=S, max_background=N`.
+    /// attr_timeout=S, entry_timeout=S, negative_timeout=S, max_background=N,
+    /// read_ahead=SIZE`.
     pub cache: CacheOptions,
     /// FUSE over io_uring when the kernel offers it (`-o io_uring=on|off`),
     /// with `ring_depth` serving threads per CPU queue.
@@ -180,6 +181,12 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("entry_timeout", Some(v)) => o.cache.entry_timeout = seconds(k, v)?,
             ("negative_timeout", Some(v)) => o.cache.negative_timeout = seconds(k, v)?,
             ("max_background", Some(v)) => o.cache.max_background = number(k, v, 1..=u16::MAX)?,
+            ("read_ahead", Some(v)) => {
+                o.cache.read_ahead = foliofs::fs::parse_size(v)
+                    .ok()
+                    .filter(|b| *b <= 1 << 30)
+                    .ok_or_else(|| anyhow::anyhow!("-o {k}={v}: a size up to 1G (0: the kernel's)"))?
+            }
             // `uncached_below`, its name before it also sized the floor.
             ("cache_floor" | "uncached_below", Some("auto")) => o.cache.cache_floor = CacheFloor::Auto,
             ("cache_floor" | "uncached_below", Some(v)) => {
@@ -195,7 +202,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
                  writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
-                 negative_timeout=S, max_background=N, cache_floor=auto|SIZE, threads=N, fault_injection, {}, log=FILE, \
+                 negative_timeout=S, max_background=N, read_ahead=SIZE, cache_floor=auto|SIZE, threads=N, fault_injection, {}, log=FILE, \
                  log_level=error|warn|info|debug)",
                 foliofs_object::MOUNT_OPTIONS
             ),

@@ -53,6 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod bdi;
 mod coherence;
 pub mod session;
 pub mod space;
@@ -241,6 +242,12 @@ pub struct CacheOptions {
     /// writeback has taken part of it. `Auto`: from the kernel's dirty
     /// limit for the mount.
     pub cache_floor: CacheFloor,
+    /// How far the kernel reads ahead of a sequential reader (0: as the
+    /// kernel sets it). The kernel offers a FUSE mount 128 KiB at INIT:
+    /// 128 KiB requests, a few at a time, while the engine reads a
+    /// stream in folios of up to 1 MiB. Set on the mount's backing device
+    /// after INIT, by root.
+    pub read_ahead: u64,
 }
 
 impl Default for CacheOptions {
@@ -254,9 +261,16 @@ impl Default for CacheOptions {
             max_background: 64,
             readdirplus: false,
             cache_floor: CacheFloor::Auto,
+            read_ahead: DEFAULT_READ_AHEAD,
         }
     }
 }
+
+/// `CacheOptions::read_ahead` unless set: eight 1 MiB requests in
+/// flight for a sequential reader, four of the engine's largest folios.
+/// Measured (a cold 2 GiB read, alternated): 2 MiB gave 0.69–0.76 of XFS
+/// on a loop device, 8 MiB 0.73–0.82.
+pub const DEFAULT_READ_AHEAD: u64 = 8 << 20;
 
 /// The unit of O_DIRECT requests: the logical sector of the disks Linux's
 /// own file systems sit on, which refuse (EINVAL) a direct request whose
@@ -289,6 +303,9 @@ pub struct FuseFs {
     killpriv: bool,
     /// Opens served uncached because space was low (`new_handle`).
     uncached_opens: AtomicU64,
+    /// `CacheOptions::read_ahead` is set on the backing device at the
+    /// first open (after INIT, whose reply would undo it).
+    read_ahead_set: std::sync::Once,
     /// The device's fault switches (`-o fault_injection`, `FAULT_XATTR`).
     faults: Option<Arc<foliofs::device::Faults>>,
     device_status: Option<DeviceStatus>,
@@ -426,6 +443,7 @@ impl FuseFs {
             no_opendir: false,
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
+            read_ahead_set: std::sync::Once::new(),
             faults: o.faults,
             device_status: o.device_status,
         }
@@ -497,6 +515,7 @@ impl FuseFs {
     /// uncached too, through the engine's page cache, so ENOSPC reaches
     /// write(2).
     fn new_handle(&self, ino: u64, flags: i32, file: OpenFile) -> (u64, FopenFlags) {
+        self.read_ahead_set.call_once(|| self.set_read_ahead());
         let odirect = flags & libc::O_DIRECT != 0;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let low =
@@ -527,6 +546,23 @@ impl FuseFs {
         let atime_due = readable && !h.uncached && self.fs.atime_due(ino).unwrap_or(false);
         self.kernel
             .open(h, atime_due, || self.space.writer_opened(ino))
+    }
+
+    /// Raise the kernel's read-ahead for the mount to
+    /// `CacheOptions::read_ahead` (never lower it); a mount by a user
+    /// other than root keeps the kernel's.
+    fn set_read_ahead(&self) {
+        let want = self.cache.read_ahead;
+        let Some(mp) = self.space.mount_point().filter(|_| want > 0) else {
+            return;
+        };
+        match bdi::set_read_ahead(mp, want) {
+            Ok(()) => log::debug!("read-ahead {} KiB", want >> 10),
+            Err(e) => log::info!(
+                "the kernel reads ahead 128 KiB of this mount's files: {} KiB asked ({e})",
+                want >> 10
+            ),
+        }
     }
 
     /// Take set-ID bits and capabilities from `ino` for `req`'s caller

@@ -48,6 +48,7 @@
 //! logged, and reaches the next fsync of every description (the kernel's
 //! errseq), its pages dropped so that readers see what the file holds.
 
+use crate::bdi;
 use foliofs::Fs;
 use fuser::{Errno, INodeNo, Notifier};
 use parking_lot::Mutex;
@@ -143,6 +144,11 @@ impl SpaceGate {
             }
         });
         SpaceGate { gate }
+    }
+
+    /// Where the file system is mounted, once it is.
+    pub(crate) fn mount_point(&self) -> Option<&Path> {
+        self.gate.mount_point.as_deref()
     }
 
     /// The floor in bytes, 0 for none.
@@ -252,7 +258,7 @@ impl Gate {
     fn floor(&self) -> u64 {
         *self.floor.get_or_init(|| match self.setting {
             CacheFloor::Bytes(n) => n,
-            CacheFloor::Auto => match self.mount_point.as_deref().and_then(kernel_dirty_limit) {
+            CacheFloor::Auto => match self.mount_point.as_deref().and_then(bdi::dirty_limit) {
                 Some(d) => {
                     let f = d + d / 4 + (8 << 20);
                     log::info!(
@@ -357,24 +363,4 @@ fn run(gate: Weak<Gate>, rx: Receiver<u64>) {
             g.mark(asked.into_iter().filter(|i| all.contains(i)));
         }
     }
-}
-
-/// The most the kernel holds of cached writes for the FUSE mount at
-/// `mount_point`: its dirty limit for the mount's backing device
-/// (`/sys/class/bdi/MAJ:MIN/max_bytes`, Linux 6.2+), the device found in
-/// /proc/self/mountinfo (which, unlike stat, does not ask the mount).
-fn kernel_dirty_limit(mount_point: &Path) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mount_point.to_str()?;
-    // Fields: id parent MAJ:MIN root mountpoint options ... - type source ...
-    let dev = info
-        .lines()
-        .rev()
-        .filter(|l| l.split(' ').nth(4) == Some(want))
-        .find(|l| l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fuse")))?
-        .split(' ')
-        .nth(2)?
-        .to_string();
-    let v = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/max_bytes")).ok()?;
-    v.trim().parse().ok().filter(|&b: &u64| b > 0)
 }
