@@ -22,6 +22,7 @@
 //! `in_out` and all its arguments into the payload.
 
 use crate::threads::{pin_to_cpu, serve_queue, Transport};
+use foliofs::device::AlignedBuf;
 use fuser::{Filesystem, RawDispatcher};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -67,14 +68,14 @@ struct Entry {
     /// whole.
     base: std::ptr::NonNull<u8>,
     len: usize,
+    /// The allocation `base` points into: whole huge pages
+    /// (`AlignedBuf`'s `HUGE_PAGE`), so that a payload the engine reads
+    /// the device into is a few physically contiguous segments.
+    _buf: AlignedBuf,
     iov: Box<[libc::iovec; 2]>,
 }
 
 impl Entry {
-    fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len, PREFIX).expect("ring entry layout")
-    }
-
     fn new(payload: usize) -> Entry {
         let mut header = Box::new(Header {
             in_out: [0; 128],
@@ -86,11 +87,8 @@ impl Entry {
             reserved: 0,
         });
         let len = PREFIX + payload;
-        // SAFETY: the layout's size is not zero.
-        let p = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
-        let Some(base) = std::ptr::NonNull::new(p) else {
-            std::alloc::handle_alloc_error(Self::layout(len));
-        };
+        let buf = AlignedBuf::zeroed(len.next_multiple_of(foliofs::device::HUGE_PAGE));
+        let base = std::ptr::NonNull::new(buf.ptr_at(0)).expect("a mapped buffer");
         let iov = Box::new([
             libc::iovec {
                 iov_base: (&mut *header as *mut Header).cast(),
@@ -106,6 +104,7 @@ impl Entry {
             header,
             base,
             len,
+            _buf: buf,
             iov,
         }
     }
@@ -148,13 +147,6 @@ impl Entry {
     fn payload_mut(&mut self) -> &mut [u8] {
         // SAFETY: the payload is inside the allocation; `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.payload_ptr(), self.payload_len()) }
-    }
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.base.as_ptr(), Self::layout(self.len)) };
     }
 }
 

@@ -206,6 +206,15 @@ pub fn print(outcomes: &[Outcome], markdown: bool) {
     }
 }
 
+/// A buffer of at least `len` bytes in transparent huge pages
+/// (`foliofs::device::HUGE_PAGE`), for a caller's large direct reads: a
+/// request into 4 KiB pages takes a device segment per page, and the
+/// virtio disk here splits a 1 MiB one in two and serves the halves one
+/// after the other (docs/BENCH.md, W2).
+pub fn huge_buf(len: usize) -> AlignedBuf {
+    AlignedBuf::zeroed(len.next_multiple_of(foliofs::device::HUGE_PAGE))
+}
+
 /// Create `name` holding `mib` MiB written with 1 MiB direct writes.
 pub fn make_file(fs: &Fs, name: &str, mib: u64, pb: &ProgressBar) -> Result<u64> {
     let bs = fs.block_size() as usize;

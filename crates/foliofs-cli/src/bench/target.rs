@@ -196,7 +196,8 @@ fn w2(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
         make_file(&d.join("w2"), args.file_mib)?;
     }
     let size = args.file_mib << 20;
-    let mut buf = AlignedBuf::zeroed(1 << 20);
+    let mut whole = super::report::huge_buf(1 << 20);
+    let buf = &mut whole[..1 << 20];
     let mut mibs = vec![Vec::new(); dirs.len()];
     rounds(args, "W2", dirs, names, |t, dir| {
         let f = OpenOptions::new()
@@ -207,7 +208,7 @@ fn w2(args: &BenchArgs, dirs: &[PathBuf], names: &[String]) -> Result<Outcome> {
         let start = Instant::now();
         let mut bytes = 0u64;
         while start.elapsed().as_secs_f64() < args.seconds && bytes < 4 * size {
-            f.read_exact_at(&mut buf, bytes % size)?;
+            f.read_exact_at(buf, bytes % size)?;
             bytes += buf.len() as u64;
         }
         mibs[t].push(bytes as f64 / (1 << 20) as f64 / start.elapsed().as_secs_f64());

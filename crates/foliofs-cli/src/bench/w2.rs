@@ -4,9 +4,8 @@
 
 use super::args::BenchArgs;
 use super::engine::{file_ranges, fresh_fs, open_raw_if, raw_read_at};
-use super::report::{make_file, progress, ratio, Outcome, Series};
+use super::report::{huge_buf, make_file, progress, ratio, Outcome, Series};
 use anyhow::{bail, Result};
-use foliofs::device::AlignedBuf;
 use std::time::{Duration, Instant};
 
 /// W2: sequential 1 MiB direct reads at queue depth 1, checksums verified;
@@ -23,7 +22,10 @@ pub fn w2(args: &BenchArgs) -> Result<Outcome> {
     let ranges = file_ranges(&fs, ino)?;
     let raw = open_raw_if(args)?;
     let size = args.file_mib << 20;
-    let mut buf = AlignedBuf::zeroed(1 << 20);
+    // The caller's buffer in huge pages, for the engine and the raw file
+    // alike: each request one device request (report::huge_buf).
+    let mut whole = huge_buf(1 << 20);
+    let buf = &mut whole[..1 << 20];
     let mut values = vec![Vec::new(); variants.len()];
     let c0 = fs.counters();
     // Passes alternate: cap 256 (with the raw file interleaved request by
@@ -52,12 +54,12 @@ pub fn w2(args: &BenchArgs) -> Result<Outcome> {
                     let at = (pos + j as u64 * buf.len() as u64) % size;
                     let r = Instant::now();
                     if who == 0 {
-                        let n = fs.read_direct(ino, at, &mut buf)?;
+                        let n = fs.read_direct(ino, at, buf)?;
                         if n != buf.len() {
                             bail!("short direct read at {at}: {n}");
                         }
                     } else {
-                        raw_read_at(raw.as_ref().expect("--raw"), &ranges, at, &mut buf)?;
+                        raw_read_at(raw.as_ref().expect("--raw"), &ranges, at, buf)?;
                     }
                     spent[who] += r.elapsed();
                 }

@@ -79,6 +79,17 @@ const MMAP_MIN: usize = 64 << 10;
 static SMALL: [parking_lot::Mutex<Vec<usize>>; MMAP_MIN / IO_ALIGN] =
     [const { parking_lot::Mutex::new(Vec::new()) }; MMAP_MIN / IO_ALIGN];
 
+/// Buffers of whole multiples of this many bytes are mapped aligned to
+/// it and asked to be backed by transparent huge pages (`map_huge`), so
+/// that a device request for a buffer of them is a few physically
+/// contiguous segments rather than one per 4 KiB page. The virtio disk
+/// here takes at most 254 segments per request: a 1 MiB O_DIRECT read
+/// into 4 KiB pages went out as two requests, the second only after the
+/// first, and ran at 0.2–0.25 of the same read into a huge page (1 MiB
+/// reads at QD1 of a file on this machine, alternated: 414–468 MB/s
+/// against 1,900–2,200).
+pub const HUGE_PAGE: usize = 2 << 20;
+
 /// Bytes of freed buffers kept per length.
 const SMALL_KEEP: usize = 256 << 10;
 
@@ -128,6 +139,11 @@ impl AlignedBuf {
                 len: 0,
             };
         }
+        if len % HUGE_PAGE == 0 {
+            if let Some(p) = map_huge(len) {
+                return AlignedBuf { ptr: p, len };
+            }
+        }
         if len >= MMAP_MIN {
             // SAFETY: an anonymous private mapping has no preconditions;
             // the kernel zero-fills it and aligns it to a page. Populated
@@ -166,6 +182,50 @@ impl AlignedBuf {
         }
         AlignedBuf { ptr, len }
     }
+}
+
+/// `len` bytes (a multiple of `HUGE_PAGE`) of zeroed memory at an
+/// address aligned to `HUGE_PAGE`, advised to be huge pages (the kernel
+/// decides: with THP off, or no huge page free, they are 4 KiB pages)
+/// and populated at once. Unmapped as any mapped buffer (`Drop`). None if
+/// the mapping fails.
+fn map_huge(len: usize) -> Option<*mut u8> {
+    let span = len + HUGE_PAGE;
+    // SAFETY: an anonymous private mapping has no preconditions.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let addr = p as usize;
+    let start = addr.next_multiple_of(HUGE_PAGE);
+    let (head, tail) = (start - addr, addr + span - (start + len));
+    // SAFETY: the head and the tail are parts of the mapping just made,
+    // outside [start, start + len), which is all that is kept.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + len) as *mut libc::c_void, tail);
+        }
+        let kept = start as *mut libc::c_void;
+        // Advice only: refused, the memory is ordinary pages.
+        libc::madvise(kept, len, libc::MADV_HUGEPAGE);
+        // Populated now, as the other mapped buffers are (MAP_POPULATE
+        // would populate before the advice). Refused (before Linux
+        // 5.14), the pages fault in at first use.
+        libc::madvise(kept, len, libc::MADV_POPULATE_WRITE);
+    }
+    Some(start as *mut u8)
 }
 
 impl AlignedBuf {
@@ -273,6 +333,21 @@ mod tests {
                 let b = AlignedBuf::zeroed(len);
                 assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
                 assert!(b.iter().all(|&x| x == 0), "a reused {len}-byte buffer");
+            }
+        }
+    }
+
+    /// Buffers of whole huge pages start on one and come zeroed (that
+    /// they are unmapped whole is tests/huge_pages.rs, alone in its
+    /// process).
+    #[test]
+    fn huge_page_buffers_are_aligned_and_zeroed() {
+        for len in [HUGE_PAGE, 3 * HUGE_PAGE] {
+            for _ in 0..4 {
+                let mut b = AlignedBuf::zeroed(len);
+                assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0, "{len} bytes");
+                assert!(b.iter().all(|&x| x == 0));
+                b[len - 1] = 1;
             }
         }
     }

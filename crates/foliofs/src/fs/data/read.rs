@@ -156,7 +156,7 @@ impl FillPlan {
     ) -> Result<()> {
         let total = (self.runs.iter().map(|r| r.count).sum::<u64>() * bs) as usize;
         if io.len() < total {
-            *io = AlignedBuf::zeroed(total);
+            *io = AlignedBuf::zeroed(total.next_multiple_of(crate::device::HUGE_PAGE));
         }
         let mut at = 0;
         for r in &self.runs {
