@@ -45,12 +45,6 @@ use data::write::{drive, Locked};
 /// metadata lock before it fills under it (`Fs::read`).
 const UNLOCKED_FILLS: u32 = 4;
 
-thread_local! {
-    /// Each reading thread's buffer for its fills (`Fs::fill_unlocked`),
-    /// kept rather than mapped (and zeroed by the kernel) anew for each.
-    static FILL_BUF: std::cell::Cell<crate::device::AlignedBuf> =
-        std::cell::Cell::new(crate::device::AlignedBuf::zeroed(0));
-}
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use state::{Inner, Knobs, Shared};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -806,11 +800,12 @@ impl Fs {
         // description go meanwhile.
         g.with(ino)?.0.open += 1;
         drop(g);
-        let mut io = FILL_BUF.replace(crate::device::AlignedBuf::zeroed(0));
-        let r = plan.read(ino, self.s.block_size, &*self.s.dev, &mut io);
-        let mut g = self.s.inner.lock();
-        let installed = g.fill_install(ino, plan, r.is_ok().then_some(&io[..]));
-        FILL_BUF.set(io);
+        let (r, mut g, installed) = data::read::with_fill_buf(|io| {
+            let r = plan.read(ino, self.s.block_size, &*self.s.dev, io);
+            let mut g = self.s.inner.lock();
+            let installed = g.fill_install(ino, plan, r.is_ok().then_some(&io[..]));
+            (r, g, installed)
+        });
         self.s.fill_done.notify_all();
         g.release(ino)?;
         installed?;

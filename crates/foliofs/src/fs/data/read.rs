@@ -65,51 +65,63 @@ impl Inode {
 
     /// Bring the blocks of the folio at `first` that are not uptodate up
     /// to date from the device (zeros for holes and unwritten blocks), one
-    /// device read per mapped run.
+    /// device read per mapped run, under the metadata lock (`Fs::read`
+    /// plans the same reads and runs them without it).
     pub(super) fn fill_folio(&mut self, cx: &mut Ctx, first: u64) -> Result<()> {
+        let plan = self.plan_fill(cx, first)?;
+        let bs = cx.meta.geo.block_size;
+        with_fill_buf(|io| {
+            plan.read(self.d.ino, bs, &*cx.meta.dev, io)?;
+            self.apply_fill(cx, &plan, io);
+            Ok(())
+        })
+    }
+
+    /// Copy what `plan` read (`io`) into its folio's blocks that are
+    /// still not up to date, and zeros into the rest (holes, unwritten
+    /// blocks).
+    fn apply_fill(&mut self, cx: &Ctx, plan: &FillPlan, io: &[u8]) {
         let bs = cx.meta.geo.block_size as usize;
-        let n = self.cache.folios[&first].nblocks as u64;
-        let exts = self.ext_range(cx, first, first + n)?;
-        bump(&cx.counters.mapping_lookups, 1);
-        let mut io = AlignedBuf::zeroed(0);
-        for e in exts.iter().filter(|e| !e.unwritten) {
-            let from = e.lblk.max(first);
-            let to = e.end().min(first + n);
-            let mut l = from;
-            while l < to {
-                let f = &self.cache.folios[&first];
-                if f.uptodate((l - first) as usize) {
-                    l += 1;
-                    continue;
+        let f = self
+            .cache
+            .folios
+            .get_mut(&plan.first)
+            .expect("a planned folio");
+        let mut at = 0;
+        for r in &plan.runs {
+            bump(&cx.counters.data_device_reads, 1);
+            for k in 0..r.count as usize {
+                let i = (r.lblk - plan.first) as usize + k;
+                if !f.uptodate(i) {
+                    let src = &io[at + k * bs..at + (k + 1) * bs];
+                    f.block_mut(i, bs).copy_from_slice(src);
+                    f.set_uptodate(i, true);
                 }
-                let mut k = l + 1;
-                while k < to && !f.uptodate((k - first) as usize) && k - l < MAX_IO_BLOCKS {
-                    k += 1;
-                }
-                let len = ((k - l) as usize) * bs;
-                if io.len() < len {
-                    io = AlignedBuf::zeroed(len);
-                }
-                self.read_mapped(cx, l, e.pblk + (l - e.lblk), k - l, &mut io[..len])?;
-                let f = self.cache.folios.get_mut(&first).unwrap();
-                let at = (l - first) as usize * bs;
-                f.data.range_mut(at..at + len).copy_from_slice(&io[..len]);
-                for i in l..k {
-                    f.set_uptodate((i - first) as usize, true);
-                }
-                l = k;
             }
+            at += r.count as usize * bs;
         }
-        // Whatever is left is a hole or unwritten: zeros.
-        let f = self.cache.folios.get_mut(&first).unwrap();
-        for i in 0..n as usize {
+        for i in 0..f.nblocks {
             if !f.uptodate(i) {
                 f.block_mut(i, bs).fill(0);
                 f.set_uptodate(i, true);
             }
         }
-        Ok(())
     }
+}
+
+thread_local! {
+    /// Each thread's buffer for the device reads of its fills, kept
+    /// rather than mapped (and zeroed by the kernel) anew for each.
+    static FILL_BUF: std::cell::Cell<AlignedBuf> = std::cell::Cell::new(AlignedBuf::zeroed(0));
+}
+
+/// Run `f` with this thread's fill buffer (an empty one if it is in use
+/// already).
+pub(in crate::fs) fn with_fill_buf<R>(f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
+    let mut io = FILL_BUF.replace(AlignedBuf::zeroed(0));
+    let r = f(&mut io);
+    FILL_BUF.set(io);
+    r
 }
 
 /// A folio's missing blocks as `Fs::read` reads them without the
@@ -198,7 +210,7 @@ impl Inode {
     }
 
     /// The device runs that would bring the folio at `first` up to date
-    /// (`fill_folio`'s, planned instead of read).
+    /// (for `fill_folio`, or for `Fs::read` to read without the lock).
     fn plan_fill(&self, cx: &mut Ctx, first: u64) -> Result<FillPlan> {
         let n = self.cache.folios[&first].nblocks as u64;
         let exts = self.ext_range(cx, first, first + n)?;
@@ -293,7 +305,6 @@ impl Inner {
         plan: &FillPlan,
         io: Option<&[u8]>,
     ) -> Result<()> {
-        let bs = self.meta.geo.block_size as usize;
         let (ip, cx) = self.with(ino)?;
         let Some(f) = ip.cache.folios.get_mut(&plan.first) else {
             return Ok(());
@@ -305,25 +316,7 @@ impl Inner {
         let Some(io) = io.filter(|_| ip.data_gen == plan.gen) else {
             return Ok(());
         };
-        let mut at = 0;
-        for r in &plan.runs {
-            bump(&cx.counters.data_device_reads, 1);
-            for k in 0..r.count as usize {
-                let i = (r.lblk - plan.first) as usize + k;
-                let src = &io[at + k * bs..at + (k + 1) * bs];
-                if !f.uptodate(i) {
-                    f.block_mut(i, bs).copy_from_slice(src);
-                    f.set_uptodate(i, true);
-                }
-            }
-            at += r.count as usize * bs;
-        }
-        for i in 0..plan.nblocks as usize {
-            if !f.uptodate(i) {
-                f.block_mut(i, bs).fill(0);
-                f.set_uptodate(i, true);
-            }
-        }
+        ip.apply_fill(&cx, plan, io);
         Ok(())
     }
 
