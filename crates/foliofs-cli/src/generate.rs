@@ -53,6 +53,7 @@ The kernel's FUSE:
   writeback_cache, no_writeback_cache: the kernel's write cache (on by default).
   attr_timeout=S, entry_timeout=S, negative_timeout=S: how long the kernel keeps attributes and names, in seconds (default a day).
   max_background=N: background requests the kernel keeps in flight (default 64).
+  read_ahead=SIZE: how far the kernel reads ahead of a sequential reader (default 8M; 0 keeps the kernel's 128 KiB; set by root only).
   readdirplus, no_readdirplus: attributes with directory listings.
 
 Tests:

@@ -862,6 +862,18 @@ mod tests {
         let o = parse_options(&["no_default_permissions,dio_lock=exclusive".into()]).unwrap();
         assert!(!o.default_permissions);
         assert_eq!(o.engine.dio_lock, foliofs::DioLock::Exclusive);
+        assert_eq!(o.cache.read_ahead, foliofs_fuse::DEFAULT_READ_AHEAD);
+        let r = parse_options(&["read_ahead=2M".into()]).unwrap();
+        assert_eq!(r.cache.read_ahead, 2 << 20);
+        assert_eq!(
+            parse_options(&["read_ahead=0".into()])
+                .unwrap()
+                .cache
+                .read_ahead,
+            0
+        );
+        assert!(parse_options(&["read_ahead=2G".into()]).is_err());
+        assert!(parse_options(&["read_ahead=lots".into()]).is_err());
     }
 
     #[test]
