@@ -38,7 +38,7 @@ use crate::format::superblock::Superblock;
 use crate::meta::{self, Meta};
 use clock::now;
 use data::iolock::{IoLocks, Mode};
-use data::read::Fill;
+use data::read::Read;
 use data::write::{drive, Locked};
 
 /// How many times a buffered read plans a fill to run without the
@@ -145,7 +145,6 @@ impl Fs {
                 dev,
                 iolocks: IoLocks::default(),
                 knobs,
-                csum_pool: Mutex::new(Vec::new()),
                 next_dio_id: AtomicU64::new(1),
                 dio_overwrites_now: AtomicU64::new(0),
                 wb_done: Condvar::new(),
@@ -751,21 +750,14 @@ impl Fs {
             // go on meanwhile. A plan that meets a change (the folio
             // evicted, a direct overwrite) is made again, a few times;
             // then the fill runs under the lock.
-            if fills < UNLOCKED_FILLS {
-                match g.fill_plan(ino, offset, buf.len())? {
-                    Fill::Ready => {}
-                    Fill::Wait => {
-                        self.s.fill_done.wait(&mut g);
-                        continue;
-                    }
-                    Fill::Plan(plan) => {
-                        fills += 1;
-                        self.fill_unlocked(g, ino, &plan, &mut tries)?;
-                        continue;
-                    }
+            match g.read_or_plan(ino, offset, buf, fills < UNLOCKED_FILLS) {
+                Ok(Read::Wait) => {
+                    self.s.fill_done.wait(&mut g);
                 }
-            }
-            match g.read(ino, offset, buf) {
+                Ok(Read::Plan(plan)) => {
+                    fills += 1;
+                    self.fill_unlocked(g, ino, &plan, &mut tries)?;
+                }
                 Err(e @ Error::DataChecksum { .. }) => {
                     // A direct overwrite racing this read is not corruption.
                     if self.race_explains(&mut g, ino, gen, &mut tries)? {
@@ -775,16 +767,16 @@ impl Fs {
                     }
                     return Err(self.checksum_failed(e));
                 }
-                Ok(n) => {
+                Ok(Read::Done(n)) => {
                     self.accessed(&mut g, ino)?;
                     return Ok(n);
                 }
-                r => return r,
+                Err(e) => return Err(e),
             }
         }
     }
 
-    /// Run `plan` (`Inner::fill_plan`): its device reads and checksums
+    /// Run `plan` (`Inner::read_or_plan`'s): its device reads and checksums
     /// without the metadata lock (`g`, released), its folio's blocks
     /// installed under it. Ok also when what it read was stale (the
     /// caller plans again) or a direct overwrite explains a checksum
@@ -801,7 +793,7 @@ impl Fs {
         g.with(ino)?.0.open += 1;
         drop(g);
         let (r, mut g, installed) = data::read::with_fill_buf(|io| {
-            let r = plan.read(ino, self.s.block_size, &*self.s.dev, io);
+            let r = plan.read(ino, &*self.s.dev, io);
             let mut g = self.s.inner.lock();
             let installed = g.fill_install(ino, plan, r.is_ok().then_some(&io[..]));
             (r, g, installed)

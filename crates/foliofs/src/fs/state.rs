@@ -114,7 +114,7 @@ impl Inner {
 pub(crate) struct Shared {
     /// The metadata lock. Lock order: second, under an inode I/O lock
     /// (`iolocks`); over the AG allocator locks (`Alloc::ags`), the
-    /// journal's I/O state (`JournalIo`) and `csum_pool`. Let go of for
+    /// journal's I/O state (`JournalIo`). Let go of for
     /// device I/O and large copies.
     pub inner: Mutex<Inner>,
     pub counters: Arc<Counters>,
@@ -122,9 +122,6 @@ pub(crate) struct Shared {
     pub block_size: u64,
     pub iolocks: IoLocks,
     pub knobs: Knobs,
-    /// Checksum arrays for direct reads, each at most the I/O cap long.
-    /// Lock order: last; nothing is taken while it is held.
-    pub csum_pool: Mutex<Vec<Vec<u32>>>,
     pub next_dio_id: AtomicU64,
     /// Direct overwrites in progress (`Counters::dio_overwrites_peak`).
     pub dio_overwrites_now: AtomicU64,

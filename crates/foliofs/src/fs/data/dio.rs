@@ -40,8 +40,9 @@
 //! size on disk moves only after an extending write's data is on the
 //! device.
 
+use super::verify::DeviceRuns;
 use super::MAX_FILE_SIZE;
-use crate::csums::{clear_csums, get_csums, set_csums};
+use crate::csums::{clear_csums, set_csums};
 use crate::error::{Error, Result};
 use crate::format::data_crc;
 use crate::fs::ctx::Ctx;
@@ -350,80 +351,53 @@ impl Fs {
         let bs = self.s.block_size;
         let first = offset / bs;
         let nblk = buf.len() as u64 / bs;
-        let mut crcs = self.s.csum_pool.lock().pop().unwrap_or_default();
         let mut done = 0u64;
         let mut tries = 0;
-        let r = loop {
-            if done == nblk {
-                break Ok(());
-            }
+        while done < nblk {
             let cap = self.s.knobs.dio_max_blocks.load(Ordering::Relaxed);
             let lblk = first + done;
             let want = (nblk - done).min(cap);
-            // One pass under the metadata lock: mapping and checksums.
-            crcs.clear();
-            // Blocks whose newest data is in the overwrite log: (file
-            // block, image), taken with their checksums.
-            let mut logged: Vec<(u64, Box<[u8]>)> = Vec::new();
+            // One pass under the metadata lock: mapping, checksums and
+            // logged images; holes and unwritten blocks read as zeros.
+            let mut runs = DeviceRuns::take();
             let (segs, gen) = {
                 let mut g = held.take().unwrap_or_else(|| self.s.inner.lock());
                 let (ip, mut cx) = g.with(ino)?;
                 let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
                 for s in &segs {
                     if let State::Written(p) = s.state {
-                        get_csums(cx.meta, p, s.len, &mut crcs)?;
-                        logged.extend(
-                            cx.meta
-                                .logged_range(p, s.len)
-                                .map(|(b, img)| (s.lblk + (b - p), img.into())),
-                        );
+                        runs.push(cx.meta, s.lblk, p, s.len)?;
                     }
                 }
                 (segs, ip.data_gen)
             };
-            let mut logged = logged.into_iter().peekable();
-            let mut bad = None;
-            let mut ci = 0;
-            for s in &segs {
+            for s in segs
+                .iter()
+                .filter(|s| !matches!(s.state, State::Written(_)))
+            {
                 let at = ((s.lblk - first) * bs) as usize;
-                let out = &mut buf[at..at + (s.len * bs) as usize];
-                let State::Written(p) = s.state else {
-                    out.fill(0);
-                    continue;
-                };
-                self.s.dev.read_at(out, p * bs)?;
-                bump(&self.s.counters.dio_read_requests, 1);
-                self.s.counters.dio_request(s.len);
-                while let Some((l, img)) = logged.next_if(|(l, _)| *l < s.lblk + s.len) {
-                    let at = ((l - s.lblk) * bs) as usize;
-                    out[at..at + bs as usize].copy_from_slice(&img);
-                }
-                for (k, blk) in out.chunks(bs as usize).enumerate() {
-                    let stored = crcs[ci + k];
-                    if stored != 0 && bad.is_none() && data_crc(blk) != stored {
-                        bad = Some((s.lblk + k as u64, p + k as u64));
-                    }
-                }
-                ci += s.len as usize;
+                buf[at..at + (s.len * bs) as usize].fill(0);
             }
-            if let Some((l, p)) = bad {
-                if self.race_explains(&mut self.s.inner.lock(), ino, gen, &mut tries)? {
-                    std::thread::yield_now();
-                    continue;
+            let r = runs.read(ino, bs, &*self.s.dev, buf, |r| {
+                ((r.lblk - first) * bs) as usize
+            });
+            for r in runs.runs() {
+                bump(&self.s.counters.dio_read_requests, 1);
+                self.s.counters.dio_request(r.count);
+            }
+            match r {
+                Err(e @ Error::DataChecksum { .. }) => {
+                    if self.race_explains(&mut self.s.inner.lock(), ino, gen, &mut tries)? {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    return Err(self.checksum_failed(e));
                 }
-                break Err(self.checksum_failed(Error::DataChecksum {
-                    ino,
-                    offset: l * bs,
-                    addr: p,
-                }));
+                r => r?,
             }
             done += want;
-        };
-        let mut pool = self.s.csum_pool.lock();
-        if pool.len() < 64 {
-            pool.push(crcs);
         }
-        r
+        Ok(())
     }
 
     /// Write with O_DIRECT semantics (alignment as for `read_direct`).

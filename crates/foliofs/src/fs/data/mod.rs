@@ -6,6 +6,9 @@
 //! - `folio`: technique 1, the per-block state of a folio (uptodate, dirty);
 //! - `pagecache`: finding and making folios, the memory pool, eviction;
 //! - `read`: buffered reads (fill a folio from the device, verify, copy);
+//! - `verify`: the checked device read every data read goes through
+//!   (checksums and logged images taken under the lock, read and
+//!   verified without it);
 //! - `write`: buffered writes, one step per folio (the driver is
 //!   `Fs::write`, which drops the metadata lock for large copies);
 //! - `delalloc`: technique 5, reservation, post-EOF speculative
@@ -48,6 +51,7 @@ pub(super) mod overwrite;
 mod pagecache;
 pub(in crate::fs) mod read;
 mod size;
+mod verify;
 pub(super) mod write;
 pub(super) mod writeback;
 
