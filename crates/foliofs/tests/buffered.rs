@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 mod common;
-use common::{check_small_files, crash_fs, fsck_clean, small_file, write_small_files};
+use common::{
+    check_small_files, crash_fs, fsck_clean, small_file, write_small_files, Hooked, Hooks,
+};
 use std::time::{Duration, Instant};
 
 fn fresh(size: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
@@ -832,37 +834,27 @@ fn fallocate_maps_the_holes_around_dirty_blocks_and_refuses_what_cannot_fit() {
     unmount_and_check(fs, dev);
 }
 
-/// A device that counts the bytes read and the reads in flight at once,
-/// and makes each read take a while once `slow` is set, so that readers
-/// meet.
+/// Counts of the bytes read and the reads in flight at once; each read
+/// takes a while once `slow` is set, so that readers meet.
+#[derive(Default)]
 struct WatchedReads {
-    inner: Arc<MemDevice>,
     slow: std::sync::atomic::AtomicBool,
     bytes: std::sync::atomic::AtomicU64,
     now: std::sync::atomic::AtomicU64,
     peak: std::sync::atomic::AtomicU64,
 }
 
-impl Device for WatchedReads {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+impl Hooks for WatchedReads {
+    fn read(&self, len: usize, io: &mut dyn FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         if self.slow.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(2));
         }
-        self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
-        let r = self.inner.read_at(buf, offset);
+        self.bytes.fetch_add(len as u64, Ordering::SeqCst);
+        let r = io();
         self.now.fetch_sub(1, Ordering::SeqCst);
         r
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn len(&self) -> u64 {
-        self.inner.len()
     }
 }
 
@@ -873,18 +865,14 @@ impl Device for WatchedReads {
 /// read-ahead of one stream so).
 #[test]
 fn cold_buffered_readers_read_the_device_at_once_and_share_fills() {
-    use std::sync::atomic::{AtomicBool, AtomicU64};
     const MIB: usize = 1 << 20;
     const FILE: usize = 16 * MIB;
     const CHUNK: usize = 128 << 10;
     let mem = Arc::new(MemDevice::new(256 << 20));
     mkfs(&*mem, &MkfsOptions::default(), |_, _| {}).unwrap();
-    let dev = Arc::new(WatchedReads {
-        inner: mem,
-        slow: AtomicBool::new(false),
-        bytes: AtomicU64::new(0),
-        now: AtomicU64::new(0),
-        peak: AtomicU64::new(0),
+    let dev = Arc::new(Hooked {
+        mem,
+        hooks: WatchedReads::default(),
     });
     let byte = |at: usize| (at / 4096 * 7 + at % 251) as u8;
     let data: Vec<u8> = (0..FILE).map(byte).collect();

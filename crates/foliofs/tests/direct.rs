@@ -7,6 +7,9 @@ use foliofs::{Error, Fs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod common;
+use common::{Hooked, Hooks};
+
 const BS: usize = 4096;
 
 fn fresh(bytes: u64, opts: MountOptions) -> (Arc<MemDevice>, Fs) {
@@ -354,24 +357,23 @@ fn racing_threads_match_the_model() {
     assert!(c.dio_overwrites_shared > 0 && c.lock_exclusive > 0);
 }
 
-/// A device whose writes, once armed, wait at a gate until a second write
-/// arrives (or `wait` passes), so two writers in the engine at once meet
-/// there.
+/// Writes that, once armed, wait at a gate until a second write arrives
+/// (or `wait` passes), so two writers in the engine at once meet there.
 struct Gate {
-    inner: MemDevice,
     armed: AtomicBool,
     inside: Mutex<usize>,
     cv: std::sync::Condvar,
     wait: std::time::Duration,
 }
 
-impl foliofs::device::Device for Gate {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+impl Hooks for Gate {
+    fn write(
+        &self,
+        _len: usize,
+        io: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         if !self.armed.load(Ordering::SeqCst) {
-            return self.inner.write_at(buf, offset);
+            return io();
         }
         let mut n = self.inside.lock().unwrap();
         *n += 1;
@@ -385,15 +387,9 @@ impl foliofs::device::Device for Gate {
             n = self.cv.wait_timeout(n, left).unwrap().0;
         }
         drop(n);
-        let r = self.inner.write_at(buf, offset);
+        let r = io();
         *self.inside.lock().unwrap() -= 1;
         r
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn len(&self) -> u64 {
-        self.inner.len()
     }
 }
 
@@ -406,12 +402,14 @@ fn overwrites_of_one_file_run_in_parallel_under_the_shared_lock() {
         (DioLock::SharedOverwrite, true),
         (DioLock::Exclusive, false),
     ] {
-        let dev = Arc::new(Gate {
-            inner: MemDevice::new(64 << 20),
-            armed: AtomicBool::new(false),
-            inside: Mutex::new(0),
-            cv: std::sync::Condvar::new(),
-            wait: std::time::Duration::from_millis(50),
+        let dev = Arc::new(Hooked {
+            mem: Arc::new(MemDevice::new(64 << 20)),
+            hooks: Gate {
+                armed: AtomicBool::new(false),
+                inside: Mutex::new(0),
+                cv: std::sync::Condvar::new(),
+                wait: std::time::Duration::from_millis(50),
+            },
         });
         mkfs(&*dev, &MkfsOptions::default(), |_, _| {}).unwrap();
         let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());

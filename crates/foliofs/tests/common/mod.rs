@@ -76,3 +76,54 @@ pub fn check_small_files(fs: &Fs, dir: u64, range: std::ops::Range<u64>) {
         assert_eq!(&got[..n], &want[..], "f{i}");
     }
 }
+
+/// What a test device does around each read and each write of the
+/// memory device under it (`Hooked`), given its length and the I/O to
+/// run: by default, just that.
+pub trait Hooks: Send + Sync {
+    fn read(
+        &self,
+        _len: usize,
+        io: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        io()
+    }
+    fn write(
+        &self,
+        _len: usize,
+        io: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        io()
+    }
+}
+
+/// A memory device whose reads and writes go through `hooks` (which
+/// it derefs to, for the test to reach their state).
+pub struct Hooked<H> {
+    pub mem: Arc<MemDevice>,
+    pub hooks: H,
+}
+
+impl<H> std::ops::Deref for Hooked<H> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.hooks
+    }
+}
+
+impl<H: Hooks> Device for Hooked<H> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.hooks
+            .read(buf.len(), &mut || self.mem.read_at(buf, offset))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.hooks
+            .write(buf.len(), &mut || self.mem.write_at(buf, offset))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.mem.flush()
+    }
+    fn len(&self) -> u64 {
+        self.mem.len()
+    }
+}
