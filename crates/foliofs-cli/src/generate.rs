@@ -41,6 +41,7 @@ Memory and writeback:
 Direct I/O and overwrites:
   dio_cap=BLOCKS: the largest device request of a direct read or write.
   dio_lock=shared|exclusive: direct overwrites under a shared inode lock (default), or an exclusive one.
+  dio_ahead=on|off: when a direct read starts where the last one ended, the next one is read and checked meanwhile, and served from memory if the file has not changed (default on).
   overwrite_log=on|off: small overwrites go through the journal with their checksums (default on).
   overwrite_log_max=SIZE: the largest overwrite logged so.
   drop_behind=on|off: a written folio leaves the daemon's cache once it is on the device, as the kernel's page cache holds the same bytes (default on).

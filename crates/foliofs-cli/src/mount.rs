@@ -113,6 +113,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         // second copy of what it has written back.
         engine: MountOptions {
             drop_behind: true,
+            direct_read_ahead: true,
             ..MountOptions::default()
         },
         allow_other: None,
@@ -849,6 +850,13 @@ mod tests {
         assert!(w.engine.drop_behind, "the mount drops behind by default");
         let d = parse_options(&["drop_behind=off".into()]).unwrap();
         assert!(!d.engine.drop_behind);
+        assert!(
+            w.engine.direct_read_ahead,
+            "the mount reads direct streams ahead"
+        );
+        let a = parse_options(&["dio_ahead=off".into()]).unwrap();
+        assert!(!a.engine.direct_read_ahead);
+        assert!(parse_options(&["dio_ahead=2".into()]).is_err());
         assert!(parse_options(&["wb_contexts=0".into()]).is_err());
         assert!(o.engine.read_only && o.allow_other() && o.default_permissions);
         let n = parse_options(&["noallow_other,noatime,log_level=debug".into()]).unwrap();

@@ -218,7 +218,13 @@ fn racing_threads_match_the_model() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3000);
-    let (_dev, fs) = fresh(128 << 20, MountOptions::default());
+    // With read-ahead for direct readers: reader 0 reads sequentially,
+    // so its reads are read ahead while the writers race them.
+    let opts = MountOptions {
+        direct_read_ahead: true,
+        ..MountOptions::default()
+    };
+    let (_dev, fs) = fresh(128 << 20, opts);
     let fs = Arc::new(fs);
     let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
     // Blocks 0..64 are owned by writer threads (block % 4 = writer), blocks
@@ -274,10 +280,13 @@ fn racing_threads_match_the_model() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let floor = model.lock().unwrap().clone();
-                let (start, n) = ((i * 13) % 40, 8 + (i * 7) % 48);
+                let (start, n) = match rd {
+                    0 => ((i * 8) % END, 8),
+                    _ => ((i * 13) % 40, 8 + (i * 7) % 48),
+                };
                 let n = n.min(END - start);
                 let len = (n as usize) * BS;
-                let got = if (i + rd) % 2 == 0 {
+                let got = if rd == 0 || (i + rd) % 2 == 0 {
                     fs.read_direct(f, start * BS as u64, &mut buf[..len])
                 } else {
                     fs.read(f, start * BS as u64, &mut buf[..len])
@@ -524,4 +533,128 @@ fn appends_from_many_threads_never_overlap() {
     let e = fs.append_direct(d, &AlignedBuf::zeroed(BS)).unwrap_err();
     assert_eq!(e.errno(), libc::EINVAL, "{e}");
     assert_eq!(fs.getattr(d).unwrap().size, n * BS as u64 + 4);
+}
+
+/// With read-ahead for direct readers on, a sequential direct reader is
+/// served from what was read ahead (counted), and never anything stale:
+/// between two of its reads the next range is changed every way a file's
+/// data changes (a direct overwrite, a buffered write, written back or
+/// not, a hole punched, zeroed, truncated away and grown back), and each
+/// read returns what the file holds, as a model says.
+#[test]
+fn direct_read_ahead_serves_sequential_readers_and_never_stale_data() {
+    const MIB: usize = 1 << 20;
+    let opts = MountOptions {
+        direct_read_ahead: true,
+        ..MountOptions::default()
+    };
+    let (_dev, fs) = fresh(96 << 20, opts);
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = pattern(24 * MIB, 7).to_vec();
+    fs.write_direct(f, 0, &pattern(24 * MIB, 7)).unwrap();
+    fs.fsync(f, false).unwrap();
+    let mut buf = AlignedBuf::zeroed(MIB);
+    // Read chunk `i` and check it against the model; then wait a while,
+    // as a caller through the mount does between requests, so the read
+    // ahead of chunk i + 1 is done.
+    let read = |i: usize, buf: &mut AlignedBuf, model: &[u8]| {
+        let n = fs.read_direct(f, (i * MIB) as u64, buf).unwrap();
+        let want = &model[(i * MIB).min(model.len())..((i + 1) * MIB).min(model.len())];
+        assert_eq!(n, want.len(), "chunk {i}: length");
+        assert!(&buf[..n] == want, "chunk {i}: not what the file holds");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    for i in 0..4 {
+        read(i, &mut buf, &model);
+    }
+    let hits = fs.counters().dio_ahead_hits;
+    assert!(
+        hits >= 2,
+        "a sequential reader was served {hits} times from read-ahead"
+    );
+    let at = |i: usize| (i * MIB) as u64;
+    let mut i = 4;
+    // Each change lands in chunk i + 1 after chunk i was read (so chunk
+    // i + 1 was read ahead before it).
+    type Change<'a> = Box<dyn Fn(&Fs, &mut Vec<u8>, usize) + 'a>;
+    let changes: Vec<(&str, Change)> = vec![
+        (
+            "direct overwrite",
+            Box::new(|fs, m, c| {
+                let p = pattern(64 << 10, 11);
+                fs.write_direct(f, at(c) + 4096, &p).unwrap();
+                m[c * MIB + 4096..c * MIB + 4096 + p.len()].copy_from_slice(&p);
+            }),
+        ),
+        (
+            "buffered write, cached",
+            Box::new(|fs, m, c| {
+                fs.write(f, at(c) + 100, b"buffered").unwrap();
+                m[c * MIB + 100..c * MIB + 108].copy_from_slice(b"buffered");
+            }),
+        ),
+        (
+            "buffered write, written back",
+            Box::new(|fs, m, c| {
+                fs.write(f, at(c) + 9000, b"written back").unwrap();
+                fs.fsync(f, false).unwrap();
+                m[c * MIB + 9000..c * MIB + 9012].copy_from_slice(b"written back");
+            }),
+        ),
+        (
+            "hole punched",
+            Box::new(|fs, m, c| {
+                fs.fallocate(f, Falloc::PunchHole, at(c), 256 << 10)
+                    .unwrap();
+                m[c * MIB..c * MIB + (256 << 10)].fill(0);
+            }),
+        ),
+        (
+            "range zeroed",
+            Box::new(|fs, m, c| {
+                let z = Falloc::ZeroRange { keep_size: true };
+                fs.fallocate(f, z, at(c) + 8192, 8192).unwrap();
+                m[c * MIB + 8192..c * MIB + 16384].fill(0);
+            }),
+        ),
+        (
+            "truncated and grown back",
+            Box::new(|fs, m, c| {
+                let size = |s: u64| SetAttr {
+                    size: Some(s),
+                    ..SetAttr::default()
+                };
+                fs.setattr(f, &size(at(c) + 512)).unwrap();
+                fs.setattr(f, &size(m.len() as u64)).unwrap();
+                m[c * MIB + 512..].fill(0);
+            }),
+        ),
+    ];
+    for (what, change) in &changes {
+        let before = fs.counters().dio_ahead_reads;
+        read(i, &mut buf, &model);
+        assert!(
+            fs.counters().dio_ahead_reads > before,
+            "{what}: nothing was read ahead"
+        );
+        change(&fs, &mut model, i + 1);
+        i += 1;
+        read(i, &mut buf, &model);
+        i += 1;
+    }
+    // The end of the file: a short last read, and nothing past it.
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(at(i + 1) + 5000),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    model.resize(i * MIB + MIB + 5000, 0);
+    read(i, &mut buf, &model);
+    read(i + 1, &mut buf, &model);
+    assert_eq!(fs.read_direct(f, at(i + 2), &mut buf).unwrap(), 0);
+    assert_eq!(fs.counters().csum_failures, 0);
+    fs.unmount().unwrap();
 }

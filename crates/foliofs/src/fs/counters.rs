@@ -96,6 +96,12 @@ counters! {
     dio_overwrites_peak,
     /// Checksum mismatches retried because a direct write was racing.
     dio_read_retries,
+    /// Direct reads read ahead (`MountOptions::direct_read_ahead`),
+    /// direct reads served from them, and of those the ones that waited
+    /// for it to finish.
+    dio_ahead_reads,
+    dio_ahead_hits,
+    dio_ahead_waits,
     lock_shared,
     lock_exclusive,
     lock_shared_waits,

@@ -49,6 +49,10 @@ pub(crate) struct Inode {
     pub data_gen: u64,
     /// Direct writes in flight (see `dio`).
     pub dio_inflight: Vec<DioWrite>,
+    /// Where the last direct read ended, and the next ones read ahead,
+    /// in order (`data/ahead.rs`).
+    pub dio_next: Option<u64>,
+    pub dio_ahead: Vec<std::sync::Arc<crate::fs::data::ahead::Ahead>>,
     /// Speculative preallocation: file blocks [a, b) past (or, as appends
     /// catch up, just inside) EOF, reserved but not mapped. Dirty blocks
     /// in it hold its reservation, not one of their own.
@@ -117,6 +121,8 @@ impl Inode {
             open: 0,
             data_gen: 0,
             dio_inflight: Vec::new(),
+            dio_next: None,
+            dio_ahead: Vec::new(),
             prealloc: None,
             map_hint: (0, 0),
             map_gen: 0,

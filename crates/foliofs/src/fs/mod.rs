@@ -56,6 +56,9 @@ pub struct Fs {
     /// The writeback context threads (see `writeback`). Taken alone, at
     /// mount, unmount and when the number of contexts changes.
     workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The read-ahead threads of direct reads (`data/ahead.rs`), started
+    /// by the first sequential direct reader.
+    ahead_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Fs {
@@ -133,6 +136,7 @@ impl Fs {
         let knobs = Knobs {
             dio_max_blocks: AtomicU64::new(inner.opts.dio_max_blocks.max(1)),
             dio_exclusive: AtomicBool::new(inner.opts.dio_lock == DioLock::Exclusive),
+            dio_ahead: AtomicBool::new(inner.opts.direct_read_ahead),
             wb_contexts: AtomicUsize::new(contexts),
         };
         let read_only = inner.opts.read_only;
@@ -155,8 +159,10 @@ impl Fs {
                     .map(|_| ContextStats::default())
                     .collect(),
                 stopping: AtomicBool::new(false),
+                ahead: Default::default(),
             }),
             workers: Mutex::new(Vec::new()),
+            ahead_threads: Mutex::new(Vec::new()),
         };
         if !read_only {
             fs.start_workers(contexts);
@@ -206,6 +212,12 @@ impl Fs {
 
     pub fn block_size(&self) -> u64 {
         self.s.block_size
+    }
+
+    /// Turn read-ahead for sequential direct readers on or off
+    /// (`MountOptions::direct_read_ahead`).
+    pub fn set_direct_read_ahead(&self, on: bool) {
+        self.s.knobs.dio_ahead.store(on, Ordering::Relaxed);
     }
 
     /// Set the direct I/O request cap in blocks (at least 1).
@@ -760,7 +772,7 @@ impl Fs {
                 }
                 Err(e @ Error::DataChecksum { .. }) => {
                     // A direct overwrite racing this read is not corruption.
-                    if self.race_explains(&mut g, ino, gen, &mut tries)? {
+                    if self.s.race_explains(&mut g, ino, gen, &mut tries)? {
                         drop(g);
                         std::thread::yield_now();
                         continue;
@@ -803,7 +815,7 @@ impl Fs {
         installed?;
         match r {
             Err(e @ Error::DataChecksum { .. }) => {
-                if self.race_explains(&mut g, ino, plan.gen(), tries)? {
+                if self.s.race_explains(&mut g, ino, plan.gen(), tries)? {
                     Ok(())
                 } else {
                     Err(self.checksum_failed(e))

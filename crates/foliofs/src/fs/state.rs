@@ -25,6 +25,8 @@ use std::sync::Arc;
 pub(crate) struct Knobs {
     pub dio_max_blocks: AtomicU64,
     pub dio_exclusive: AtomicBool,
+    /// `MountOptions::direct_read_ahead`, switchable (`Fs::set_direct_read_ahead`).
+    pub dio_ahead: AtomicBool,
     /// Writeback contexts in use (1 ..= MAX_WB_CONTEXTS).
     pub wb_contexts: AtomicUsize,
 }
@@ -140,6 +142,8 @@ pub(crate) struct Shared {
     pub wb_stats: Vec<ContextStats>,
     /// Set at unmount: the writeback threads exit.
     pub stopping: AtomicBool,
+    /// Sequential direct readers' reads ahead (`data/ahead.rs`).
+    pub ahead: crate::fs::data::ahead::AheadQueue,
 }
 
 impl Inner {

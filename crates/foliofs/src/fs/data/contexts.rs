@@ -368,6 +368,7 @@ impl Fs {
         for h in self.workers.lock().drain(..) {
             let _ = h.join();
         }
+        self.stop_ahead_threads();
     }
 
     /// Set the number of writeback contexts (1 ..= MAX_WB_CONTEXTS). Each

@@ -6,6 +6,9 @@
 //!       fetch its checksums in one pass under the metadata lock -> one
 //!       device read per mapped run, holes and unwritten blocks zero-filled
 //!       -> verify every block -> EIO on a mismatch (counted, logged).
+//!       A sequential reader's next reads are read ahead (`ahead`, with
+//!       `MountOptions::direct_read_ahead`) and served from memory when
+//!       nothing changed the file since.
 //! overwrite (every block allocated and written, inside the file): shared
 //!       lock -> small runs logged with their checksums (the writer waits
 //!       for the log write), large runs written to new blocks and remapped
@@ -49,7 +52,7 @@ use crate::fs::ctx::Ctx;
 use crate::fs::data::iolock::Mode;
 use crate::fs::data::overwrite::{cow_alloc, unalloc, Cow};
 use crate::fs::inode::{DioWrite, Inode};
-use crate::fs::state::Inner;
+use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Fs};
 use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
@@ -121,7 +124,7 @@ fn map_range(ip: &Inode, cx: &mut Ctx, from: u64, to: u64) -> Result<Vec<Seg>> {
     Ok(out)
 }
 
-impl Fs {
+impl Shared {
     /// A reader that read data generation `gen` of `ino` saw a checksum
     /// mismatch. True when a write racing it explains that (the data
     /// generation moved, or a direct write is in flight): the retry is
@@ -140,7 +143,7 @@ impl Fs {
             return Ok(false);
         }
         *tries += 1;
-        bump(&self.s.counters.dio_read_retries, 1);
+        bump(&self.counters.dio_read_retries, 1);
         Ok(true)
     }
 }
@@ -304,7 +307,7 @@ impl Fs {
     pub fn read_direct(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let bs = self.s.block_size;
         check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
-        let _io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
+        let io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
         let mut g = self.s.inner.lock();
         let (ip, _) = g.with(ino)?;
         if ip.is_dir() {
@@ -318,29 +321,55 @@ impl Fs {
         if ip.wb_busy || ip.cache.any_dirty_in(from, to) {
             g = self.s.writeback_inode(g, ino, u64::MAX)?.0;
         }
-        g.with(ino)?.0.open += 1;
-        bump(&self.s.counters.dio_reads, 1);
+        let ip = g.with(ino)?.0;
         let blocks = (n as u64).div_ceil(bs) as usize * bs as usize;
-        // The pin and the first mapping pass under one hold of the lock.
-        let r = self.read_direct_pinned(g, ino, offset, &mut buf[..blocks]);
-        {
-            let mut g = self.s.inner.lock();
-            g.release(ino)?;
-            if r.is_ok() {
-                self.accessed(&mut g, ino)?;
+        // A sequential reader's next reads, read ahead (`ahead`): this
+        // one's is taken, those behind it dropped, and the next ones
+        // queued before this one is served.
+        let sequential = ip.dio_next == Some(offset);
+        ip.dio_next = Some(offset + blocks as u64);
+        let ahead = self.ahead_take(&mut g, ino, offset, buf.len(), sequential)?;
+        bump(&self.s.counters.dio_reads, 1);
+        let r = match ahead {
+            Some(a) => {
+                drop(g);
+                let served = self.s.ahead_serve(&a, &io, ino, n, &mut buf[..blocks])?;
+                g = self.s.inner.lock();
+                served
             }
-        }
-        r?;
+            None => None,
+        };
+        let r = match r {
+            Some(n) => Ok(n),
+            None => {
+                g.with(ino)?.0.open += 1;
+                // The pin and the first mapping pass under one hold of the lock.
+                let r = self
+                    .s
+                    .read_direct_pinned(g, ino, offset, &mut buf[..blocks]);
+                g = self.s.inner.lock();
+                g.release(ino)?;
+                r.map(|()| n)
+            }
+        };
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => return Err(self.checksum_failed(e)),
+        };
+        self.accessed(&mut g, ino)?;
+        drop(g);
         // Bytes past the end of file in the last block are not file data.
         buf[n..blocks].fill(0);
         bump(&self.s.counters.dio_read_bytes, n as u64);
         bump(&self.s.counters.bytes_read_app, n as u64);
         Ok(n)
     }
+}
 
+impl Shared {
     /// Read into `buf` from a pinned inode; `g` (the metadata lock) is
     /// used for the first mapping pass, then released.
-    fn read_direct_pinned(
+    pub(in crate::fs) fn read_direct_pinned(
         &self,
         g: MutexGuard<'_, Inner>,
         ino: u64,
@@ -348,20 +377,20 @@ impl Fs {
         buf: &mut [u8],
     ) -> Result<()> {
         let mut held = Some(g);
-        let bs = self.s.block_size;
+        let bs = self.block_size;
         let first = offset / bs;
         let nblk = buf.len() as u64 / bs;
         let mut done = 0u64;
         let mut tries = 0;
         while done < nblk {
-            let cap = self.s.knobs.dio_max_blocks.load(Ordering::Relaxed);
+            let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
             let lblk = first + done;
             let want = (nblk - done).min(cap);
             // One pass under the metadata lock: mapping, checksums and
             // logged images; holes and unwritten blocks read as zeros.
             let mut runs = DeviceRuns::take();
             let (segs, gen) = {
-                let mut g = held.take().unwrap_or_else(|| self.s.inner.lock());
+                let mut g = held.take().unwrap_or_else(|| self.inner.lock());
                 let (ip, mut cx) = g.with(ino)?;
                 let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
                 for s in &segs {
@@ -378,20 +407,20 @@ impl Fs {
                 let at = ((s.lblk - first) * bs) as usize;
                 buf[at..at + (s.len * bs) as usize].fill(0);
             }
-            let r = runs.read(ino, bs, &*self.s.dev, buf, |r| {
+            let r = runs.read(ino, bs, &*self.dev, buf, |r| {
                 ((r.lblk - first) * bs) as usize
             });
             for r in runs.runs() {
-                bump(&self.s.counters.dio_read_requests, 1);
-                self.s.counters.dio_request(r.count);
+                bump(&self.counters.dio_read_requests, 1);
+                self.counters.dio_request(r.count);
             }
             match r {
                 Err(e @ Error::DataChecksum { .. }) => {
-                    if self.race_explains(&mut self.s.inner.lock(), ino, gen, &mut tries)? {
+                    if self.race_explains(&mut self.inner.lock(), ino, gen, &mut tries)? {
                         std::thread::yield_now();
                         continue;
                     }
-                    return Err(self.checksum_failed(e));
+                    return Err(e);
                 }
                 r => r?,
             }
@@ -399,7 +428,9 @@ impl Fs {
         }
         Ok(())
     }
+}
 
+impl Fs {
     /// Write with O_DIRECT semantics (alignment as for `read_direct`).
     /// Pure overwrites take the inode's I/O lock shared (unless the
     /// `DioLock::Exclusive` knob is set); anything that allocates, converts

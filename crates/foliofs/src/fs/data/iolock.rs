@@ -16,6 +16,7 @@ use crate::fs::{bump, Counters};
 use crate::u64map::U64Map;
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,16 +26,40 @@ pub(crate) enum Mode {
     Exclusive,
 }
 
-/// A held I/O lock; dropping it unlocks.
-#[allow(dead_code)] // held for its Drop
+/// A held I/O lock; dropping it unlocks. The lock guards its
+/// exclusive count: how many times it has been taken exclusive.
 pub(crate) enum IoGuard {
-    Shared(ArcRwLockReadGuard<RawRwLock, ()>),
-    Exclusive(ArcRwLockWriteGuard<RawRwLock, ()>),
+    Shared(ArcRwLockReadGuard<RawRwLock, AtomicU64>),
+    Exclusive(ArcRwLockWriteGuard<RawRwLock, AtomicU64>),
+}
+
+/// One inode's I/O lock.
+pub(crate) type Lock = Arc<RwLock<AtomicU64>>;
+
+impl IoGuard {
+    /// How many times this lock has been taken exclusive. The same under
+    /// two shared holds of one lock (that is, one lock the table kept
+    /// between them: see `Lock`) means nothing took it exclusive between.
+    pub fn exclusive_count(&self) -> u64 {
+        match self {
+            IoGuard::Shared(g) => g.load(AtomicOrdering::Relaxed),
+            IoGuard::Exclusive(g) => g.load(AtomicOrdering::Relaxed),
+        }
+    }
+
+    /// The lock itself: holding it keeps the table from dropping it, so
+    /// its exclusive count goes on from where it is.
+    pub fn lock(&self) -> Lock {
+        match self {
+            IoGuard::Shared(g) => ArcRwLockReadGuard::rwlock(g).clone(),
+            IoGuard::Exclusive(g) => ArcRwLockWriteGuard::rwlock(g).clone(),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Table {
-    locks: U64Map<Arc<RwLock<()>>>,
+    locks: U64Map<Lock>,
     prune_at: usize,
 }
 
@@ -50,7 +75,7 @@ pub(crate) struct IoLocks {
 }
 
 impl IoLocks {
-    fn get(&self, ino: u64) -> Arc<RwLock<()>> {
+    fn get(&self, ino: u64) -> Lock {
         let mut t = self.table.lock();
         if t.locks.len() >= t.prune_at {
             t.locks.retain(|_, l| Arc::strong_count(l) > 1);
@@ -76,15 +101,25 @@ impl IoLocks {
             }
             Mode::Exclusive => {
                 bump(&c.lock_exclusive, 1);
-                if let Some(g) = l.try_write_arc() {
-                    return IoGuard::Exclusive(g);
-                }
-                bump(&c.lock_exclusive_waits, 1);
-                let t = Instant::now();
-                let g = l.write_arc();
-                bump(&c.lock_exclusive_wait_ns, t.elapsed().as_nanos() as u64);
+                let g = match l.try_write_arc() {
+                    Some(g) => g,
+                    None => {
+                        bump(&c.lock_exclusive_waits, 1);
+                        let t = Instant::now();
+                        let g = l.write_arc();
+                        bump(&c.lock_exclusive_wait_ns, t.elapsed().as_nanos() as u64);
+                        g
+                    }
+                };
+                g.fetch_add(1, AtomicOrdering::Relaxed);
                 IoGuard::Exclusive(g)
             }
         }
+    }
+
+    /// Inode `ino`'s I/O lock shared, if it is to be had at once (not
+    /// held or awaited exclusive).
+    pub fn try_shared(&self, ino: u64) -> Option<IoGuard> {
+        self.get(ino).try_read_arc().map(IoGuard::Shared)
     }
 }
