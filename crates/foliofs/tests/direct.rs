@@ -658,3 +658,53 @@ fn direct_read_ahead_serves_sequential_readers_and_never_stale_data() {
     assert_eq!(fs.counters().csum_failures, 0);
     fs.unmount().unwrap();
 }
+
+/// A block that went bad on the device before it was read ahead is
+/// caught when the reader takes the read ahead (the reader checks it):
+/// the read is EIO naming the block, counted once, and the reads around
+/// it still come from read-ahead.
+#[test]
+fn a_bad_block_read_ahead_is_eio_for_its_reader() {
+    const MIB: usize = 1 << 20;
+    let opts = MountOptions {
+        direct_read_ahead: true,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(64 << 20, opts);
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let data = pattern(8 * MIB, 9);
+    fs.write_direct(f, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let mut buf = AlignedBuf::zeroed(MIB);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+    for i in 0..2 {
+        fs.read_direct(f, (i * MIB) as u64, &mut buf).unwrap();
+        pause();
+    }
+    // Chunks 2 and 3 are read ahead; chunk 4 will be once chunk 2 is
+    // read. Spoil a block of it first.
+    let lblk = (4 * MIB + 5 * BS) as u64 / BS as u64;
+    let victim = fs.block_at(f, lblk * BS as u64).unwrap().unwrap();
+    let at = 4 * MIB + 5 * BS + 99;
+    dev.poke(victim * BS as u64 + 99, &[!data[at]]);
+    for i in 2..4 {
+        fs.read_direct(f, (i * MIB) as u64, &mut buf).unwrap();
+        assert!(buf[..] == data[i * MIB..(i + 1) * MIB], "chunk {i}");
+        pause();
+    }
+    let before = fs.counters();
+    match fs.read_direct(f, (4 * MIB) as u64, &mut buf) {
+        Err(Error::DataChecksum { ino, offset, addr }) => {
+            assert_eq!((ino, offset, addr), (f, lblk * BS as u64, victim));
+        }
+        r => panic!("the read of the spoiled chunk gave {r:?}"),
+    }
+    let c = fs.counters();
+    // Chunks 2 and 3 served ahead; chunks 2 to 5 read ahead by then.
+    assert_eq!(c.dio_ahead_hits, 2, "reads served ahead");
+    assert!(
+        before.dio_ahead_reads >= 3,
+        "the spoiled chunk was not read ahead"
+    );
+    assert_eq!(c.csum_failures, 1, "one bad read, counted once");
+}

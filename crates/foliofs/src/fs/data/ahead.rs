@@ -5,20 +5,24 @@
 //! takes what it read: in the engine the caller's own work, through the
 //! mount the whole round trip (the reply, the kernel's copy into the
 //! caller's buffer, the next request). When a direct read starts where
-//! the file's last one ended, the engine reads the next one (the same
-//! length on) on its read-ahead thread meanwhile, checked as every read
-//! is, into a buffer of its own; the next read, if it asks for exactly
-//! that, takes it from there instead of the device.
+//! the file's last one ended, the engine reads the next ones (the same
+//! length on) on its read-ahead thread meanwhile, into buffers of its
+//! own; the next read, if it asks for exactly that, checks it against
+//! its checksums and takes it from there instead of the device.
 //!
 //! queue: (a sequential direct read, before it is served) `Fs::ahead_take`:
 //!       the next `AHEAD_DEPTH` reads on the inode (`dio_ahead`) and in
-//!       the queue -> (one of `AHEAD_THREADS`) I/O lock shared if free at
-//!       once, else dropped -> pin, `Shared::read_direct_pinned` into the
-//!       buffer -> unpin; kept if `data_gen` did not move
+//!       the queue -> (the thread) I/O lock shared if free at once, else
+//!       dropped -> pin, `Shared::fetch_direct_pinned` into the buffer
+//!       (mapping, checksums and logged images in one pass under the
+//!       metadata lock, device reads without it) -> unpin; kept if
+//!       `data_gen` did not move
 //! serve: (the read it was for, I/O lock shared) taken from the inode ->
 //!       wait if running, or read the device if still queued -> used only
 //!       if the inode's `data_gen` and its I/O lock's exclusive count are
-//!       those of the read ahead
+//!       those of the read ahead, and every block matches its checksum
+//!       (else the reader reads the device, which tells a race from
+//!       corruption)
 //!
 //! Invariant: a read served from read-ahead returns what a device read
 //! at that moment would: every change to a file's data either moves its
@@ -31,6 +35,7 @@ use crate::device::{AlignedBuf, HUGE_PAGE};
 use crate::error::Result;
 use crate::fs::bump;
 use crate::fs::data::iolock::{IoGuard, Lock};
+use crate::fs::data::verify::{DevRun, DeviceRuns};
 use crate::fs::state::{Inner, Shared};
 use crate::fs::Fs;
 use parking_lot::{Condvar, Mutex};
@@ -68,9 +73,10 @@ enum State {
     Running,
     /// `n` bytes of file data, then zeros to the block, as of data
     /// generation `gen` with the I/O lock `lock` taken exclusive `excl`
-    /// times.
+    /// times; not yet checked against `runs`' checksums.
     Read {
         buf: AlignedBuf,
+        runs: DeviceRuns,
         n: usize,
         gen: u64,
         lock: Lock,
@@ -236,19 +242,20 @@ impl Shared {
         if buf.len() < blocks {
             buf = AlignedBuf::zeroed(blocks.next_multiple_of(HUGE_PAGE));
         }
-        let r = self.read_direct_pinned(g, ino, a.offset, &mut buf[..blocks]);
+        let r = self.fetch_direct_pinned(g, ino, a.offset, &mut buf[..blocks]);
         let mut g = self.inner.lock();
         let _ = g.release(ino);
         let same = g.with(ino).is_ok_and(|(ip, _)| ip.data_gen == gen);
         drop(g);
-        if r.is_err() || !same {
+        let Some(runs) = r.ok().filter(|_| same) else {
             self.keep_spare(buf);
             return None;
-        }
+        };
         bump(&self.counters.dio_ahead_reads, 1);
         buf[n..blocks].fill(0);
         Some(State::Read {
             buf,
+            runs,
             n,
             gen,
             lock: io.lock(),
@@ -287,6 +294,7 @@ impl Shared {
         };
         let State::Read {
             buf: read,
+            runs,
             n: m,
             gen,
             lock,
@@ -299,11 +307,18 @@ impl Shared {
             && Arc::ptr_eq(&lock, &io.lock())
             && io.exclusive_count() == excl
             && self.inner.lock().with(ino)?.0.data_gen == gen;
-        if fresh {
+        // Checked here, by the reader, so that the read-ahead thread
+        // only waits for the device. A mismatch is left to the reader's
+        // own device read, which tells a race from corruption.
+        let bs = self.block_size;
+        let first = a.offset / bs;
+        let at = |r: &DevRun| ((r.lblk - first) * bs) as usize;
+        let good = fresh && runs.verify(ino, bs, &read, &at).is_ok();
+        if good {
             buf.copy_from_slice(&read[..buf.len()]);
             bump(&self.counters.dio_ahead_hits, 1);
         }
         self.keep_spare(read);
-        Ok(fresh.then_some(n))
+        Ok(good.then_some(n))
     }
 }

@@ -43,7 +43,7 @@
 //! size on disk moves only after an extending write's data is on the
 //! device.
 
-use super::verify::DeviceRuns;
+use super::verify::{DevRun, DeviceRuns};
 use super::MAX_FILE_SIZE;
 use crate::csums::{clear_csums, set_csums};
 use crate::error::{Error, Result};
@@ -427,6 +427,55 @@ impl Shared {
             done += want;
         }
         Ok(())
+    }
+}
+
+impl Shared {
+    /// A read ahead's device reads (`ahead`): the range mapped, its
+    /// checksums and logged images taken under `g` (the metadata lock,
+    /// then released) in one pass, the runs read into `buf` without it,
+    /// holes and unwritten blocks zeroed. Nothing is verified: the
+    /// reader it is for checks the runs handed back (`DeviceRuns::
+    /// verify`) before it takes the bytes.
+    pub(in crate::fs) fn fetch_direct_pinned(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<DeviceRuns> {
+        let bs = self.block_size;
+        let first = offset / bs;
+        let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed).max(1);
+        let mut runs = DeviceRuns::take();
+        let (ip, mut cx) = g.with(ino)?;
+        let segs = map_range(ip, &mut cx, first, first + buf.len() as u64 / bs)?;
+        for s in &segs {
+            if let State::Written(p) = s.state {
+                let mut k = 0;
+                while k < s.len {
+                    let c = (s.len - k).min(cap);
+                    runs.push(cx.meta, s.lblk + k, p + k, c)?;
+                    k += c;
+                }
+            }
+        }
+        drop(g);
+        for s in segs
+            .iter()
+            .filter(|s| !matches!(s.state, State::Written(_)))
+        {
+            let at = ((s.lblk - first) * bs) as usize;
+            buf[at..at + (s.len * bs) as usize].fill(0);
+        }
+        runs.fetch(bs, &*self.dev, buf, &|r: &DevRun| {
+            ((r.lblk - first) * bs) as usize
+        })?;
+        for r in runs.runs() {
+            bump(&self.counters.dio_read_requests, 1);
+            self.counters.dio_request(r.count);
+        }
+        Ok(runs)
     }
 }
 

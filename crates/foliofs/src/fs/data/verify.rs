@@ -73,7 +73,7 @@ impl DeviceRuns {
     /// Read each run into `buf` at byte `at(run)` (no lock held), lay
     /// the logged images over it and verify every block. The first block
     /// whose checksum does not match is an error naming it (file offset
-    /// of `ino`, device block); the runs after it are not read.
+    /// of `ino`, device block).
     pub fn read(
         &self,
         ino: u64,
@@ -82,8 +82,20 @@ impl DeviceRuns {
         buf: &mut [u8],
         at: impl Fn(&DevRun) -> usize,
     ) -> Result<()> {
+        self.fetch(bs, dev, buf, &at)?;
+        self.verify(ino, bs, buf, &at)
+    }
+
+    /// `read`'s first half: the device reads, with the logged images
+    /// laid over them.
+    pub fn fetch(
+        &self,
+        bs: u64,
+        dev: &dyn Device,
+        buf: &mut [u8],
+        at: &impl Fn(&DevRun) -> usize,
+    ) -> Result<()> {
         let b = bs as usize;
-        let mut crcs = self.crcs.as_slice();
         let mut logged = self.logged.iter().peekable();
         for r in &self.runs {
             let from = at(r);
@@ -93,6 +105,23 @@ impl DeviceRuns {
                 let i = (l - r.lblk) as usize * b;
                 out[i..i + b].copy_from_slice(img);
             }
+        }
+        Ok(())
+    }
+
+    /// `read`'s second half: every block against its checksum.
+    pub fn verify(
+        &self,
+        ino: u64,
+        bs: u64,
+        buf: &[u8],
+        at: &impl Fn(&DevRun) -> usize,
+    ) -> Result<()> {
+        let b = bs as usize;
+        let mut crcs = self.crcs.as_slice();
+        for r in &self.runs {
+            let from = at(r);
+            let out = &buf[from..from + r.count as usize * b];
             let (mine, rest) = crcs.split_at(r.count as usize);
             crcs = rest;
             let bad = out
