@@ -535,6 +535,36 @@ fn appends_from_many_threads_never_overlap() {
     assert_eq!(fs.getattr(d).unwrap().size, n * BS as u64 + 4);
 }
 
+const MIB: usize = 1 << 20;
+
+/// A fresh file system of `bytes` with read-ahead for direct readers
+/// on, and a file holding `data`, written directly and synced.
+fn read_ahead_file(bytes: u64, data: &[u8]) -> (Arc<MemDevice>, Fs, u64) {
+    let opts = MountOptions {
+        direct_read_ahead: true,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(bytes, opts);
+    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    fs.write_direct(f, 0, data).unwrap();
+    fs.fsync(f, false).unwrap();
+    (dev, fs, f)
+}
+
+/// Wait (up to 5 s) until `fs` has read at least `n` reads ahead, as a
+/// caller through the mount spends its round trip between requests;
+/// the count.
+fn reads_ahead(fs: &Fs, n: u64) -> u64 {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let got = fs.counters().dio_ahead_reads;
+        if got >= n || std::time::Instant::now() > until {
+            return got;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// With read-ahead for direct readers on, a sequential direct reader is
 /// served from what was read ahead (counted), and never anything stale:
 /// between two of its reads the next range is changed every way a file's
@@ -543,35 +573,26 @@ fn appends_from_many_threads_never_overlap() {
 /// read returns what the file holds, as a model says.
 #[test]
 fn direct_read_ahead_serves_sequential_readers_and_never_stale_data() {
-    const MIB: usize = 1 << 20;
-    let opts = MountOptions {
-        direct_read_ahead: true,
-        ..MountOptions::default()
-    };
-    let (_dev, fs) = fresh(96 << 20, opts);
-    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let (_dev, fs, f) = read_ahead_file(96 << 20, &pattern(24 * MIB, 7));
     let mut model = pattern(24 * MIB, 7).to_vec();
-    fs.write_direct(f, 0, &pattern(24 * MIB, 7)).unwrap();
-    fs.fsync(f, false).unwrap();
     let mut buf = AlignedBuf::zeroed(MIB);
-    // Read chunk `i` and check it against the model; then wait a while,
-    // as a caller through the mount does between requests, so the read
-    // ahead of chunk i + 1 is done.
+    // Read chunk `i` and check it against the model.
     let read = |i: usize, buf: &mut AlignedBuf, model: &[u8]| {
         let n = fs.read_direct(f, (i * MIB) as u64, buf).unwrap();
         let want = &model[(i * MIB).min(model.len())..((i + 1) * MIB).min(model.len())];
         assert_eq!(n, want.len(), "chunk {i}: length");
         assert!(&buf[..n] == want, "chunk {i}: not what the file holds");
-        std::thread::sleep(std::time::Duration::from_millis(20));
     };
+    // Chunk 1 follows chunk 0: chunks 2 and 3 are read ahead; each read
+    // after that reads one more ahead.
     for i in 0..4 {
         read(i, &mut buf, &model);
+        if i > 0 {
+            reads_ahead(&fs, i as u64 + 1);
+        }
     }
     let hits = fs.counters().dio_ahead_hits;
-    assert!(
-        hits >= 2,
-        "a sequential reader was served {hits} times from read-ahead"
-    );
+    assert_eq!(hits, 2, "chunks 2 and 3 served from read-ahead");
     let at = |i: usize| (i * MIB) as u64;
     let mut i = 4;
     // Each change lands in chunk i + 1 after chunk i was read (so chunk
@@ -634,7 +655,7 @@ fn direct_read_ahead_serves_sequential_readers_and_never_stale_data() {
         let before = fs.counters().dio_ahead_reads;
         read(i, &mut buf, &model);
         assert!(
-            fs.counters().dio_ahead_reads > before,
+            reads_ahead(&fs, before + 1) > before,
             "{what}: nothing was read ahead"
         );
         change(&fs, &mut model, i + 1);
@@ -665,22 +686,13 @@ fn direct_read_ahead_serves_sequential_readers_and_never_stale_data() {
 /// it still come from read-ahead.
 #[test]
 fn a_bad_block_read_ahead_is_eio_for_its_reader() {
-    const MIB: usize = 1 << 20;
-    let opts = MountOptions {
-        direct_read_ahead: true,
-        ..MountOptions::default()
-    };
-    let (dev, fs) = fresh(64 << 20, opts);
-    let f = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
     let data = pattern(8 * MIB, 9);
-    fs.write_direct(f, 0, &data).unwrap();
-    fs.sync().unwrap();
+    let (dev, fs, f) = read_ahead_file(64 << 20, &data);
     let mut buf = AlignedBuf::zeroed(MIB);
-    let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
     for i in 0..2 {
         fs.read_direct(f, (i * MIB) as u64, &mut buf).unwrap();
-        pause();
     }
+    reads_ahead(&fs, 2);
     // Chunks 2 and 3 are read ahead; chunk 4 will be once chunk 2 is
     // read. Spoil a block of it first.
     let lblk = (4 * MIB + 5 * BS) as u64 / BS as u64;
@@ -690,7 +702,7 @@ fn a_bad_block_read_ahead_is_eio_for_its_reader() {
     for i in 2..4 {
         fs.read_direct(f, (i * MIB) as u64, &mut buf).unwrap();
         assert!(buf[..] == data[i * MIB..(i + 1) * MIB], "chunk {i}");
-        pause();
+        reads_ahead(&fs, i as u64 + 1);
     }
     let before = fs.counters();
     match fs.read_direct(f, (4 * MIB) as u64, &mut buf) {
