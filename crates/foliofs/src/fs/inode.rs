@@ -52,7 +52,7 @@ pub(crate) struct Inode {
     /// Where the last direct read ended, and the next ones read ahead,
     /// in order (`data/ahead.rs`).
     pub dio_next: Option<u64>,
-    pub dio_ahead: Vec<std::sync::Arc<crate::fs::data::ahead::Ahead>>,
+    pub dio_ahead: Vec<std::sync::Arc<crate::fs::data::ahead_slot::Ahead>>,
     /// Speculative preallocation: file blocks [a, b) past (or, as appends
     /// catch up, just inside) EOF, reserved but not mapped. Dirty blocks
     /// in it hold its reservation, not one of their own.

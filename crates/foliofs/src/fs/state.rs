@@ -143,7 +143,7 @@ pub(crate) struct Shared {
     /// Set at unmount: the writeback threads exit.
     pub stopping: AtomicBool,
     /// Sequential direct readers' reads ahead (`data/ahead.rs`).
-    pub ahead: crate::fs::data::ahead::AheadQueue,
+    pub ahead: crate::fs::data::ahead_slot::AheadQueue,
 }
 
 impl Inner {

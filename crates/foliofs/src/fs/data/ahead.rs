@@ -31,15 +31,15 @@
 //! extending direct writes, truncate, punch, fallocate), and the reader
 //! holds the lock shared from before it looks until it has copied.
 
+use super::ahead_slot::{Ahead, State};
 use crate::device::{AlignedBuf, HUGE_PAGE};
 use crate::error::Result;
 use crate::fs::bump;
-use crate::fs::data::iolock::{IoGuard, Lock};
-use crate::fs::data::verify::{DevRun, DeviceRuns};
+use crate::fs::data::iolock::IoGuard;
+use crate::fs::data::verify::DevRun;
 use crate::fs::state::{Inner, Shared};
 use crate::fs::Fs;
 use parking_lot::{Condvar, Mutex};
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -57,50 +57,6 @@ const AHEAD_THREADS: usize = 1;
 
 /// Buffers of served reads ahead kept for the next.
 const SPARE_BUFS: usize = 2 * AHEAD_DEPTH;
-
-/// One read ahead: `len` bytes at `offset` of an inode (in its
-/// `dio_ahead`).
-pub(crate) struct Ahead {
-    pub offset: u64,
-    pub len: usize,
-    state: Mutex<State>,
-    done: Condvar,
-}
-
-enum State {
-    /// Waiting for the thread: a reader that wants it reads for itself.
-    Queued,
-    Running,
-    /// `n` bytes of file data, then zeros to the block, as of data
-    /// generation `gen` with the I/O lock `lock` taken exclusive `excl`
-    /// times; not yet checked against `runs`' checksums.
-    Read {
-        buf: AlignedBuf,
-        runs: DeviceRuns,
-        n: usize,
-        gen: u64,
-        lock: Lock,
-        excl: u64,
-    },
-    /// Dropped, failed, or taken.
-    Gone,
-}
-
-/// The read-ahead thread's queue (`Shared::ahead`).
-#[derive(Default)]
-pub(crate) struct AheadQueue {
-    jobs: Mutex<VecDeque<(u64, Arc<Ahead>)>>,
-    kick: Condvar,
-    spare: Mutex<Vec<AlignedBuf>>,
-}
-
-impl AheadQueue {
-    /// Wake the thread (at unmount, to see `Shared::stopping`).
-    pub(in crate::fs) fn wake(&self) {
-        let _q = self.jobs.lock();
-        self.kick.notify_all();
-    }
-}
 
 impl Fs {
     /// At a direct read of `len` bytes at `offset` (`g` held, and the

@@ -19,8 +19,9 @@
 //! - `contexts`: technique 4, the per-AG writeback contexts, write-behind
 //!   and dirty throttling;
 //! - `dio` with `iolock`: techniques 2 and 3, checksummed direct I/O with
-//!   large requests and the shared inode lock for overwrites; `ahead`,
-//!   read-ahead for sequential direct readers;
+//!   large requests and the shared inode lock for overwrites; `ahead`
+//!   (its records in `ahead_slot`), read-ahead for sequential direct
+//!   readers;
 //! - `overwrite`: overwrites of written blocks, logged with their
 //!   checksums (small) or written out of place (large).
 //!
@@ -44,6 +45,7 @@
 //! - the on-disk size only covers data already on the device.
 
 pub(super) mod ahead;
+pub(super) mod ahead_slot;
 pub(super) mod contexts;
 mod delalloc;
 pub(super) mod dio;
