@@ -208,7 +208,6 @@ impl Shared {
             return None;
         };
         bump(&self.counters.dio_ahead_reads, 1);
-        buf[n..blocks].fill(0);
         Some(State::Read {
             buf,
             runs,

@@ -24,7 +24,8 @@ pub(super) enum State {
     /// Waiting for the thread: a reader that wants it reads for itself.
     Queued,
     Running,
-    /// `n` bytes of file data, then zeros to the block, as of data
+    /// `n` bytes of file data (the rest of the last block as on the
+    /// device: the reader zeroes it after checking it), as of data
     /// generation `gen` with the I/O lock `lock` taken exclusive `excl`
     /// times; not yet checked against `runs`' checksums.
     Read {

@@ -386,34 +386,9 @@ impl Shared {
             let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed);
             let lblk = first + done;
             let want = (nblk - done).min(cap);
-            // One pass under the metadata lock: mapping, checksums and
-            // logged images; holes and unwritten blocks read as zeros.
-            let mut runs = DeviceRuns::take();
-            let (segs, gen) = {
-                let mut g = held.take().unwrap_or_else(|| self.inner.lock());
-                let (ip, mut cx) = g.with(ino)?;
-                let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
-                for s in &segs {
-                    if let State::Written(p) = s.state {
-                        runs.push(cx.meta, s.lblk, p, s.len)?;
-                    }
-                }
-                (segs, ip.data_gen)
-            };
-            for s in segs
-                .iter()
-                .filter(|s| !matches!(s.state, State::Written(_)))
-            {
-                let at = ((s.lblk - first) * bs) as usize;
-                buf[at..at + (s.len * bs) as usize].fill(0);
-            }
-            let r = runs.read(ino, bs, &*self.dev, buf, |r| {
-                ((r.lblk - first) * bs) as usize
-            });
-            for r in runs.runs() {
-                bump(&self.counters.dio_read_requests, 1);
-                self.counters.dio_request(r.count);
-            }
+            let g = held.take().unwrap_or_else(|| self.inner.lock());
+            let (runs, gen) = self.direct_pass(g, ino, first, lblk, want, buf)?;
+            let r = runs.verify(ino, bs, buf, &|r: &DevRun| ((r.lblk - first) * bs) as usize);
             match r {
                 Err(e @ Error::DataChecksum { .. }) => {
                     if self.race_explains(&mut self.inner.lock(), ino, gen, &mut tries)? {
@@ -431,25 +406,41 @@ impl Shared {
 }
 
 impl Shared {
-    /// A read ahead's device reads (`ahead`): the range mapped, its
-    /// checksums and logged images taken under `g` (the metadata lock,
-    /// then released) in one pass, the runs read into `buf` without it,
-    /// holes and unwritten blocks zeroed. Nothing is verified: the
-    /// reader it is for checks the runs handed back (`DeviceRuns::
-    /// verify`) before it takes the bytes.
+    /// A read ahead's device reads (`ahead`): `direct_pass` over all of
+    /// `buf`, nothing verified: the reader it is for checks the runs
+    /// handed back (`DeviceRuns::verify`) before it takes the bytes.
     pub(in crate::fs) fn fetch_direct_pinned(
         &self,
-        mut g: MutexGuard<'_, Inner>,
+        g: MutexGuard<'_, Inner>,
         ino: u64,
         offset: u64,
         buf: &mut [u8],
     ) -> Result<DeviceRuns> {
+        let first = offset / self.block_size;
+        let nblk = buf.len() as u64 / self.block_size;
+        Ok(self.direct_pass(g, ino, first, first, nblk, buf)?.0)
+    }
+
+    /// One pass of a direct read whose `buf` starts at file block
+    /// `first`: blocks [lblk, lblk + want) mapped, their checksums and
+    /// logged images taken under `g` (the metadata lock, then released),
+    /// holes and unwritten blocks zeroed, the runs (at most
+    /// `dio_max_blocks` each) read without the lock. Nothing is
+    /// verified yet: the runs and the inode's `data_gen` at the mapping.
+    fn direct_pass(
+        &self,
+        mut g: MutexGuard<'_, Inner>,
+        ino: u64,
+        first: u64,
+        lblk: u64,
+        want: u64,
+        buf: &mut [u8],
+    ) -> Result<(DeviceRuns, u64)> {
         let bs = self.block_size;
-        let first = offset / bs;
         let cap = self.knobs.dio_max_blocks.load(Ordering::Relaxed).max(1);
         let mut runs = DeviceRuns::take();
         let (ip, mut cx) = g.with(ino)?;
-        let segs = map_range(ip, &mut cx, first, first + buf.len() as u64 / bs)?;
+        let segs = map_range(ip, &mut cx, lblk, lblk + want)?;
         for s in &segs {
             if let State::Written(p) = s.state {
                 let mut k = 0;
@@ -460,6 +451,7 @@ impl Shared {
                 }
             }
         }
+        let gen = ip.data_gen;
         drop(g);
         for s in segs
             .iter()
@@ -475,7 +467,7 @@ impl Shared {
             bump(&self.counters.dio_read_requests, 1);
             self.counters.dio_request(r.count);
         }
-        Ok(runs)
+        Ok((runs, gen))
     }
 }
 
