@@ -76,6 +76,9 @@ pub(crate) struct Inode {
     /// behind).
     pub stream_end: u64,
     pub stream_dirty: u64,
+    /// The block past the highest one writeback has taken: write-behind
+    /// looks for blocks a stream's writes have yet to fill above it.
+    pub stream_taken: u64,
     /// On its AG's write-behind queue.
     pub behind_queued: bool,
     /// Writeback errors so far, and how many `fsync(ino)` has reported
@@ -131,6 +134,7 @@ impl Inode {
             dirtied_at: None,
             stream_end: 0,
             stream_dirty: 0,
+            stream_taken: 0,
             behind_queued: false,
             wb_errors: 0,
             wb_errors_seen: 0,

@@ -13,6 +13,8 @@
 //! proportion, never by an unbounded queue; sync waits on every context,
 //! and fsync of one inode is independent of the others.
 
+use super::folio::Cache;
+use super::write::STREAM_SLACK;
 use super::writeback::BATCH_BYTES;
 use crate::fs::state::{Inner, Shared};
 use crate::fs::{bump, Fs, Result};
@@ -33,6 +35,23 @@ const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// background threshold, or dirtied before `expired`.
 fn due(at: Instant, background: bool, expired: Option<Instant>) -> bool {
     background || expired.is_some_and(|e| at <= e)
+}
+
+/// Where write-behind of a stream that has reached block `at` stops:
+/// before the folio the writer is filling, and before the first block
+/// from `from` on that a write still on its way may fill (writes of a
+/// stream arrive out of order, up to `STREAM_SLACK` apart): one not
+/// cached, or in a folio not whole.
+fn behind_limit(cache: &Cache, from: u64, at: u64) -> u64 {
+    let mut p = from;
+    while p < at {
+        match cache.find(p) {
+            Some((first, f)) if f.all_uptodate() => p = first + f.nblocks as u64,
+            Some((first, _)) => return first,
+            None => return p,
+        }
+    }
+    cache.find(at).map_or(at, |(first, _)| first)
 }
 
 impl Inner {
@@ -93,9 +112,9 @@ impl Inner {
                     // Its writeback is under way, or took the blocks.
                     continue;
                 }
-                // Whole folios only: not the one the writer is filling.
                 let at = ip.stream_end / bs;
-                let below = ip.cache.find(at).map_or(at, |(first, _)| first);
+                let from = ip.stream_end.saturating_sub(STREAM_SLACK).div_ceil(bs);
+                let below = behind_limit(&ip.cache, from.max(ip.stream_taken), at);
                 return Some((ino, below));
             }
         }
@@ -287,7 +306,9 @@ impl Shared {
                             g.requeue(ino);
                         } else if bytes == 0 {
                             // Nothing behind the writer after all (a
-                            // truncate took it): start counting afresh.
+                            // truncate took it, or the folios near the
+                            // writer wait for writes still on their
+                            // way): start counting afresh.
                             if let Some(ip) = g.inodes.get_mut(&ino) {
                                 ip.stream_dirty = 0;
                             }

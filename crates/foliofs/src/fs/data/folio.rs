@@ -141,6 +141,13 @@ impl Folio {
         self.state.as_ref().is_none_or(|s| bit(&s.uptodate, i))
     }
 
+    /// Every block is uptodate (written, or read from the device).
+    pub fn all_uptodate(&self) -> bool {
+        self.state
+            .as_ref()
+            .is_none_or(|s| all(&s.uptodate, self.nblocks))
+    }
+
     pub fn dirty(&self, i: usize) -> bool {
         match &self.state {
             None => self.all_dirty,

@@ -396,11 +396,14 @@ impl Inner {
         if w.done > 0 {
             ip.size = ip.size.max(w.offset + w.done as u64);
             ip.touch_mtime();
-            if w.offset != ip.stream_end {
+            let end = w.offset + w.done as u64;
+            if continues_stream(ip.stream_end, w.offset) {
+                ip.stream_end = ip.stream_end.max(end);
+            } else {
                 ip.stream_dirty = 0;
+                ip.stream_end = end;
             }
             ip.stream_dirty += w.new_dirty;
-            ip.stream_end = w.offset + w.done as u64;
         }
         take(&mut ip.open, 1, "inode opens");
         let destroy = ip.d.nlink == 0 && ip.open == 0 && !held;
@@ -500,6 +503,20 @@ impl Held for Locked<'_> {
     fn copied(&mut self) {
         self.s.wb_done.notify_all();
     }
+}
+
+/// How far a write may start from where the stream has reached and still
+/// continue it. Through the mount, the kernel's writeback sends a file's
+/// pages in order, but the requests in flight are handled by several ring
+/// threads and finish out of order: 1 MiB writes of one file arrived up to
+/// 10 MiB before or after the furthest one (W4). A writer jumping further
+/// than this starts a new stream, and one rewriting blocks near the end
+/// dirties no new bytes, so neither counts.
+pub(in crate::fs) const STREAM_SLACK: u64 = 16 << 20;
+
+/// Whether a write at `offset` continues a stream that has reached `end`.
+fn continues_stream(end: u64, offset: u64) -> bool {
+    offset.abs_diff(end) <= STREAM_SLACK
 }
 
 /// The buffered-write driver, the one loop: begin, then a step per folio

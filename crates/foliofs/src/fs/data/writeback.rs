@@ -204,6 +204,9 @@ impl Inner {
         bump(&cx.counters.writebacks, 1);
         ip.data_gen += 1;
         ip.stream_dirty = ip.stream_dirty.saturating_sub(lblks.len() as u64 * bs);
+        if let Some(&last) = lblks.last() {
+            ip.stream_taken = ip.stream_taken.max(last + 1);
+        }
         // Classify: (lblk, pblk, fresh) where fresh = mapped unwritten.
         let mut targets: Vec<(u64, u64, bool)> = Vec::with_capacity(lblks.len());
         let mut holes: Vec<u64> = Vec::new();
