@@ -392,6 +392,7 @@ impl Inner {
         }
         let threshold = self.opts.write_behind_bytes;
         let held = self.held.contains_key(&ino);
+        let bs = self.meta.geo.block_size;
         let (ip, cx) = self.with(ino)?;
         if w.done > 0 {
             ip.size = ip.size.max(w.offset + w.done as u64);
@@ -402,6 +403,9 @@ impl Inner {
             } else {
                 ip.stream_dirty = 0;
                 ip.stream_end = end;
+                // What writeback took of an earlier stream is no guide
+                // to the gaps of this one.
+                ip.stream_taken = w.offset / bs;
             }
             ip.stream_dirty += w.new_dirty;
         }
