@@ -9,7 +9,7 @@
 #      fuse2fs, over an image file of the same size);
 #   3. the seed fio job files (bench/fio/W*.fio) on those four mounts and
 #      on the fio external engine over the embedded engine.
-# Variants are alternated round by round. Takes about 20 minutes.
+# Variants are alternated round by round. Takes about 40 minutes.
 # FOLIOFS_BENCH_DIR (default /var/tmp/foliofs-bench, on a disk that does
 # O_DIRECT), ROUNDS (3), SECONDS_PER (2), FILE_MIB (1024), FIO_RUNTIME (10),
 # SIZE (4G).
