@@ -71,13 +71,14 @@ pub(crate) struct Inode {
     /// When the inode went from clean to dirty; Some while it is on its
     /// AG's dirty list.
     pub dirtied_at: Option<std::time::Instant>,
-    /// Where the last write ended, and the bytes that sequential writes
-    /// ending there have dirtied since writeback last took any (write-
-    /// behind).
+    /// The furthest a stream of writes has reached (each starting within
+    /// `STREAM_SLACK` of it), and the bytes its writes have dirtied since
+    /// writeback last took any (write-behind).
     pub stream_end: u64,
     pub stream_dirty: u64,
-    /// The block past the highest one writeback has taken: write-behind
-    /// looks for blocks a stream's writes have yet to fill above it.
+    /// The block past the highest one writeback has taken since the
+    /// stream started: write-behind looks above it for blocks the
+    /// stream's writes have yet to fill.
     pub stream_taken: u64,
     /// On its AG's write-behind queue.
     pub behind_queued: bool,

@@ -1007,9 +1007,14 @@ impl Fs {
         self.settle(g, r)
     }
 
-    /// SEEK_DATA / SEEK_HOLE. `Ok(None)` is ENXIO.
+    /// SEEK_DATA / SEEK_HOLE. `Ok(None)` is ENXIO. After the inode's
+    /// writeback in flight, if any: its blocks are no longer dirty and
+    /// still mapped unwritten until it completes, so they would read as
+    /// a hole.
     pub fn seek(&self, ino: u64, offset: u64, whence: Whence) -> Result<Option<u64>> {
-        self.s.inner.lock().seek(ino, offset, whence)
+        let mut g = self.s.inner.lock();
+        self.s.wait_wb_idle(&mut g, ino);
+        g.seek(ino, offset, whence)
     }
 
     /// The file's extent map (after writing back its dirty data).
