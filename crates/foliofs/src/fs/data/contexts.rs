@@ -43,13 +43,20 @@ fn due(at: Instant, background: bool, expired: Option<Instant>) -> bool {
 /// stream arrive out of order, up to `STREAM_SLACK` apart): one not
 /// cached, or in a folio not whole.
 fn behind_limit(cache: &Cache, from: u64, at: u64) -> u64 {
+    // One walk over the folios from the one holding `from` (in order).
+    let start = cache.find(from).map_or(from, |(first, _)| first);
     let mut p = from;
-    while p < at {
-        match cache.find(p) {
-            Some((first, f)) if f.all_uptodate() => p = first + f.nblocks as u64,
-            Some((first, _)) => return first,
-            None => return p,
+    for (&first, f) in cache.folios.range(start..at.max(start)) {
+        if first > p {
+            return p;
         }
+        if !f.all_uptodate() {
+            return first;
+        }
+        p = first + f.nblocks as u64;
+    }
+    if p < at {
+        return p;
     }
     cache.find(at).map_or(at, |(first, _)| first)
 }
