@@ -44,7 +44,7 @@ Direct I/O and overwrites:
   dio_ahead=on|off: when a direct read starts where the last one ended, the next one is read and checked meanwhile, and served from memory if the file has not changed (default on).
   overwrite_log=on|off: small overwrites go through the journal with their checksums (default on).
   overwrite_log_max=SIZE: the largest overwrite logged so.
-  drop_behind=on|off: a written folio leaves the daemon's cache once it is on the device, as the kernel's page cache holds the same bytes (default on).
+  drop_behind=on|off: a written folio leaves the daemon's cache once it is on the device, and the kernel's read-ahead of data the daemon does not cache goes from the image to the kernel without being cached, as the kernel's page cache holds the same bytes (default on).
 
 The kernel's FUSE:
   io_uring=on|off: FUSE over io_uring where the kernel offers it (default on; the kernel offers it when the fuse.enable_uring parameter is Y).

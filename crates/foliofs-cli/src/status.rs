@@ -233,6 +233,7 @@ pub fn render(
         ("written by programs", "bytes_written_app"),
         ("written back to the image", "bytes_written_back"),
         ("direct reads", "dio_read_bytes"),
+        ("reads past the cache", "uncached_read_bytes"),
         ("direct writes", "dio_write_bytes"),
     ] {
         row(w, name, bytes(get(now, k)), rate(k, bytes));

@@ -585,6 +585,43 @@ fn thread_policies(pid: u32) -> Vec<(String, i32)> {
     v
 }
 
+/// A large file read cold through the mount (the kernel's read-ahead:
+/// large requests of blocks the daemon holds no folio of) goes from the
+/// image to the kernel past the daemon's cache, checked, and reads back
+/// what was written; with `-o drop_behind=off` it fills the daemon's
+/// cache as before.
+#[test]
+fn cold_reads_of_a_large_file_go_past_the_daemons_cache() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    let mut m = Mounted::new("read-past-cache", "");
+    let data: Vec<u8> = (0..32u32 << 20).map(|i| (i / 4096 % 251) as u8).collect();
+    std::fs::write(m.path("big"), &data).unwrap();
+    for opts in ["", "drop_behind=off"] {
+        m.remount(opts);
+        let back = std::fs::read(m.path("big")).unwrap();
+        assert!(back == data, "{opts:?}: the file reads back wrong");
+        let c = counters(&m.dir);
+        let past = c["uncached_read_bytes"].as_u64().unwrap();
+        let cached = c["cached_bytes"].as_u64().unwrap();
+        if opts.is_empty() {
+            assert!(
+                past >= 24 << 20,
+                "{past} bytes of 32 MiB read past the cache"
+            );
+            assert!(cached < 8 << 20, "{cached} bytes cached after a cold read");
+        } else {
+            assert_eq!(past, 0, "read past the cache with drop_behind=off");
+            assert!(
+                cached >= 24 << 20,
+                "{cached} bytes cached with drop_behind=off"
+            );
+        }
+    }
+    m.unmount_and_check();
+}
+
 /// The mount's counters (`foliofs stat --mount`).
 fn counters(dir: &Path) -> serde_json::Value {
     let out = run(Command::new(BIN)

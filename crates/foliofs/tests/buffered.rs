@@ -363,6 +363,78 @@ fn drop_behind_frees_written_folios_for_the_next_writes() {
     unmount_and_check(fs, dev);
 }
 
+/// Drop-behind for reads: a large read of whole blocks no folio holds
+/// (the kernel's read-ahead through the mount) goes from the device into
+/// the caller's buffer, checked, and maps no folio; a small read, a range
+/// a folio holds (dirty data included) and an unaligned buffer read
+/// through the cache; a flipped byte on the device is still an error.
+#[test]
+fn drop_behind_reads_large_uncached_ranges_past_the_cache() {
+    let opts = MountOptions {
+        drop_behind: true,
+        ..MountOptions::default()
+    };
+    let (dev, fs) = fresh(256 << 20, opts);
+    let ino = fs.create(fs.root_ino(), b"f", 0o644, 0, 0).unwrap().ino;
+    let mb = 1usize << 20;
+    let data: Vec<u8> = (0..8 * mb).map(|i| (i / 4096 % 251) as u8 + 1).collect();
+    for m in 0..8 {
+        fs.write(ino, (m * mb) as u64, &data[m * mb..(m + 1) * mb])
+            .unwrap();
+    }
+    fs.fsync(ino, false).unwrap();
+    assert_eq!(fs.cache_stats().cached_bytes, 0, "written folios stayed");
+    let mapped = fs.counters().folio_bytes_mapped;
+    let mut buf = foliofs::device::AlignedBuf::zeroed(mb);
+    assert_eq!(fs.read(ino, mb as u64, &mut buf).unwrap(), mb);
+    assert!(buf[..] == data[mb..2 * mb], "the uncached read is wrong");
+    let c = fs.counters();
+    assert_eq!((c.uncached_reads, c.uncached_read_bytes), (1, mb as u64));
+    assert_eq!(c.dio_reads, 0, "counted as a direct read");
+    assert_eq!(fs.cache_stats().cached_bytes, 0, "the read was cached");
+    assert_eq!(c.folio_bytes_mapped, mapped, "the read mapped folios");
+    // A small read is cached; a large one over it then reads through the
+    // cache, and so does one over data not written back.
+    let mut small = foliofs::device::AlignedBuf::zeroed(4096);
+    fs.read(ino, 3 * mb as u64, &mut small).unwrap();
+    assert!(fs.cache_stats().cached_bytes > 0, "a small read not cached");
+    fs.read(ino, 3 * mb as u64, &mut buf).unwrap();
+    assert!(buf[..] == data[3 * mb..4 * mb]);
+    fs.write(ino, 5 * mb as u64 + 10, &[0xee; 100]).unwrap();
+    fs.read(ino, 5 * mb as u64, &mut buf).unwrap();
+    assert_eq!(&buf[10..110], &[0xee; 100][..], "dirty data not read");
+    assert!(buf[110..] == data[5 * mb + 110..6 * mb]);
+    let mut plain = vec![0u8; mb + 1];
+    let unaligned = &mut plain[1..];
+    fs.read(ino, 6 * mb as u64, unaligned).unwrap();
+    assert!(unaligned[..] == data[6 * mb..7 * mb]);
+    assert_eq!(fs.counters().uncached_reads, 1, "{:?}", fs.counters());
+    // The blocks past the cache are checked as any read's are.
+    let block = fs.block_at(ino, mb as u64 + 8192).unwrap().unwrap();
+    dev.poke(block * fs.block_size() + 5, &[0]);
+    match fs.read(ino, mb as u64, &mut buf) {
+        Err(foliofs::Error::DataChecksum {
+            ino: i,
+            offset,
+            addr,
+        }) => {
+            assert_eq!((i, offset, addr), (ino, mb as u64 + 8192, block));
+        }
+        r => panic!("a corrupt block past the cache read as {r:?}"),
+    }
+    assert_eq!(fs.counters().uncached_reads, 2);
+    dev.poke(block * fs.block_size() + 5, &data[mb + 8192 + 5..][..1]);
+    fs.unmount().unwrap();
+    fsck_clean(dev.clone(), "after unmount");
+    // Without drop-behind (the engine's default) a large read is cached.
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    fs.read(ino, mb as u64, &mut buf).unwrap();
+    assert!(buf[..] == data[mb..2 * mb]);
+    assert_eq!(fs.counters().uncached_reads, 0);
+    assert!(fs.cache_stats().cached_bytes >= mb as u64);
+    unmount_and_check(fs, dev);
+}
+
 /// Bytes written back, polled until at least `want` or `limit` passes.
 fn written_back_within(fs: &Fs, want: u64, limit: Duration) -> u64 {
     let t = Instant::now();

@@ -72,6 +72,10 @@ counters! {
     /// Folios dropped as their writeback completed
     /// (`MountOptions::drop_behind`).
     folios_dropped_behind,
+    /// Buffered reads drop-behind served from the device straight into
+    /// the caller's buffer, not through folios, and their bytes.
+    uncached_reads,
+    uncached_read_bytes,
     /// Passes over the inodes in memory that let go of the unused ones.
     inode_trims,
     /// Bytes of fresh memory mapped for folios (the rest reuse freed

@@ -71,7 +71,11 @@ pub struct MountOptions {
     /// FUSE mount: the kernel's page cache holds the same bytes), so that
     /// a stream of writes keeps them in memory once, and reuses the
     /// engine's buffers instead of mapping fresh memory (which the kernel
-    /// zeroes) for every folio. Off by default; the mount turns it on.
+    /// zeroes) for every folio. And a large read of blocks no folio
+    /// holds (the kernel's read-ahead, 128 KiB or more, whole blocks)
+    /// goes from the device straight into the caller's buffer, checked,
+    /// instead of through new folios (`Fs::read_past_cache`). Off by
+    /// default; the mount turns it on.
     pub drop_behind: bool,
     /// Read-ahead for sequential direct readers: when a direct read
     /// starts where the file's last one ended, the next one (the same

@@ -148,6 +148,11 @@ impl Shared {
     }
 }
 
+/// Smallest read drop-behind takes past the cache (`read_past_cache`):
+/// the kernel's read-ahead requests, not a program's small reads, which
+/// the folios serve (and their neighbours with them).
+const UNCACHED_READ_MIN: usize = 128 << 10;
+
 fn check_aligned(bs: u64, offset: u64, len: usize, ptr: *const u8) -> Result<()> {
     let mem = bs.min(4096);
     if offset % bs != 0 || len as u64 % bs != 0 || (len > 0 && ptr as u64 % mem != 0) {
@@ -305,6 +310,54 @@ impl Fs {
     /// and `buf` aligned (EINVAL otherwise). Returns the bytes read, short
     /// at end of file. Every block is verified against its checksum.
     pub fn read_direct(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_direct_as(ino, offset, buf, false)
+    }
+
+    /// Drop-behind for reads (`MountOptions::drop_behind`): a read of at
+    /// least `UNCACHED_READ_MIN` in whole blocks into an aligned buffer,
+    /// of blocks no folio holds, while no writeback of the file is in
+    /// flight, goes from the device straight into `buf` (verified, as a
+    /// direct read, and read ahead for a sequential reader) instead of
+    /// through new folios. The caller caches what it reads (the kernel's
+    /// page cache over the mount), so a folio would be a second copy of
+    /// a file streamed once: the copy into it, and memory the kernel
+    /// zeroes for it until the cache is full. None: read through the
+    /// cache.
+    pub(in crate::fs) fn read_past_cache(
+        &self,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>> {
+        let bs = self.s.block_size;
+        if buf.len() < UNCACHED_READ_MIN
+            || check_aligned(bs, offset, buf.len(), buf.as_ptr()).is_err()
+        {
+            return Ok(None);
+        }
+        {
+            let mut g = self.s.inner.lock();
+            if !g.opts.drop_behind {
+                return Ok(None);
+            }
+            let (ip, _) = g.with(ino)?;
+            let end = (offset + buf.len() as u64).div_ceil(bs);
+            if ip.is_dir() || ip.wb_busy || ip.cache.holds_any(offset / bs, end) {
+                return Ok(None);
+            }
+        }
+        self.read_direct_as(ino, offset, buf, true).map(Some)
+    }
+
+    /// `read_direct`, counted as a direct read, or as an uncached buffered
+    /// one (`read_past_cache`).
+    fn read_direct_as(
+        &self,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+        uncached: bool,
+    ) -> Result<usize> {
         let bs = self.s.block_size;
         check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
         let io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
@@ -329,7 +382,15 @@ impl Fs {
         let sequential = ip.dio_next == Some(offset);
         ip.dio_next = Some(offset + blocks as u64);
         let ahead = self.ahead_take(&mut g, ino, offset, buf.len(), sequential)?;
-        bump(&self.s.counters.dio_reads, 1);
+        let c = &self.s.counters;
+        bump(
+            if uncached {
+                &c.uncached_reads
+            } else {
+                &c.dio_reads
+            },
+            1,
+        );
         let r = match ahead {
             Some(a) => {
                 drop(g);
@@ -360,8 +421,14 @@ impl Fs {
         drop(g);
         // Bytes past the end of file in the last block are not file data.
         buf[n..blocks].fill(0);
-        bump(&self.s.counters.dio_read_bytes, n as u64);
-        bump(&self.s.counters.bytes_read_app, n as u64);
+        let c = &self.s.counters;
+        let counted = if uncached {
+            &c.uncached_read_bytes
+        } else {
+            &c.dio_read_bytes
+        };
+        bump(counted, n as u64);
+        bump(&c.bytes_read_app, n as u64);
         Ok(n)
     }
 }

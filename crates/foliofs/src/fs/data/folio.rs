@@ -453,6 +453,11 @@ impl Cache {
         (out, false)
     }
 
+    /// Whether a folio holds any block of [from, to).
+    pub fn holds_any(&self, from: u64, to: u64) -> bool {
+        self.find(from).is_some() || self.folios.range(from..to).next().is_some()
+    }
+
     pub fn any_dirty_in(&self, from: u64, to: u64) -> bool {
         self.dirty_blocks(from, to).next().is_some()
     }
