@@ -166,6 +166,28 @@ fn bench_targets_and_charts() {
         let png = std::fs::read(charts.join(format!("{id}.png"))).unwrap();
         assert_eq!(&png[1..4], b"PNG", "{id}.png");
     }
+    // CP (not in `all`): its warm-up copy and the measured ones, each
+    // target left as it was.
+    let out = Command::new(env!("CARGO_BIN_EXE_foliofs"))
+        .args(["bench", "CP", "--cp-mib", "4", "--rounds", "2", "--json"])
+        .arg("--image")
+        .arg(dir.join("scratch.img"))
+        .arg("--target")
+        .arg(&a)
+        .arg("--target")
+        .arg(&b)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench CP failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let series = v[0]["series"].as_array().unwrap();
+    assert_eq!(series.len(), 4, "{series:?}");
+    for s in series {
+        let vals = s["values"].as_array().unwrap();
+        assert_eq!(vals.len(), 2, "two measured copies each way: {s}");
+        assert!(vals.iter().all(|x| x.as_f64().unwrap() > 0.0), "{s}");
+    }
     // The work directories are gone; the targets are left as they were.
     assert_eq!(std::fs::read_dir(&a).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(&b).unwrap().count(), 0);
