@@ -52,6 +52,7 @@ The kernel's FUSE:
   idle_reply=on|off: replies to quick requests sent from SCHED_IDLE (default on).
   threads=N: threads serving /dev/fuse.
   writeback_cache, no_writeback_cache: the kernel's write cache (on by default).
+  direct_writes[=on|off]: files opened for writing bypass the kernel's page cache, each write going to the daemon as it is made: faster for large sequential writers, a round trip per write for small ones (off by default).
   attr_timeout=S, entry_timeout=S, negative_timeout=S: how long the kernel keeps attributes and names, in seconds (default a day).
   max_background=N: background requests the kernel keeps in flight (default 64).
   read_ahead=SIZE: how far the kernel reads ahead of a sequential reader (default 8M; 0 keeps the kernel's 128 KiB; set by root only).

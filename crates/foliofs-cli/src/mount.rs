@@ -171,6 +171,8 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             ("no_default_permissions", None) => o.default_permissions = false,
             ("writeback_cache", None) => o.cache.writeback_cache = true,
             ("no_writeback_cache", None) => o.cache.writeback_cache = false,
+            ("direct_writes", None | Some("on")) => o.cache.direct_writes = true,
+            ("direct_writes", Some("off")) => o.cache.direct_writes = false,
             ("io_uring", Some("on")) => o.io_uring = true,
             ("io_uring", Some("off")) => o.io_uring = false,
             ("ring_depth", Some(v)) => o.ring_depth = number(k, v, 1..=64)?,
@@ -202,7 +204,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
                 "unknown mount option '{opt}' (known: {ENGINE_OPTIONS}, allow_other, \
                  noallow_other, allow_root, dev, nodev, suid, nosuid, exec, noexec, \
                  default_permissions, no_default_permissions, \
-                 writeback_cache, no_writeback_cache, io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
+                 writeback_cache, no_writeback_cache, direct_writes[=on|off], io_uring=on|off, ring_depth=N, idle_reply=on|off, readdirplus, no_readdirplus, attr_timeout=S, entry_timeout=S, \
                  negative_timeout=S, max_background=N, read_ahead=SIZE, cache_floor=auto|SIZE, threads=N, fault_injection, {}, log=FILE, \
                  log_level=error|warn|info|debug)",
                 foliofs_object::MOUNT_OPTIONS
@@ -850,6 +852,17 @@ mod tests {
         assert!(w.engine.drop_behind, "the mount drops behind by default");
         let d = parse_options(&["drop_behind=off".into()]).unwrap();
         assert!(!d.engine.drop_behind);
+        assert!(
+            !w.cache.direct_writes,
+            "writers go through the kernel's cache"
+        );
+        for (opt, on) in [("direct_writes", true), ("direct_writes=off", false)] {
+            assert_eq!(
+                parse_options(&[opt.into()]).unwrap().cache.direct_writes,
+                on
+            );
+        }
+        assert!(parse_options(&["direct_writes=2".into()]).is_err());
         assert!(
             w.engine.direct_read_ahead,
             "the mount reads direct streams ahead"

@@ -622,6 +622,81 @@ fn cold_reads_of_a_large_file_go_past_the_daemons_cache() {
     m.unmount_and_check();
 }
 
+/// `-o direct_writes`: a file opened for writing bypasses the kernel's
+/// page cache, so what was written is in the engine when write() returns
+/// and no page of it is cached in the kernel; it reads back, through the
+/// cache, an O_DIRECT description and after a remount. Without the option
+/// the kernel caches the written pages.
+#[test]
+fn direct_writes_bypass_the_kernels_page_cache() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::fs::{File, OpenOptions};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 4096 % 253) as u8).collect();
+    // Pages of `f` in the kernel's page cache (mincore over a mapping of
+    // the writer's own description: a new open could drop them).
+    let resident = |f: &File| -> usize {
+        let len = f.metadata().unwrap().len() as usize;
+        // SAFETY: a read-only shared mapping of an open file, unmapped
+        // below; mincore writes one byte per page into `v`.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let mut v = vec![0u8; len.div_ceil(4096)];
+            assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+            v.iter().filter(|b| **b & 1 != 0).count()
+        }
+    };
+    let mut m = Mounted::new("direct-writes", "");
+    for (opts, direct) in [("direct_writes", true), ("", false)] {
+        m.remount(opts);
+        let before = counters(&m.dir)["bytes_written_app"].as_u64().unwrap();
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(m.path("f"))
+            .unwrap();
+        for chunk in data.chunks(1 << 20) {
+            f.write_all(chunk).unwrap();
+        }
+        let arrived = counters(&m.dir)["bytes_written_app"].as_u64().unwrap() - before;
+        let cached = resident(&f);
+        if direct {
+            assert_eq!(arrived, data.len() as u64, "{opts:?}: writes held back");
+            assert_eq!(cached, 0, "{opts:?}: {cached} pages cached by the kernel");
+        } else {
+            assert!(cached > 0, "no page cached with the writeback cache");
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        assert!(std::fs::read(m.path("f")).unwrap() == data, "{opts:?}");
+        let mut back = foliofs::device::AlignedBuf::zeroed(data.len());
+        let d = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path("f"))
+            .unwrap();
+        d.read_exact_at(&mut back, 0).unwrap();
+        assert!(back[..] == data[..], "{opts:?}: O_DIRECT read");
+    }
+    m.remount("");
+    assert!(std::fs::read(m.path("f")).unwrap() == data);
+    m.unmount_and_check();
+}
+
 /// The mount's counters (`foliofs stat --mount`).
 fn counters(dir: &Path) -> serde_json::Value {
     let out = run(Command::new(BIN)

@@ -248,6 +248,14 @@ pub struct CacheOptions {
     /// stream in folios of up to 1 MiB. Set on the mount's backing device
     /// after INIT, by root.
     pub read_ahead: u64,
+    /// Files opened for writing (without O_DIRECT) bypass the kernel's
+    /// page cache (FOPEN_DIRECT_IO), as the low-space opens do: each
+    /// write goes to the engine's cache as it is made, with no page of
+    /// the kernel's in its path. Large sequential writers gain (W4 0.81–
+    /// 0.86 of XFS against 0.66–0.77 cached, measured 2026-11-29); small
+    /// writes each make a round trip to the daemon instead of merging in
+    /// the kernel's pages. Off by default.
+    pub direct_writes: bool,
 }
 
 impl Default for CacheOptions {
@@ -262,6 +270,7 @@ impl Default for CacheOptions {
             readdirplus: false,
             cache_floor: CacheFloor::Auto,
             read_ahead: DEFAULT_READ_AHEAD,
+            direct_writes: false,
         }
     }
 }
@@ -533,9 +542,11 @@ impl FuseFs {
             && writable
             && self.cache.writeback_cache
             && self.fs.getattr(ino).is_ok_and(|a| a.flags & FL_SYNC != 0);
+        // `-o direct_writes`: every writer bypasses the kernel's cache.
+        let direct = !odirect && writable && self.cache.direct_writes;
         let h = Handle {
             ino,
-            uncached: odirect || low || sync,
+            uncached: odirect || low || sync || direct,
             odirect,
             writable,
             file,
