@@ -624,7 +624,8 @@ fn cold_reads_of_a_large_file_go_past_the_daemons_cache() {
 
 /// `-o direct_writes`: a file opened for writing bypasses the kernel's
 /// page cache, so what was written is in the engine when write() returns
-/// and no page of it is cached in the kernel; it reads back, through the
+/// and no page of it is cached in the kernel, whose st_blksize is 1 MiB
+/// (a whole request: `cp` sizes its writes by it); it reads back, through the
 /// cache, an O_DIRECT description and after a remount. Without the option
 /// the kernel caches the written pages.
 #[test]
@@ -674,10 +675,17 @@ fn direct_writes_bypass_the_kernels_page_cache() {
         }
         let arrived = counters(&m.dir)["bytes_written_app"].as_u64().unwrap() - before;
         let cached = resident(&f);
+        let blksize = f.metadata().unwrap().blksize();
         if direct {
+            assert_eq!(
+                blksize,
+                1 << 20,
+                "the preferred I/O size is a whole request"
+            );
             assert_eq!(arrived, data.len() as u64, "{opts:?}: writes held back");
             assert_eq!(cached, 0, "{opts:?}: {cached} pages cached by the kernel");
         } else {
+            assert_eq!(blksize, 4096);
             assert!(cached > 0, "no page cached with the writeback cache");
         }
         f.sync_all().unwrap();

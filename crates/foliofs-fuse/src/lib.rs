@@ -473,7 +473,7 @@ impl FuseFs {
                 reply.entry_with_ttls(
                     &self.cache.attr_timeout,
                     &self.cache.entry_timeout,
-                    &file_attr(&a),
+                    &self.file_attr(&a),
                     Generation(a.generation as u64),
                 );
                 self.space.after_attr_reply(a.ino);
@@ -497,7 +497,7 @@ impl FuseFs {
                 let (fh, open) = self.new_handle(a.ino, flags, f);
                 reply.created(
                     &self.cache.entry_timeout,
-                    &file_attr(&a),
+                    &self.file_attr(&a),
                     Generation(a.generation as u64),
                     FileHandle(fh),
                     open,
@@ -510,11 +510,24 @@ impl FuseFs {
     fn attr_reply(&self, r: foliofs::Result<Attr>, reply: ReplyAttr) {
         match r {
             Ok(a) => {
-                reply.attr(&self.cache.attr_timeout, &file_attr(&a));
+                reply.attr(&self.cache.attr_timeout, &self.file_attr(&a));
                 self.space.after_attr_reply(a.ino);
             }
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    /// The attributes the kernel gets for `a`. With `-o direct_writes` a
+    /// regular file's preferred I/O size (st_blksize) is the largest
+    /// request, so that programs sizing their buffers by it (`cp`: the
+    /// larger of it and 128 KiB) make each write's round trip to the
+    /// daemon carry 1 MiB.
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        let mut f = file_attr(a);
+        if self.cache.direct_writes && f.kind == fuser::FileType::RegularFile {
+            f.blksize = MAX_WRITE;
+        }
+        f
     }
 
     /// A new description of `ino` and the open flags the kernel gets for
@@ -935,7 +948,7 @@ impl Filesystem for FuseFs {
     ) {
         match self.fs.getattr(self.ino(ino)) {
             Ok(a) => {
-                reply.statx(&self.cache.attr_timeout, &file_attr(&a));
+                reply.statx(&self.cache.attr_timeout, &self.file_attr(&a));
                 self.space.after_attr_reply(a.ino);
             }
             Err(e) => reply.error(errno(e)),
@@ -1456,7 +1469,7 @@ impl Filesystem for FuseFs {
                     e.cookie,
                     OsStr::from_bytes(&e.name),
                     &self.cache.entry_timeout,
-                    &file_attr(&a),
+                    &self.file_attr(&a),
                     Generation(a.generation as u64),
                 );
                 // The kernel counts a lookup of each entry but "." and "..".
