@@ -475,7 +475,15 @@ def run_case(kind, size, args, faults=False):
             pr.stdin.flush()
         refused_after_fault = None
         if faults:
-            time.sleep(2)
+            # The device fails while the programs still write: once they
+            # have taken a quarter of the space left (a fixed 2 s came
+            # after they had filled it on a fast machine), or after 2 s.
+            t_go = time.time()
+            while time.time() - t_go < 2:
+                st = os.statvfs(m.dir)
+                if st.f_bavail * st.f_frsize <= args.free * MiB * 3 // 4:
+                    break
+                time.sleep(0.02)
             sh(["setfattr", "-n", "foliofs.fault", "-v", "writes,flushes", m.dir])
         results = {}
         for p, pr in procs.items():
