@@ -310,7 +310,8 @@ impl Fs {
     /// and `buf` aligned (EINVAL otherwise). Returns the bytes read, short
     /// at end of file. Every block is verified against its checksum.
     pub fn read_direct(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.read_direct_as(ino, offset, buf, false)
+        let n = self.read_direct_as(ino, offset, buf, false)?;
+        Ok(n.expect("a direct read is never turned back"))
     }
 
     /// Drop-behind for reads (`MountOptions::drop_behind`): a read of at
@@ -335,39 +336,42 @@ impl Fs {
         {
             return Ok(None);
         }
-        {
-            let mut g = self.s.inner.lock();
-            if !g.opts.drop_behind {
-                return Ok(None);
-            }
-            let (ip, _) = g.with(ino)?;
-            let end = (offset + buf.len() as u64).div_ceil(bs);
-            if ip.is_dir() || ip.wb_busy || ip.cache.holds_any(offset / bs, end) {
-                return Ok(None);
-            }
-        }
-        self.read_direct_as(ino, offset, buf, true).map(Some)
+        self.read_direct_as(ino, offset, buf, true)
     }
 
-    /// `read_direct`, counted as a direct read, or as an uncached buffered
-    /// one (`read_past_cache`).
+    /// `read_direct`, counted as a direct read; or, `uncached`, as a
+    /// buffered one past the cache (`read_past_cache`), turned back
+    /// (None) under the same hold of the locks when the cache must serve
+    /// it.
     fn read_direct_as(
         &self,
         ino: u64,
         offset: u64,
         buf: &mut [u8],
         uncached: bool,
-    ) -> Result<usize> {
+    ) -> Result<Option<usize>> {
         let bs = self.s.block_size;
         check_aligned(bs, offset, buf.len(), buf.as_ptr())?;
         let io = self.s.iolocks.lock(ino, Mode::Shared, &self.s.counters);
         let mut g = self.s.inner.lock();
+        let drop_behind = g.opts.drop_behind;
         let (ip, _) = g.with(ino)?;
+        if uncached {
+            let end = (offset + buf.len() as u64).div_ceil(bs);
+            if !drop_behind
+                || ip.is_dir()
+                || offset >= ip.size
+                || ip.wb_busy
+                || ip.cache.holds_any(offset / bs, end)
+            {
+                return Ok(None);
+            }
+        }
         if ip.is_dir() {
             return Err(Error::IsDir);
         }
         if offset >= ip.size || buf.is_empty() {
-            return Ok(0);
+            return Ok(Some(0));
         }
         let n = (buf.len() as u64).min(ip.size - offset) as usize;
         let (from, to) = (offset / bs, (offset + n as u64).div_ceil(bs));
@@ -383,14 +387,12 @@ impl Fs {
         ip.dio_next = Some(offset + blocks as u64);
         let ahead = self.ahead_take(&mut g, ino, offset, buf.len(), sequential)?;
         let c = &self.s.counters;
-        bump(
-            if uncached {
-                &c.uncached_reads
-            } else {
-                &c.dio_reads
-            },
-            1,
-        );
+        let (reads, read_bytes) = if uncached {
+            (&c.uncached_reads, &c.uncached_read_bytes)
+        } else {
+            (&c.dio_reads, &c.dio_read_bytes)
+        };
+        bump(reads, 1);
         let r = match ahead {
             Some(a) => {
                 drop(g);
@@ -421,15 +423,9 @@ impl Fs {
         drop(g);
         // Bytes past the end of file in the last block are not file data.
         buf[n..blocks].fill(0);
-        let c = &self.s.counters;
-        let counted = if uncached {
-            &c.uncached_read_bytes
-        } else {
-            &c.dio_read_bytes
-        };
-        bump(counted, n as u64);
+        bump(read_bytes, n as u64);
         bump(&c.bytes_read_app, n as u64);
-        Ok(n)
+        Ok(Some(n))
     }
 }
 
