@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Turn FUSE over io_uring on where the kernel has it: now (the module
-# parameter) and for the next boot (a modprobe.d file for a loadable fuse;
+# Turn FUSE over io_uring on where the kernel has it, and let requests span
+# 257 pages (fs.fuse.max_pages_limit), now (the module parameter, the
+# sysctl) and, for the rings, for the next boot (a modprobe.d file for a loadable fuse;
 # where fuse is built in, a note on the kernel command line instead, which
 # only the operator's boot loader can change). Says what it did. As root.
 set -euo pipefail
@@ -17,6 +18,16 @@ elif echo Y > "$param" 2>/dev/null; then
   echo "fuse-uring: turned FUSE over io_uring on ($param: N -> Y)"
 else
   echo "fuse-uring: cannot write $param: mounts serve /dev/fuse until it is Y" >&2
+fi
+# Requests of 257 pages, so that a 1 MiB write() from a buffer not aligned
+# to a page is one request rather than two (foliofs-fuse's `max_pages`).
+limit=/proc/sys/fs/fuse/max_pages_limit
+if [ -e "$limit" ] && [ "$(cat "$limit")" -lt 257 ]; then
+  if echo 257 > "$limit" 2>/dev/null; then
+    echo "fuse-uring: fs.fuse.max_pages_limit raised to 257 (whole 1 MiB requests from unaligned buffers)"
+  else
+    echo "fuse-uring: cannot write $limit: a 1 MiB write from an unaligned buffer goes as two requests" >&2
+  fi
 fi
 # /sys/module/M/initstate exists only for a module loaded at run time.
 if [ -e /sys/module/fuse/initstate ]; then

@@ -34,6 +34,11 @@ elif [ -e "$uring" ]; then
 else
   echo "this kernel has no FUSE over io_uring: the FUSE tests run over /dev/fuse"
 fi
+limit=/proc/sys/fs/fuse/max_pages_limit
+if [ -w "$limit" ] && [ "$(cat "$limit")" -lt 257 ]; then
+  echo 257 > "$limit"
+  echo "fs.fuse.max_pages_limit=257: a 1 MiB write from an unaligned buffer is one request"
+fi
 echo "== cargo test"
 cargo test --locked --release
 if [ "$(cat "$uring" 2>/dev/null)" = Y ]; then

@@ -622,6 +622,54 @@ fn cold_reads_of_a_large_file_go_past_the_daemons_cache() {
     m.unmount_and_check();
 }
 
+/// A 1 MiB write() from a buffer that does not start on a page (glibc's
+/// malloc puts a large one 16 bytes into its mapping) reaches the
+/// engine as one request, not as 1 MiB less 16 bytes and then 16 bytes,
+/// once `fs.fuse.max_pages_limit` lets the mount ask for 257 pages
+/// (`scripts/fuse-uring.sh` and `scripts/test.sh` raise it as root); the
+/// bytes read back. Over an uncached description (`-o direct_writes`),
+/// where the kernel sends each write() as it comes.
+#[test]
+fn unaligned_megabyte_writes_reach_the_engine_whole() {
+    if !fuse_ready(&[]) {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let limit = "/proc/sys/fs/fuse/max_pages_limit";
+    let want = foliofs_fuse::max_pages();
+    let have = std::fs::read_to_string(limit)
+        .ok()
+        .and_then(|v| v.trim().parse::<u16>().ok());
+    if have.is_some_and(|h| h < want) && std::fs::write(limit, want.to_string()).is_err() {
+        eprintln!("SKIPPED: {limit} is below {want} and not writable here");
+        return;
+    }
+    let mut m = Mounted::new("unaligned-writes", "direct_writes");
+    // 8 MiB of data at byte 16 of a page-aligned allocation.
+    let mib = 1usize << 20;
+    let mut whole = vec![0u8; 8 * mib + 2 * 4096];
+    let skip = whole.as_ptr().align_offset(4096) + 16;
+    let data = &mut whole[skip..skip + 8 * mib];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i / 4096 % 251) as u8;
+    }
+    assert_eq!(data.as_ptr() as usize % 4096, 16);
+    let f = std::fs::File::create(m.path("f")).unwrap();
+    let before = counters(&m.dir)["fuse_uncached_writes"].as_u64().unwrap();
+    for (i, c) in data.chunks(mib).enumerate() {
+        f.write_all_at(c, (i * mib) as u64).unwrap();
+    }
+    let writes = counters(&m.dir)["fuse_uncached_writes"].as_u64().unwrap() - before;
+    assert_eq!(writes, 8, "8 writes of 1 MiB came as {writes} requests");
+    f.sync_all().unwrap();
+    drop(f);
+    m.remount("direct_writes");
+    assert!(
+        std::fs::read(m.path("f")).unwrap() == data,
+        "the file reads back other bytes"
+    );
+}
+
 /// `-o direct_writes`: a file opened for writing bypasses the kernel's
 /// page cache, so what was written is in the engine when write() returns
 /// and no page of it is cached in the kernel, whose st_blksize is 1 MiB

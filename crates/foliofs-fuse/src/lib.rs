@@ -290,6 +290,23 @@ const DIRECT_IO_SECTOR: u64 = 512;
 /// `fs.fuse.max_pages_limit`).
 pub const MAX_WRITE: u32 = 1 << 20;
 
+/// The pages one request may span: `MAX_WRITE` and one more. A program's
+/// buffer is seldom page-aligned (glibc's malloc puts a large one 16
+/// bytes into its mapping), so a 1 MiB write() from it spans 257 pages;
+/// at 256 the kernel sent it as 1 MiB less 16 bytes and then 16 bytes,
+/// two requests each ending in a partial block. The kernel caps this at
+/// `fs.fuse.max_pages_limit` (256 unless root raises it:
+/// `scripts/fuse-uring.sh`, run by setup, does). The rings' payloads (`MAX_WRITE` and
+/// 64 KiB) hold a request of that many pages.
+pub fn max_pages() -> u16 {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
+    (MAX_WRITE / page + 1) as u16
+}
+
+/// The kernel's cap on `max_pages` for new FUSE mounts.
+pub const MAX_PAGES_LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+
 pub struct FuseFs {
     fs: Arc<Fs>,
     /// The space kept for the kernel's cached writes, and the gate that
@@ -312,6 +329,10 @@ pub struct FuseFs {
     killpriv: bool,
     /// Opens served uncached because space was low (`new_handle`).
     uncached_opens: AtomicU64,
+    /// WRITE requests of uncached descriptions (not the kernel's
+    /// writeback): one per write() up to `MAX_WRITE` when the kernel
+    /// allows `max_pages()`.
+    uncached_writes: AtomicU64,
     /// `CacheOptions::read_ahead` is set on the backing device at the
     /// first open (after INIT, whose reply would undo it).
     read_ahead_set: std::sync::Once,
@@ -452,6 +473,7 @@ impl FuseFs {
             no_opendir: false,
             killpriv: false,
             uncached_opens: AtomicU64::new(0),
+            uncached_writes: AtomicU64::new(0),
             read_ahead_set: std::sync::Once::new(),
             faults: o.faults,
             device_status: o.device_status,
@@ -737,6 +759,10 @@ impl FuseFs {
                 "fuse_uncached_opens".into(),
                 self.uncached_opens.load(Ordering::Relaxed).into(),
             );
+            m.insert(
+                "fuse_uncached_writes".into(),
+                self.uncached_writes.load(Ordering::Relaxed).into(),
+            );
             m.insert("fuse_enospc_gated".into(), self.space.refused().into());
             if let Some(status) = &self.device_status {
                 m.insert("device".into(), status());
@@ -774,6 +800,24 @@ fn uring_refused() {
         ),
         Ok(_) => log::info!("the kernel did not offer FUSE over io_uring: serving /dev/fuse"),
         Err(_) => log::info!("this kernel has no FUSE over io_uring: serving /dev/fuse"),
+    }
+}
+
+/// Where the kernel caps requests below `max_pages()`, say what that
+/// costs and how to lift it.
+fn split_writes_note() {
+    let want = max_pages();
+    if let Some(limit) = std::fs::read_to_string(MAX_PAGES_LIMIT)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|&l| l < u32::from(want))
+    {
+        log::info!(
+            "{MAX_PAGES_LIMIT} is {limit}: a {} KiB write from a buffer not aligned to a page \
+             reaches the file system as two requests; as root `echo {want} > {MAX_PAGES_LIMIT}` \
+             (or `sysctl fs.fuse.max_pages_limit={want}`) and mount again",
+            MAX_WRITE >> 10
+        );
     }
 }
 
@@ -823,6 +867,8 @@ impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         self.mounted_at = Some(Instant::now());
         let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_pages(max_pages());
+        split_writes_note();
         let _ = config.set_max_background(self.cache.max_background);
         let _ = config.set_congestion_threshold(self.cache.max_background / 4 * 3);
         // Each one alone: a kernel that lacks one still gets the others.
@@ -1260,6 +1306,7 @@ impl Filesystem for FuseFs {
         let uncached = if from_cache {
             None
         } else {
+            self.uncached_writes.fetch_add(1, Ordering::Relaxed);
             self.kernel.uncached(fh, ino, true)
         };
         // An unprivileged writer takes suid/sgid and capabilities.

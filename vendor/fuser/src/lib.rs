@@ -217,6 +217,7 @@ pub struct KernelConfig {
     max_background: u16,
     congestion_threshold: Option<u16>,
     max_write: u32,
+    max_pages: Option<u16>,
     time_gran: Duration,
     max_stack_depth: u32,
     kernel_abi: Version,
@@ -233,6 +234,7 @@ impl KernelConfig {
             congestion_threshold: None,
             // use a max write size that fits into the session's buffer
             max_write: MAX_WRITE_SIZE as u32,
+            max_pages: None,
             // 1ns means nano-second granularity.
             time_gran: Duration::new(0, 1),
             max_stack_depth: 0,
@@ -309,6 +311,21 @@ impl KernelConfig {
         let previous = self.max_write;
         self.max_write = value;
         Ok(previous)
+    }
+
+    /// Set the most pages of memory one request may span (`max_pages`,
+    /// with `FUSE_MAX_PAGES`; the kernel caps it at its
+    /// `fs.fuse.max_pages_limit`). Unset, it covers `max_write` and the
+    /// readahead.
+    ///
+    /// On success returns the previous value (0 when it was unset).
+    /// # Errors
+    /// 0 is refused (the nearest value, 1, is returned).
+    pub fn set_max_pages(&mut self, value: u16) -> Result<u16, u16> {
+        if value == 0 {
+            return Err(1);
+        }
+        Ok(self.max_pages.replace(value).unwrap_or(0))
     }
 
     /// Set the maximum readahead size
@@ -389,7 +406,9 @@ impl KernelConfig {
     }
 
     fn max_pages(&self) -> u16 {
-        ((max(self.max_write, self.max_readahead) - 1) / page_size::get() as u32) as u16 + 1
+        self.max_pages.unwrap_or_else(|| {
+            ((max(self.max_write, self.max_readahead) - 1) / page_size::get() as u32) as u16 + 1
+        })
     }
 }
 
