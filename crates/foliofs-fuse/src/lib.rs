@@ -295,9 +295,9 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// bytes into its mapping), so a 1 MiB write() from it spans 257 pages;
 /// at 256 the kernel sent it as 1 MiB less 16 bytes and then 16 bytes,
 /// two requests each ending in a partial block. The kernel caps this at
-/// `fs.fuse.max_pages_limit` (256 unless root raises it:
-/// `scripts/fuse-uring.sh`, run by setup, does). The rings' payloads (`MAX_WRITE` and
-/// 64 KiB) hold a request of that many pages.
+/// `fs.fuse.max_pages_limit` (256 unless root raises it, as
+/// `scripts/fuse-uring.sh`, run by setup, does). The rings' payloads
+/// (`MAX_WRITE` and 64 KiB) hold a request of that many pages.
 pub fn max_pages() -> u16 {
     // SAFETY: sysconf reads a constant of the system.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
