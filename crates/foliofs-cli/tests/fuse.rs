@@ -640,7 +640,11 @@ fn unaligned_megabyte_writes_reach_the_engine_whole() {
     let have = std::fs::read_to_string(limit)
         .ok()
         .and_then(|v| v.trim().parse::<u16>().ok());
-    if have.is_some_and(|h| h < want) && std::fs::write(limit, want.to_string()).is_err() {
+    let Some(have) = have else {
+        eprintln!("SKIPPED: no {limit} (before Linux 6.13 a request spans at most 256 pages)");
+        return;
+    };
+    if have < want && std::fs::write(limit, want.to_string()).is_err() {
         eprintln!("SKIPPED: {limit} is below {want} and not writable here");
         return;
     }
