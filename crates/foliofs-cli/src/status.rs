@@ -397,9 +397,10 @@ object store"
         "chunks",
         count(get(dev, "chunk_gets")),
         format!(
-            "GETs; {} PUTs in {} checkpoints",
+            "GETs; {} PUTs in {} checkpoints, {} written whole by flushes",
             count(get(dev, "chunk_puts")),
-            count(get(dev, "checkpoints"))
+            count(get(dev, "checkpoints")),
+            count(get(dev, "chunks_flushed"))
         ),
     );
     row(

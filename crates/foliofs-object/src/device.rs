@@ -7,6 +7,14 @@
 //! objects and a new manifest. Reads of other blocks fetch their chunk,
 //! checked against its checksum, into a bounded cache.
 //!
+//! A flush that holds every block of a chunk (a large copy, a file
+//! written in order) PUTs that chunk as an object of its own first, at
+//! `flushed_version(seq)`, a few at a time, and its WAL object only
+//! names it: those bytes go to the store once, not into the WAL and
+//! again into a chunk. The chunk then stands for the image's until a
+//! checkpoint names it in a manifest (with no PUT, unless the WAL wrote
+//! blocks of it since).
+//!
 //! One writer, by fencing (SlateDB's manifest protocol): opening for
 //! writing creates the next manifest with a higher epoch, then a fence at
 //! the next free WAL number. The writer it replaces finds its next WAL
@@ -29,8 +37,9 @@
 //! first). The read-ahead's own lock is taken alone.
 
 use crate::layout::{
-    chunk_key, decode_chunk, encode_chunk, manifest_key, number_of, wal_key, Damaged, Manifest,
-    WalRecord, Writer, BLOCK, CHUNK_BLOCKS, CHUNK_BLOCKS_RANGE, FENCE_BYTES, OBJECT_FORMAT,
+    chunk_key, decode_chunk, encode_chunk, flushed_seq, flushed_version, manifest_key, number_of,
+    wal_key, Damaged, Manifest, WalRecord, Writer, BLOCK, CHUNK_BLOCKS, CHUNK_BLOCKS_RANGE,
+    FENCE_BYTES, OBJECT_FORMAT,
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::readahead::ReadAhead;
@@ -136,7 +145,10 @@ pub struct ObjectStats {
     pub chunk_gets: u64,
     /// Of `chunk_gets`, chunks fetched ahead of a sequential read.
     pub chunks_read_ahead: u64,
+    /// Chunk objects checkpoints wrote.
     pub chunk_puts: u64,
+    /// Chunk objects flushes wrote whole, their bytes not in the WAL.
+    pub chunks_flushed: u64,
     pub checkpoints: u64,
     /// Bytes in the WAL not yet folded into chunks.
     pub unfolded_bytes: u64,
@@ -173,6 +185,14 @@ struct State {
     in_flight: BTreeMap<u64, Block>,
     /// In the WAL, not yet in chunks.
     logged: BTreeMap<u64, Block>,
+    /// Chunk index -> the version a flush wrote whole since the manifest
+    /// (`flushed_version`): it stands for the manifest's, and `logged`
+    /// holds only blocks written after it.
+    flushed: BTreeMap<u64, u64>,
+    /// Flushed versions replaced by a later flush or folded by a
+    /// checkpoint before a manifest named them: garbage once the WAL
+    /// naming them is (the next checkpoint's sweep).
+    superseded: Vec<(u64, u64)>,
     /// Chunk index -> (version, blocks, last use).
     chunks: HashMap<u64, (u64, Arc<Vec<u8>>, u64)>,
     tick: u64,
@@ -201,9 +221,37 @@ impl State {
         self.logged.len() as u64 * BLOCK
     }
 
-    /// The version of chunk `idx` the manifest names (None: zeros).
+    /// The version of chunk `idx` the image holds: one a flush wrote
+    /// since the manifest, else the manifest's (None: zeros).
     fn chunk_version(&self, idx: u64) -> Option<u64> {
-        self.manifest.chunks.get(&idx).copied()
+        self.flushed
+            .get(&idx)
+            .or_else(|| self.manifest.chunks.get(&idx))
+            .copied()
+    }
+
+    /// Chunk `idx` is `version`, written whole by a flush: the blocks of
+    /// it in the WAL before are older than it.
+    fn chunk_flushed(&mut self, idx: u64, version: u64, chunk_blocks: u64) {
+        let first = idx * chunk_blocks;
+        let old: Vec<u64> = self
+            .logged
+            .range(first..first + chunk_blocks)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in old {
+            self.logged.remove(&b);
+        }
+        if let Some(was) = self.flushed.insert(idx, version).filter(|&v| v != version) {
+            self.superseded.push((idx, was));
+        }
+    }
+
+    /// The WAL a replay would read, in bytes: what `logged` holds and the
+    /// chunks flushes wrote. A checkpoint is due when it reaches
+    /// `checkpoint_bytes`.
+    fn wal_span_bytes(&self, chunk_bytes: u64) -> u64 {
+        self.unfolded_bytes() + self.flushed.len() as u64 * chunk_bytes
     }
 
     fn block(&self, b: u64) -> Option<&Block> {
@@ -322,7 +370,7 @@ async fn ship_leftovers(
     let list: Vec<(u64, &[u8])> = newest.iter().map(|(&b, d)| (b, &d[..])).collect();
     let present = wal_numbers(store, prefix, manifest.wal_start).await?;
     let seq = present.last().map_or(manifest.wal_start, |s| s + 1);
-    let body = WalRecord::encode(epoch, seq, &list);
+    let body = WalRecord::encode(epoch, seq, &list, &[]);
     match store
         .put_opts(&wal_key(prefix, seq), PutPayload::from(body), create_mode())
         .await
@@ -444,8 +492,10 @@ impl ObjectDevice {
             opts,
             disk,
             (1, manifest),
-            1,
-            BTreeMap::new(),
+            Replayed {
+                next: 1,
+                ..Default::default()
+            },
         ))
     }
 
@@ -476,16 +526,16 @@ impl ObjectDevice {
                     lease::Held::snapshot(store.clone(), &prefix, at, &opts.mount_point).await?;
                 held = Some(l);
                 // Every WAL number up to the snapshot, and none after.
-                let (next, logged) = replay(&*store, &prefix, &manifest, Some(at)).await?;
-                return Ok((id, manifest, next, logged));
+                let r = replay(&*store, &prefix, &manifest, Some(at)).await?;
+                return Ok((id, manifest, r));
             }
             if opts.read_only {
                 let (l, id, manifest) =
                     lease::Held::newest(store.clone(), &prefix, &opts.mount_point).await?;
                 let l = held.insert(l);
-                let (next, logged) = replay(&*store, &prefix, &manifest, None).await?;
-                l.read_to(next).await;
-                return Ok((id, manifest, next, logged));
+                let r = replay(&*store, &prefix, &manifest, None).await?;
+                l.read_to(r.next).await;
+                return Ok((id, manifest, r));
             }
             let (mut id, mut manifest) = image_manifest(&*store, &prefix).await?;
             if let Some(d) = &disk {
@@ -509,6 +559,9 @@ impl ObjectDevice {
                 }
                 let mut claim = manifest.clone();
                 claim.epoch += 1;
+                // Its WAL may name chunks its flushes wrote (format 2):
+                // an older foliofs refuses the image rather than misread it.
+                claim.format = OBJECT_FORMAT;
                 claim.writer = Some(this_writer(&opts.mount_point));
                 let key = manifest_key(&prefix, id + 1);
                 match store
@@ -533,7 +586,7 @@ impl ObjectDevice {
             let present = wal_numbers(&*store, &prefix, manifest.wal_start).await?;
             let mut fence = present.last().map_or(manifest.wal_start, |s| s + 1);
             loop {
-                let bytes = WalRecord::encode(manifest.epoch, fence, &[]);
+                let bytes = WalRecord::encode(manifest.epoch, fence, &[], &[]);
                 match store
                     .put_opts(
                         &wal_key(&prefix, fence),
@@ -547,10 +600,11 @@ impl ObjectDevice {
                     Err(e) => return Err(e.into()),
                 }
             }
-            let (_, logged) = replay(&*store, &prefix, &manifest, Some(fence)).await?;
-            Ok::<_, ObjectError>((id, manifest, fence + 1, logged))
+            let mut r = replay(&*store, &prefix, &manifest, Some(fence)).await?;
+            r.next = fence + 1;
+            Ok::<_, ObjectError>((id, manifest, r))
         });
-        let (id, manifest, next_wal, logged) = match opened {
+        let (id, manifest, replayed) = match opened {
             Ok(o) => o,
             Err(e) => {
                 if let Some(l) = held {
@@ -559,6 +613,7 @@ impl ObjectDevice {
                 return Err(e);
             }
         };
+        let next_wal = replayed.next;
         if let Some(w) = manifest.writer.as_ref().filter(|_| !opts.read_only) {
             log::info!(
                 "{}: claimed at epoch {} by {w} (manifest {id}, WAL from {next_wal})",
@@ -570,16 +625,7 @@ impl ObjectDevice {
                 manifest.epoch
             );
         }
-        let dev = Self::assemble(
-            rt,
-            store,
-            prefix,
-            opts,
-            disk,
-            (id, manifest),
-            next_wal,
-            logged,
-        );
+        let dev = Self::assemble(rt, store, prefix, opts, disk, (id, manifest), replayed);
         if let Some(mut l) = held {
             l.renew_on(&dev.core.rt);
             dev.core.state.lock().stats.lease = Some(l.key().to_string());
@@ -596,9 +642,14 @@ impl ObjectDevice {
         opts: ObjectOptions,
         disk: Option<Arc<CacheDir>>,
         (manifest_id, manifest): (u64, Manifest),
-        next_wal: u64,
-        logged: BTreeMap<u64, Block>,
+        replayed: Replayed,
     ) -> ObjectDevice {
+        let Replayed {
+            next: next_wal,
+            logged,
+            flushed,
+            superseded,
+        } = replayed;
         let unfolded = logged.len() as u64 * BLOCK;
         let snapshot = opts.snapshot;
         let durability = match opts.read_only {
@@ -631,6 +682,8 @@ impl ObjectDevice {
                 pending: BTreeMap::new(),
                 in_flight: BTreeMap::new(),
                 logged,
+                flushed,
+                superseded,
                 chunks: HashMap::new(),
                 tick: 0,
                 stats: ObjectStats {
@@ -814,7 +867,7 @@ impl Core {
         let data = Arc::new(data);
         let mut s = self.state.lock();
         s.stats.chunk_gets += fetched;
-        if s.manifest.chunks.get(&idx) == Some(&version) {
+        if s.chunk_version(idx) == Some(version) {
             let tick = s.tick;
             s.chunks.insert(idx, (version, data.clone(), tick));
             self.trim_cache(&mut s);
@@ -871,7 +924,9 @@ impl Core {
         )
     }
 
-    /// PUT what was written since the last flush as the next WAL object.
+    /// PUT what was written since the last flush as the next WAL object;
+    /// chunks it holds whole go first as objects of their own, which the
+    /// WAL object names (`flush_chunks`).
     fn flush_wal(&self) -> Result<(), ObjectError> {
         let (seq, blocks) = {
             let mut s = self.state.lock();
@@ -885,51 +940,140 @@ impl Core {
             s.in_flight = taken.clone();
             (s.next_wal, taken)
         };
-        let list: Vec<(u64, &[u8])> = blocks.iter().map(|(&b, d)| (b, &d[..])).collect();
-        let body = WalRecord::encode(self.epoch, seq, &list);
+        // Not in the WAL: written again by the next flush, behind
+        // anything written since. Chunks it PUT are named by no record:
+        // garbage (`foliofs gc`), or written over by this writer's next
+        // try at this number.
+        let put_back = || {
+            let mut s = self.state.lock();
+            let back = std::mem::take(&mut s.in_flight);
+            for (b, d) in back {
+                s.pending.entry(b).or_insert(d);
+            }
+        };
+        let whole = match self.flush_chunks(seq, &blocks) {
+            Ok(w) => w,
+            Err(e) => {
+                put_back();
+                return Err(e.into());
+            }
+        };
+        let in_whole = |b: u64| whole.iter().any(|w| w.0 == b / self.chunk_blocks);
+        let list: Vec<(u64, &[u8])> = blocks
+            .iter()
+            .filter(|(&b, _)| !in_whole(b))
+            .map(|(&b, d)| (b, &d[..]))
+            .collect();
+        let idxs: Vec<u64> = whole.iter().map(|w| w.0).collect();
+        let body = Bytes::from(WalRecord::encode(self.epoch, seq, &list, &idxs));
         let n = body.len() as u64;
         let key = wal_key(&self.prefix, seq);
-        let body = Bytes::from(body);
         let r = self.retrying(&key, || {
             self.store
                 .put_opts(&key, PutPayload::from(body.clone()), create_mode())
         });
+        if let Err(e) = r {
+            put_back();
+            return match e {
+                object_store::Error::AlreadyExists { .. } => Err(self.taken(&key, seq)),
+                e => Err(e.into()),
+            };
+        }
         let mut s = self.state.lock();
-        match r {
-            Ok(_) => {
-                let done = std::mem::take(&mut s.in_flight);
-                s.logged.extend(done);
-                s.next_wal = seq + 1;
-                s.stats.wal_puts += 1;
-                s.stats.wal_bytes += n;
-                Ok(())
-            }
-            Err(e) => {
-                // Not in the WAL: written again by the next flush, behind
-                // anything written since.
-                let back = std::mem::take(&mut s.in_flight);
-                for (b, d) in back {
-                    s.pending.entry(b).or_insert(d);
+        let done = std::mem::take(&mut s.in_flight);
+        let version = flushed_version(seq);
+        s.tick += 1;
+        let tick = s.tick;
+        for (idx, data) in &whole {
+            s.chunk_flushed(*idx, version, self.chunk_blocks);
+            s.chunks.insert(*idx, (version, data.clone(), tick));
+        }
+        s.logged
+            .extend(done.into_iter().filter(|(b, _)| !in_whole(*b)));
+        s.next_wal = seq + 1;
+        s.stats.wal_puts += 1;
+        s.stats.wal_bytes += n;
+        s.stats.chunks_flushed += whole.len() as u64;
+        self.trim_cache(&mut s);
+        Ok(())
+    }
+
+    /// The chunks `blocks` (a flush's) hold whole, PUT as objects at
+    /// `flushed_version(seq)`, `CHECKPOINT_PUTS` at a time; their indexes
+    /// and blocks. Only this writer PUTs keys of this number: a writer
+    /// that fenced it wrote its fence there (no chunks), and writes its
+    /// own chunks at later numbers.
+    fn flush_chunks(
+        &self,
+        seq: u64,
+        blocks: &BTreeMap<u64, Block>,
+    ) -> object_store::Result<Vec<(u64, Arc<Vec<u8>>)>> {
+        let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
+        for &b in blocks.keys() {
+            *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
+        }
+        let whole: Vec<u64> = per_chunk
+            .into_iter()
+            .filter(|&(idx, n)| n * BLOCK == self.chunk_len(idx) as u64)
+            .map(|(idx, _)| idx)
+            .collect();
+        let version = flushed_version(seq);
+        let mut out = Vec::with_capacity(whole.len());
+        for group in whole.chunks(CHECKPOINT_PUTS) {
+            let bodies: Vec<(u64, Path, Bytes, Vec<u8>)> = group
+                .iter()
+                .map(|&idx| {
+                    let first = idx * self.chunk_blocks;
+                    let mut data = Vec::with_capacity(self.chunk_len(idx));
+                    for (_, d) in blocks.range(first..first + self.chunk_blocks) {
+                        data.extend_from_slice(d);
+                    }
+                    let body = Bytes::from(encode_chunk(idx, &data));
+                    (idx, chunk_key(&self.prefix, idx, version), body, data)
+                })
+                .collect();
+            retry_for(
+                self.rt.handle(),
+                &self.name,
+                self.opts.retry,
+                None,
+                &bodies[0].1,
+                || {
+                    futures::future::try_join_all(bodies.iter().map(|(_, key, body, _)| {
+                        self.store.put(key, PutPayload::from(body.clone()))
+                    }))
+                },
+            )?;
+            for (idx, _, body, data) in bodies {
+                if let Some(d) = &self.disk {
+                    d.keep_chunk(idx, version, &body);
                 }
-                drop(s);
-                match e {
-                    object_store::Error::AlreadyExists { .. } => Err(self.taken(&key, seq, blocks)),
-                    e => Err(e.into()),
-                }
+                out.push((idx, Arc::new(data)));
             }
         }
+        Ok(out)
     }
 
     /// WAL number `seq` was there when this writer meant to create it:
     /// our own PUT whose answer was lost (its epoch is ours: its blocks
     /// are durable), or another writer's fence (fenced).
-    fn taken(&self, key: &Path, seq: u64, _ours: BTreeMap<u64, Block>) -> ObjectError {
+    fn taken(&self, key: &Path, seq: u64) -> ObjectError {
+        let dev = (
+            self.len / BLOCK,
+            self.len.div_ceil(self.chunk_blocks * BLOCK),
+        );
         match self
             .rt
-            .block_on(taken_by(&*self.store, key, self.epoch, self.len / BLOCK))
+            .block_on(taken_by(&*self.store, key, self.epoch, dev))
         {
             TakenBy::Us(rec) => {
                 let mut s = self.state.lock();
+                // Its chunks hold what this try PUT at the number: the
+                // same blocks or later ones, all still in `pending`.
+                for idx in rec.chunks {
+                    s.chunks.remove(&idx);
+                    s.chunk_flushed(idx, flushed_version(seq), self.chunk_blocks);
+                }
                 for (b, d) in rec.blocks {
                     s.logged.insert(b, d.into());
                 }
@@ -968,7 +1112,8 @@ impl Core {
                 }
                 while !s.stopping
                     && s.stats.fenced.is_none()
-                    && (s.logged.is_empty() || s.unfolded_bytes() < self.opts.checkpoint_bytes)
+                    && ((s.logged.is_empty() && s.flushed.is_empty())
+                        || s.wal_span_bytes(self.chunk_blocks * BLOCK) < self.opts.checkpoint_bytes)
                 {
                     self.changed.wait(&mut s);
                 }
@@ -1004,17 +1149,22 @@ impl Core {
     fn checkpoint(&self, closing: bool) -> Result<(), ObjectError> {
         // The WAL number taken with the blocks folded: the shipper may
         // move more into `logged` meanwhile, for the next checkpoint.
-        let (id, mut next, folded, next_wal) = {
-            let s = self.state.lock();
+        // Chunks flushes wrote are named by the manifest as they are,
+        // unless the WAL wrote blocks of them since (folded onto them).
+        let (id, mut next, folded, flushed, superseded, next_wal) = {
+            let mut s = self.state.lock();
             (
                 s.manifest_id,
                 s.manifest.clone(),
                 s.logged.clone(),
+                s.flushed.clone(),
+                std::mem::take(&mut s.superseded),
                 s.next_wal,
             )
         };
         let new_id = id + 1;
         let old = next.clone();
+        let base = |idx: u64| flushed.get(&idx).or_else(|| old.chunks.get(&idx)).copied();
         let mut by_chunk: BTreeMap<u64, Vec<(u64, &Block)>> = BTreeMap::new();
         for (&b, d) in &folded {
             by_chunk
@@ -1032,8 +1182,8 @@ impl Core {
             for &(&idx, blocks) in group {
                 // A chunk the WAL covers whole is not read back first.
                 let whole = blocks.len() as u64 * BLOCK == self.chunk_len(idx) as u64;
-                let mut data = match old.chunks.get(&idx) {
-                    Some(&v) if !whole => self.chunk(idx, v)?.as_ref().clone(),
+                let mut data = match base(idx) {
+                    Some(v) if !whole => self.chunk(idx, v)?.as_ref().clone(),
                     _ => vec![0; self.chunk_len(idx)],
                 };
                 for (b, d) in blocks {
@@ -1066,7 +1216,13 @@ impl Core {
                 made.push((idx, Arc::new(data)));
             }
         }
+        for (&idx, &v) in &flushed {
+            if !by_chunk.contains_key(&idx) {
+                next.chunks.insert(idx, v);
+            }
+        }
         next.wal_start = next_wal;
+        next.format = OBJECT_FORMAT;
         if closing {
             next.writer = None;
         }
@@ -1080,19 +1236,40 @@ impl Core {
             Err(object_store::Error::AlreadyExists { .. }) => {
                 return Err(self.fence(format!("fenced: manifest {new_id} was claimed")));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                self.state.lock().superseded.extend(superseded);
+                return Err(e.into());
+            }
         }
+        // Flushed versions folded here (the WAL wrote blocks of them
+        // after): replaced, as the superseded ones are.
+        let mut dropped = superseded;
+        dropped.extend(
+            flushed
+                .iter()
+                .filter(|(i, v)| next.chunks.get(i) != Some(v))
+                .map(|(&i, &v)| (i, v)),
+        );
         {
             let mut s = self.state.lock();
             s.manifest_id = new_id;
             s.manifest = next.clone();
+            // The manifest names them now (or what was folded onto them);
+            // a flush after the checkpoint began keeps its newer one.
+            for (idx, v) in &flushed {
+                if s.flushed.get(idx) == Some(v) {
+                    s.flushed.remove(idx);
+                }
+            }
             s.tick += 1;
             let tick = s.tick;
             s.stats.chunk_puts += made.len() as u64;
             s.stats.checkpoints += 1;
             s.stats.checkpoint_failed = None;
             for (idx, data) in made {
-                s.chunks.insert(idx, (new_id, data, tick));
+                if s.chunk_version(idx) == Some(new_id) {
+                    s.chunks.insert(idx, (new_id, data, tick));
+                }
             }
             for (b, d) in &folded {
                 if s.logged.get(b).is_some_and(|cur| Arc::ptr_eq(cur, d)) {
@@ -1101,7 +1278,7 @@ impl Core {
             }
             self.trim_cache(&mut s);
         }
-        self.sweep_replaced(id, &old, &next);
+        self.sweep_replaced(id, &old, &next, &dropped);
         Ok(())
     }
 
@@ -1114,7 +1291,7 @@ impl Core {
     /// own existed once its marker was there, so it is in this list (see
     /// `keep`, `lease`). If they cannot be listed, nothing is deleted:
     /// `foliofs gc` sweeps it later.
-    fn sweep_replaced(&self, id: u64, old: &Manifest, next: &Manifest) {
+    fn sweep_replaced(&self, id: u64, old: &Manifest, next: &Manifest, dropped: &[(u64, u64)]) {
         let kept = {
             let mut cache = self.kept_manifests.lock();
             self.rt.block_on(async {
@@ -1150,6 +1327,14 @@ impl Core {
         for (idx, v) in &old.chunks {
             if next.chunks.get(idx) != Some(v) && !kept.chunks.contains(&(*idx, *v)) {
                 gone.push(chunk_key(&self.prefix, *idx, *v));
+            }
+        }
+        // Chunks flushes wrote that no manifest names: kept while the WAL
+        // naming them is (a snapshot or a reader reads them through it).
+        for &(idx, v) in dropped {
+            let named = flushed_seq(v).is_some_and(|seq| kept.wal(seq));
+            if !named && !kept.chunks.contains(&(idx, v)) {
+                gone.push(chunk_key(&self.prefix, idx, v));
             }
         }
         if id > 1 && !kept.manifests.contains(&(id - 1)) {
@@ -1282,7 +1467,7 @@ impl Core {
             newest.extend(r.blocks.iter().map(|(b, d)| (*b, d)));
         }
         let list: Vec<(u64, &[u8])> = newest.iter().map(|(&b, d)| (b, &d[..])).collect();
-        let body = Bytes::from(WalRecord::encode(self.epoch, seq, &list));
+        let body = Bytes::from(WalRecord::encode(self.epoch, seq, &list, &[]));
         let n = body.len() as u64;
         let key = wal_key(&self.prefix, seq);
         let r = retry_for(
@@ -1301,10 +1486,12 @@ impl Core {
             Err(object_store::Error::AlreadyExists { .. }) => {
                 // Only this writer writes at its epoch: a record of it
                 // there is this very PUT, its answer lost (retried whole).
-                match self
-                    .rt
-                    .block_on(taken_by(&*self.store, &key, self.epoch, u64::MAX))
-                {
+                match self.rt.block_on(taken_by(
+                    &*self.store,
+                    &key,
+                    self.epoch,
+                    (u64::MAX, u64::MAX),
+                )) {
                     TakenBy::Us(_) => Ok(n),
                     TakenBy::LosingClaim => Ok(0),
                     TakenBy::Another(why) => {
@@ -1359,14 +1546,21 @@ enum TakenBy {
     Another(String),
 }
 
-async fn taken_by(store: &dyn ObjectStore, key: &Path, epoch: u64, dev_blocks: u64) -> TakenBy {
+async fn taken_by(
+    store: &dyn ObjectStore,
+    key: &Path,
+    epoch: u64,
+    (dev_blocks, dev_chunks): (u64, u64),
+) -> TakenBy {
     let read = async {
         let bytes = store.get(key).await?.bytes().await?;
-        Ok::<_, ObjectError>(WalRecord::decode(key, &bytes, dev_blocks)?)
+        Ok::<_, ObjectError>(WalRecord::decode(key, &bytes, dev_blocks, dev_chunks)?)
     };
     match read.await {
         Ok(rec) if rec.epoch == epoch => TakenBy::Us(rec),
-        Ok(rec) if rec.epoch < epoch && rec.blocks.is_empty() => TakenBy::LosingClaim,
+        Ok(rec) if rec.epoch < epoch && rec.blocks.is_empty() && rec.chunks.is_empty() => {
+            TakenBy::LosingClaim
+        }
         Ok(rec) => TakenBy::Another(format!(
             "was written at epoch {} (this writer's is {epoch})",
             rec.epoch
@@ -1425,15 +1619,32 @@ where
     }
 }
 
-/// The blocks of the WAL objects after `manifest`'s checkpoint, in order,
-/// up to `fence` (a claim's own fence), or to the first number missing.
+/// What the WAL after a manifest holds.
+#[derive(Default)]
+struct Replayed {
+    /// The first WAL number not read.
+    next: u64,
+    /// Blocks, each its newest.
+    logged: BTreeMap<u64, Block>,
+    /// Chunks flushes wrote whole (index -> version), each its newest.
+    flushed: BTreeMap<u64, u64>,
+    /// Flushed versions a later one replaced.
+    superseded: Vec<(u64, u64)>,
+}
+
+/// The WAL objects after `manifest`'s checkpoint, in order, up to
+/// `fence` (a claim's own fence), or to the first number missing.
 async fn replay(
     store: &dyn ObjectStore,
     prefix: &Path,
     manifest: &Manifest,
     fence: Option<u64>,
-) -> Result<(u64, BTreeMap<u64, Block>), ObjectError> {
+) -> Result<Replayed, ObjectError> {
     let mut logged = BTreeMap::new();
+    let mut flushed = BTreeMap::new();
+    let mut superseded = Vec::new();
+    let chunk_bytes = manifest.chunk_blocks * BLOCK;
+    let dev_chunks = manifest.len.div_ceil(chunk_bytes);
     let mut seq = manifest.wal_start;
     let present = wal_numbers(store, prefix, seq).await?;
     let end = fence.unwrap_or(u64::MAX);
@@ -1443,7 +1654,7 @@ async fn replay(
         }
         let key = wal_key(prefix, s);
         let bytes = store.get(&key).await?.bytes().await?;
-        let rec = WalRecord::decode(&key, &bytes, manifest.len / BLOCK)?;
+        let rec = WalRecord::decode(&key, &bytes, manifest.len / BLOCK, dev_chunks)?;
         if rec.seq != s {
             return Err(Damaged {
                 key: key.to_string(),
@@ -1460,6 +1671,19 @@ async fn replay(
                 rec.epoch, manifest.epoch
             )));
         }
+        for idx in rec.chunks {
+            let first = idx * manifest.chunk_blocks;
+            let older: Vec<u64> = logged
+                .range(first..first + manifest.chunk_blocks)
+                .map(|(&b, _)| b)
+                .collect();
+            for b in older {
+                logged.remove(&b);
+            }
+            if let Some(was) = flushed.insert(idx, flushed_version(s)) {
+                superseded.push((idx, was));
+            }
+        }
         for (b, d) in rec.blocks {
             logged.insert(b, Block::from(d));
         }
@@ -1474,7 +1698,12 @@ async fn replay(
             .into());
         }
     }
-    Ok((seq, logged))
+    Ok(Replayed {
+        next: seq,
+        logged,
+        flushed,
+        superseded,
+    })
 }
 
 /// Chunks the cache holds.
@@ -1569,7 +1798,7 @@ impl Core {
         // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the
         // WAL not yet folded is held in memory).
         let mut s = self.state.lock();
-        if s.unfolded_bytes() >= self.opts.checkpoint_bytes {
+        if s.wal_span_bytes(self.chunk_blocks * BLOCK) >= self.opts.checkpoint_bytes {
             self.changed.notify_all();
         }
         while !s.logged.is_empty()
@@ -1656,7 +1885,7 @@ impl Core {
         }
         let wanted: Vec<(u64, u64)> = {
             let s = self.state.lock();
-            next.filter_map(|idx| Some((idx, *s.manifest.chunks.get(&idx)?)))
+            next.filter_map(|idx| Some((idx, s.chunk_version(idx)?)))
                 .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.0 != *v))
                 .collect()
         };

@@ -18,7 +18,11 @@
 //! older than the one before the newest, the chunks of a checkpoint cut
 //! before its manifest, and those a fenced writer wrote after its fence
 //! (their version is the number of the claim that fenced it, which names
-//! no chunk of its own).
+//! no chunk of its own). A chunk a flush wrote whole (its version
+//! `FLUSHED | seq`) is kept while WAL `seq` may be read (from the newest
+//! manifest's `wal_start` on, or in a kept range) or a kept manifest
+//! names it; one whose flush failed before its WAL object was written is
+//! garbage once `wal_start` has passed its number.
 //!
 //! Why a marker taken beside a live writer is safe: a checkpoint lists the
 //! markers only after it has created its manifest, and deletes only what
@@ -31,7 +35,7 @@
 //! older than the one it read.
 
 use crate::layout::{
-    manifest_key, pair_of, snapshot_key, Lease, Manifest, SnapshotMarker, FENCE_BYTES,
+    flushed_seq, manifest_key, pair_of, snapshot_key, Lease, Manifest, SnapshotMarker, FENCE_BYTES,
     OBJECT_FORMAT,
 };
 use crate::lease;
@@ -267,7 +271,13 @@ pub(crate) async fn sweep(store: &dyn ObjectStore, prefix: &Path) -> Result<Swep
             "wal" => number()
                 .is_some_and(|s| s < latest.wal_start && !kept.wal(s) && meta.size != FENCE_BYTES),
             "chunk" => pair_of(&meta.location).is_some_and(|(i, v)| {
-                v <= id && latest.chunks.get(&i) != Some(&v) && !kept.chunks.contains(&(i, v))
+                let unnamed = latest.chunks.get(&i) != Some(&v) && !kept.chunks.contains(&(i, v));
+                match flushed_seq(v) {
+                    // A flush's: the WAL from `wal_start` on may name it
+                    // (or its try failed, which a later sweep sees).
+                    Some(seq) => unnamed && seq < latest.wal_start && !kept.wal(seq),
+                    None => unnamed && v <= id,
+                }
             }),
             "lease" => holders.expired.contains(&meta.location),
             _ => false,

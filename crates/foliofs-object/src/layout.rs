@@ -9,6 +9,9 @@
 //! PREFIX/chunk/0000000012-00000000000000000007
 //!                                        CHUNK_BLOCKS blocks of the device,
 //!                                        as of manifest 7
+//! PREFIX/chunk/0000000012-04611686018427387946
+//!                                        the same, written whole by the
+//!                                        flush of WAL 42 (FLUSHED | 42)
 //! PREFIX/snapshot/00000000000000000042-00000000000000000007
 //!                                        a kept snapshot: the image as of
 //!                                        WAL 42 (not included), read from
@@ -21,7 +24,11 @@
 //! Manifests and WAL objects are created only if absent (a conditional
 //! PUT): two writers can never both write one number, which is what
 //! fences the one that lost. Chunk keys carry the manifest that made
-//! them, so a chunk is never overwritten either. Every WAL object and
+//! them, so a chunk is never overwritten either; or, for a chunk a flush
+//! wrote whole (`FLUSHED`), the WAL number of that flush, whose record
+//! names it. Only the writer that creates that WAL number writes such a
+//! chunk and is read: a writer fenced at number N wrote its chunks for N
+//! or before, and its successor writes its own only after its fence. Every WAL object and
 //! chunk ends with a crc32c of all its other bytes; a manifest is JSON
 //! checked field by field. Numbers are zero-padded so that keys list in
 //! order.
@@ -46,10 +53,29 @@ pub fn chunk_blocks_ok(blocks: u64) -> bool {
     blocks.is_power_of_two() && CHUNK_BLOCKS_RANGE.contains(&blocks)
 }
 
-/// The object format this crate writes.
-pub const OBJECT_FORMAT: u32 = 1;
+/// The object format this crate writes: 2 since flushes write whole
+/// chunks (`FLUSHED` versions, WAL records naming them). It reads 1 too.
+pub const OBJECT_FORMAT: u32 = 2;
+
+/// The bit of a chunk version that marks a chunk written whole by a
+/// flush; the rest of the version is that flush's WAL number. Manifest
+/// numbers never reach it.
+pub const FLUSHED: u64 = 1 << 62;
+
+/// The version of a chunk written whole by the flush of WAL `seq`.
+pub fn flushed_version(seq: u64) -> u64 {
+    FLUSHED | seq
+}
+
+/// The WAL number of a chunk version a flush wrote (None: a
+/// checkpoint's).
+pub fn flushed_seq(version: u64) -> Option<u64> {
+    (version & FLUSHED != 0).then_some(version & !FLUSHED)
+}
 
 const WAL_MAGIC: &[u8; 8] = b"FOLIOWAL";
+/// A WAL record that also names chunks its flush wrote whole.
+const WAL_MAGIC_CHUNKS: &[u8; 8] = b"FOLIOWL2";
 const CHUNK_MAGIC: &[u8; 8] = b"FOLIOCHK";
 
 /// What an object's bytes failed to be, naming the object.
@@ -284,26 +310,44 @@ impl Lease {
 }
 
 /// A WAL object: the blocks one flush made durable, or a new writer's
-/// fence (no blocks).
+/// fence (no blocks), and the chunks the flush wrote whole (their
+/// objects, at `flushed_version(seq)`, were in the store before it).
 #[derive(Debug, PartialEq, Eq)]
 pub struct WalRecord {
     pub epoch: u64,
     pub seq: u64,
     /// (device block, its bytes), in block order.
     pub blocks: Vec<(u64, Vec<u8>)>,
+    /// Chunk indexes written whole, in order.
+    pub chunks: Vec<u64>,
 }
 
 impl WalRecord {
     /// magic, epoch, seq, count, then the block numbers, then the
-    /// blocks, then crc32c of everything before it.
-    pub fn encode(epoch: u64, seq: u64, blocks: &[(u64, &[u8])]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(32 + blocks.len() * (8 + BLOCK as usize) + 4);
-        v.extend_from_slice(WAL_MAGIC);
+    /// blocks, then crc32c of everything before it. A record naming
+    /// chunks (`chunks` not empty) has its own magic and, after the
+    /// count, the number of chunks and, after the block numbers, their
+    /// indexes; one naming none is as format 1 wrote it (a fence keeps
+    /// its `FENCE_BYTES`).
+    pub fn encode(epoch: u64, seq: u64, blocks: &[(u64, &[u8])], chunks: &[u64]) -> Vec<u8> {
+        let mut v =
+            Vec::with_capacity(40 + blocks.len() * (8 + BLOCK as usize) + chunks.len() * 8 + 4);
+        v.extend_from_slice(if chunks.is_empty() {
+            WAL_MAGIC
+        } else {
+            WAL_MAGIC_CHUNKS
+        });
         v.extend_from_slice(&epoch.to_le_bytes());
         v.extend_from_slice(&seq.to_le_bytes());
         v.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
+        if !chunks.is_empty() {
+            v.extend_from_slice(&(chunks.len() as u64).to_le_bytes());
+        }
         for (b, _) in blocks {
             v.extend_from_slice(&b.to_le_bytes());
+        }
+        for c in chunks {
+            v.extend_from_slice(&c.to_le_bytes());
         }
         for (_, data) in blocks {
             debug_assert_eq!(data.len() as u64, BLOCK);
@@ -314,8 +358,16 @@ impl WalRecord {
         v
     }
 
-    pub fn decode(key: &Path, bytes: &[u8], dev_blocks: u64) -> Result<WalRecord, Damaged> {
-        if bytes.len() < 36 || &bytes[..8] != WAL_MAGIC {
+    /// The record at `key`, checked: `dev_chunks` chunks of
+    /// `dev_blocks` blocks in all.
+    pub fn decode(
+        key: &Path,
+        bytes: &[u8],
+        dev_blocks: u64,
+        dev_chunks: u64,
+    ) -> Result<WalRecord, Damaged> {
+        let named = bytes.len() >= 44 && &bytes[..8] == WAL_MAGIC_CHUNKS;
+        if bytes.len() < 36 || !(named || &bytes[..8] == WAL_MAGIC) {
             return Err(damaged(key, "not a WAL object (bad magic or too short)"));
         }
         let (body, tail) = bytes.split_at(bytes.len() - 4);
@@ -325,27 +377,48 @@ impl WalRecord {
         }
         let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
         let (epoch, seq, count) = (word(8), word(16), word(24));
+        let (nchunks, head) = if named { (word(32), 40) } else { (0, 32) };
         let want = count
             .checked_mul(8 + BLOCK)
-            .and_then(|n| n.checked_add(32))
+            .zip(nchunks.checked_mul(8))
+            .and_then(|(a, b)| a.checked_add(b))
+            .and_then(|n| n.checked_add(head))
             .filter(|&n| n == body.len() as u64);
         if want.is_none() {
             return Err(damaged(
                 key,
-                format!("{count} blocks do not fit its {} bytes", body.len()),
+                format!(
+                    "{count} blocks and {nchunks} chunks do not fit its {} bytes",
+                    body.len()
+                ),
             ));
         }
-        let data_at = 32 + count as usize * 8;
+        let head = head as usize;
+        let chunks_at = head + count as usize * 8;
+        let data_at = chunks_at + nchunks as usize * 8;
         let mut blocks = Vec::with_capacity(count as usize);
         for i in 0..count as usize {
-            let b = word(32 + i * 8);
+            let b = word(head + i * 8);
             if b >= dev_blocks {
                 return Err(damaged(key, format!("block {b} past the device end")));
             }
             let at = data_at + i * BLOCK as usize;
             blocks.push((b, body[at..at + BLOCK as usize].to_vec()));
         }
-        Ok(WalRecord { epoch, seq, blocks })
+        let mut chunks = Vec::with_capacity(nchunks as usize);
+        for i in 0..nchunks as usize {
+            let c = word(chunks_at + i * 8);
+            if c >= dev_chunks {
+                return Err(damaged(key, format!("chunk {c} past the device end")));
+            }
+            chunks.push(c);
+        }
+        Ok(WalRecord {
+            epoch,
+            seq,
+            blocks,
+            chunks,
+        })
     }
 }
 
@@ -387,9 +460,10 @@ mod tests {
 
     #[test]
     fn a_fence_has_its_own_size() {
-        assert_eq!(WalRecord::encode(7, 9, &[]).len() as u64, FENCE_BYTES);
+        assert_eq!(WalRecord::encode(7, 9, &[], &[]).len() as u64, FENCE_BYTES);
         let one = vec![0; BLOCK as usize];
-        assert!(WalRecord::encode(7, 9, &[(1, &one)]).len() as u64 > FENCE_BYTES);
+        assert!(WalRecord::encode(7, 9, &[(1, &one)], &[]).len() as u64 > FENCE_BYTES);
+        assert!(WalRecord::encode(7, 9, &[], &[3]).len() as u64 > FENCE_BYTES);
     }
 
     #[test]
@@ -397,19 +471,46 @@ mod tests {
         let key = wal_key(&Path::from("img"), 3);
         let a = vec![1u8; BLOCK as usize];
         let b = vec![2u8; BLOCK as usize];
-        let bytes = WalRecord::encode(2, 3, &[(5, &a), (9, &b)]);
-        let r = WalRecord::decode(&key, &bytes, 100).unwrap();
+        let bytes = WalRecord::encode(2, 3, &[(5, &a), (9, &b)], &[]);
+        let r = WalRecord::decode(&key, &bytes, 100, 2).unwrap();
         assert_eq!((r.epoch, r.seq), (2, 3));
-        assert_eq!(r.blocks, vec![(5, a), (9, b)]);
+        assert_eq!(r.blocks, vec![(5, a.clone()), (9, b.clone())]);
+        assert!(r.chunks.is_empty());
         let mut torn = bytes.clone();
         torn[40] ^= 1;
-        let e = WalRecord::decode(&key, &torn, 100).unwrap_err();
+        let e = WalRecord::decode(&key, &torn, 100, 2).unwrap_err();
         assert!(
             e.to_string().contains("img/wal/00000000000000000003"),
             "{e}"
         );
-        assert!(WalRecord::decode(&key, &bytes[..bytes.len() - 1], 100).is_err());
-        assert!(WalRecord::decode(&key, &bytes, 9).is_err(), "block 9 of 9");
+        assert!(WalRecord::decode(&key, &bytes[..bytes.len() - 1], 100, 2).is_err());
+        assert!(
+            WalRecord::decode(&key, &bytes, 9, 2).is_err(),
+            "block 9 of 9"
+        );
+        // A record naming chunks a flush wrote whole.
+        let named = WalRecord::encode(2, 3, &[(5, &a)], &[0, 1]);
+        let r = WalRecord::decode(&key, &named, 100, 2).unwrap();
+        assert_eq!((r.blocks, r.chunks), (vec![(5, a)], vec![0, 1]));
+        let e = WalRecord::decode(&key, &named, 100, 1).unwrap_err();
+        assert!(e.to_string().contains("chunk 1 past"), "{e}");
+        let mut torn = named.clone();
+        torn[50] ^= 1;
+        assert!(WalRecord::decode(&key, &torn, 100, 2).is_err());
+        let only = WalRecord::encode(2, 3, &[], &[1]);
+        assert_eq!(
+            WalRecord::decode(&key, &only, 100, 2).unwrap().chunks,
+            vec![1]
+        );
+    }
+
+    #[test]
+    fn flushed_versions_name_their_wal_number_and_no_manifest() {
+        assert_eq!(flushed_seq(flushed_version(42)), Some(42));
+        assert_eq!(flushed_seq(7), None);
+        let key = chunk_key(&Path::from("img"), 12, flushed_version(42));
+        assert_eq!(key.as_ref(), "img/chunk/0000000012-04611686018427387946");
+        assert_eq!(pair_of(&key), Some((12, flushed_version(42))));
     }
 
     #[test]

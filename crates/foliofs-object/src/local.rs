@@ -333,7 +333,8 @@ impl CacheDir {
                     .and_then(|count| count.checked_mul(8 + BLOCK))
                     .and_then(|n| n.checked_add(RECORD_HEADER as u64 + 4))
                     .filter(|&n| n <= rest.len() as u64);
-                let rec = len.map(|len| WalRecord::decode(&key, &rest[..len as usize], dev_blocks));
+                let rec =
+                    len.map(|len| WalRecord::decode(&key, &rest[..len as usize], dev_blocks, 0));
                 match (len, rec) {
                     (Some(len), Some(Ok(rec))) => {
                         records.push(rec);
@@ -371,7 +372,7 @@ impl CacheDir {
     pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
         let mut ix = self.index.lock();
         let record = ix.next_record;
-        let body = WalRecord::encode(epoch, record, blocks);
+        let body = WalRecord::encode(epoch, record, blocks, &[]);
         // A record that does not fit what is left of the segment starts
         // the next one (one larger than a segment has one to itself).
         let full = ix
@@ -466,9 +467,9 @@ mod tests {
         }
         // A third record cut half-way by a crash, over the segment's zeros.
         let seg = root.join("wal").join(format!("{:020}", 1));
-        let used = WalRecord::encode(3, 1, &[(1, &block)]).len()
-            + WalRecord::encode(3, 2, &[(2, &block), (5, &block)]).len();
-        let whole = WalRecord::encode(3, 3, &[(9, &block)]);
+        let used = WalRecord::encode(3, 1, &[(1, &block)], &[]).len()
+            + WalRecord::encode(3, 2, &[(2, &block), (5, &block)], &[]).len();
+        let whole = WalRecord::encode(3, 3, &[(9, &block)], &[]);
         let f = OpenOptions::new().write(true).open(&seg).unwrap();
         f.write_all_at(&whole[..whole.len() / 2], used as u64)
             .unwrap();

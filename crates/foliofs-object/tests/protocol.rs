@@ -31,6 +31,15 @@ fn content(i: usize) -> Vec<u8> {
 /// Every file `name i` for i in `files` reads back whole, and fsck finds
 /// the image clean.
 fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
+    verify_with(dev, files, content)
+}
+
+/// `verify`, the files holding `content(i)`.
+fn verify_with(
+    dev: Arc<ObjectDevice>,
+    files: std::ops::Range<usize>,
+    content: fn(usize) -> Vec<u8>,
+) {
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     for i in files {
         let a = fs
@@ -388,6 +397,31 @@ fn cut(left: &AtomicU64) -> object_store::Result<()> {
 /// over, and fsck finds it clean.
 #[test]
 fn a_cut_after_any_put_loses_nothing_fsynced() {
+    cut_after_every_put(ObjectOptions::default(), content);
+}
+
+/// The same with files of 640 KiB on an image of 256 KiB chunks: their
+/// fsyncs flush whole chunks, PUT before the WAL object that names them.
+#[test]
+fn a_cut_after_any_put_loses_nothing_fsynced_with_whole_chunks_flushed() {
+    let opts = ObjectOptions {
+        chunk_bytes: 256 << 10,
+        ..Default::default()
+    };
+    let flushed = cut_after_every_put(opts, |i| {
+        (0..640 << 10)
+            .map(|k: usize| (k / 4096 * 7 + k + i) as u8)
+            .collect()
+    });
+    assert!(
+        flushed >= 6,
+        "chunks flushed whole in the uncut run: {flushed}"
+    );
+}
+
+/// Cut the store after 1, 2, ... PUTs of a run writing and fsyncing 6
+/// files; returns the chunks the uncut run's flushes wrote whole.
+fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> u64 {
     let files = 6;
     let mut cut_at = 1;
     loop {
@@ -400,7 +434,7 @@ fn a_cut_after_any_put_loses_nothing_fsynced() {
         // A store out of reach for good: no waiting for it to return.
         let opts = ObjectOptions {
             retry: std::time::Duration::ZERO,
-            ..Default::default()
+            ..base.clone()
         };
         let dev = mkfs_with(store.clone(), opts);
         left.store(cut_at, Ordering::SeqCst);
@@ -417,13 +451,14 @@ fn a_cut_after_any_put_loses_nothing_fsynced() {
             Ok::<_, foliofs::Error>(())
         })();
         let whole = ran.is_ok();
+        let flushed = dev.stats().chunks_flushed;
         drop(dev);
         let inner: Arc<dyn ObjectStore> = inner;
         let dev2 = Arc::new(ObjectDevice::open(inner, Path::from("img"), takeover()).unwrap());
-        verify(dev2, 0..acked);
+        verify_with(dev2, 0..acked, content);
         if whole {
             assert!(cut_at > files as u64, "every fsync made a PUT: {cut_at}");
-            break;
+            return flushed;
         }
         cut_at += 1;
     }
