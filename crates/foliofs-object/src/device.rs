@@ -9,7 +9,7 @@
 //!
 //! A flush that holds every block of a chunk (a large copy, a file
 //! written in order) PUTs that chunk as an object of its own first, at
-//! `flushed_version(seq)`, a few at a time, and its WAL object only
+//! `flushed_version(seq)`, `FLUSH_PUTS` in flight, and its WAL object only
 //! names it: those bytes go to the store once, not into the WAL and
 //! again into a chunk. The chunk then stands for the image's until a
 //! checkpoint names it in a manifest (with no PUT, unless the WAL wrote
@@ -1005,7 +1005,7 @@ impl Core {
     }
 
     /// The chunks `blocks` (a flush's) hold whole, PUT as objects at
-    /// `flushed_version(seq)`, `CHECKPOINT_PUTS` at a time; their indexes
+    /// `flushed_version(seq)`, `FLUSH_PUTS` in flight; their indexes
     /// and blocks. Only this writer PUTs keys of this number: a writer
     /// that fenced it wrote its fence there (no chunks), and writes its
     /// own chunks at later numbers.
