@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{manifest, BeforePut, SIZE};
+use common::{cut, manifest, BeforePut, SIZE};
 use foliofs::device::Device;
 use foliofs_object::layout::{flushed_seq, pair_of};
 use foliofs_object::{
@@ -214,15 +214,7 @@ fn a_cut_between_a_flushed_chunk_and_its_wal_object_loses_nothing_flushed() {
         let left = Arc::new(AtomicU64::new(u64::MAX));
         let store = Arc::new(BeforePut::new(inner.clone(), {
             let left = left.clone();
-            move |_| match left
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            {
-                Ok(_) => Ok(()),
-                Err(_) => Err(object_store::Error::Generic {
-                    store: "cut",
-                    source: "the store is out of reach".into(),
-                }),
-            }
+            move |_| cut(&left)
         }));
         let dev = ObjectDevice::create(store, img(), SIZE, opts()).unwrap();
         left.store(cut_at, Ordering::SeqCst);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mkfs_with, write_files, BeforePut, SIZE};
+use common::{cut, mkfs_with, write_files, BeforePut, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
@@ -374,22 +374,6 @@ fn a_damaged_wal_object_is_named() {
         Ok(_) => panic!("a damaged WAL object opened"),
     };
     assert!(e.to_string().contains(key.as_ref()), "{e}");
-}
-
-/// A hook for `BeforePut` that lets `left` more PUTs through and fails
-/// every one after (the machine cut off from the store, at any point of
-/// the protocol).
-fn cut(left: &AtomicU64) -> object_store::Result<()> {
-    match left
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-    {
-        true => Ok(()),
-        false => Err(object_store::Error::Generic {
-            store: "cut",
-            source: "the store is out of reach".into(),
-        }),
-    }
 }
 
 /// Cut the store after every number of PUTs the run makes: whatever

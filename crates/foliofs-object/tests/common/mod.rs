@@ -14,6 +14,7 @@ use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
     PutOptions, PutPayload, PutResult,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The images the tests make: 64 MiB, at `img`.
@@ -131,5 +132,21 @@ impl ObjectStore for BeforePut {
     }
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
         self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+/// A hook for `BeforePut` that lets `left` more PUTs through and fails
+/// every one after (the machine cut off from the store, at any point of
+/// the protocol).
+pub fn cut(left: &AtomicU64) -> object_store::Result<()> {
+    match left
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        true => Ok(()),
+        false => Err(object_store::Error::Generic {
+            store: "cut",
+            source: "the store is out of reach".into(),
+        }),
     }
 }
