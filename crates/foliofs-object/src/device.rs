@@ -89,7 +89,8 @@ pub struct ObjectOptions {
     pub checkpoint_bytes: u64,
     /// Bytes written and not yet flushed after which a write flushes
     /// them itself: a large copy between two of the engine's flushes
-    /// is held in memory only this far.
+    /// is held in memory only this far (twice this while another flush
+    /// is uploading).
     pub pending_bytes: u64,
     /// How long a request that fails for a passing cause (the server
     /// unreachable or answering 5xx) is tried again before its flush
@@ -1922,14 +1923,19 @@ impl Core {
         for (k, d) in buf.chunks(BLOCK as usize).enumerate() {
             s.pending.insert(offset / BLOCK + k as u64, Block::from(d));
         }
-        let full = s.pending.len() as u64 * BLOCK >= self.opts.pending_bytes;
+        let held = s.pending.len() as u64 * BLOCK;
         drop(s);
-        if full {
-            // Sooner than asked, as a disk's cache may write back: what
-            // the device holds durable early breaks no ordering the
-            // engine relies on (it orders by its flushes).
-            self.flush()?;
+        if held < self.opts.pending_bytes {
+            return Ok(());
         }
-        Ok(())
+        // While another flush uploads, writers go on up to twice the
+        // bound rather than queue behind it: the next flush takes all.
+        if held < 2 * self.opts.pending_bytes && self.flushing.is_locked() {
+            return Ok(());
+        }
+        // Sooner than asked, as a disk's cache may write back: what the
+        // device holds durable early breaks no ordering the engine relies
+        // on (it orders by its flushes).
+        self.flush()
     }
 }
