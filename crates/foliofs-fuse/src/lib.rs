@@ -329,9 +329,10 @@ pub struct FuseFs {
     killpriv: bool,
     /// Opens served uncached because space was low (`new_handle`).
     uncached_opens: AtomicU64,
-    /// WRITE requests of uncached descriptions (not the kernel's
-    /// writeback): one per write() up to `MAX_WRITE` when the kernel
-    /// allows `max_pages()`.
+    /// WRITE requests other than the kernel's writeback: each a
+    /// program's write() as it made it (uncached descriptions, or a mount
+    /// without the writeback cache), one per write() up to `MAX_WRITE`
+    /// when the kernel allows `max_pages()`.
     uncached_writes: AtomicU64,
     /// `CacheOptions::read_ahead` is set on the backing device at the
     /// first open (after INIT, whose reply would undo it).

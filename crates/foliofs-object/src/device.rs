@@ -222,6 +222,30 @@ struct Shipment {
     blocks: Vec<(u64, Block)>,
 }
 
+/// Chunk `idx` is `version`, written whole by a flush, in the WAL's
+/// blocks, flushed chunks and replaced flushed versions (a device's, or
+/// a replay's): the blocks of it in the WAL before are older than it.
+fn chunk_flushed(
+    logged: &mut BTreeMap<u64, Block>,
+    flushed: &mut BTreeMap<u64, u64>,
+    superseded: &mut Vec<(u64, u64)>,
+    idx: u64,
+    version: u64,
+    chunk_blocks: u64,
+) {
+    let first = idx * chunk_blocks;
+    let older: Vec<u64> = logged
+        .range(first..first + chunk_blocks)
+        .map(|(&b, _)| b)
+        .collect();
+    for b in older {
+        logged.remove(&b);
+    }
+    if let Some(was) = flushed.insert(idx, version).filter(|&v| v != version) {
+        superseded.push((idx, was));
+    }
+}
+
 impl State {
     /// Bytes in the WAL not yet folded into chunks (held in memory).
     fn unfolded_bytes(&self) -> u64 {
@@ -240,18 +264,14 @@ impl State {
     /// Chunk `idx` is `version`, written whole by a flush: the blocks of
     /// it in the WAL before are older than it.
     fn chunk_flushed(&mut self, idx: u64, version: u64, chunk_blocks: u64) {
-        let first = idx * chunk_blocks;
-        let old: Vec<u64> = self
-            .logged
-            .range(first..first + chunk_blocks)
-            .map(|(&b, _)| b)
-            .collect();
-        for b in old {
-            self.logged.remove(&b);
-        }
-        if let Some(was) = self.flushed.insert(idx, version).filter(|&v| v != version) {
-            self.superseded.push((idx, was));
-        }
+        chunk_flushed(
+            &mut self.logged,
+            &mut self.flushed,
+            &mut self.superseded,
+            idx,
+            version,
+            chunk_blocks,
+        );
     }
 
     /// The WAL a replay would read, in bytes: what `logged` holds and the
@@ -965,13 +985,14 @@ impl Core {
                 return Err(e.into());
             }
         };
-        let in_whole = |b: u64| whole.iter().any(|w| w.0 == b / self.chunk_blocks);
+        let whole_idx: std::collections::BTreeSet<u64> = whole.iter().map(|w| w.0).collect();
+        let in_whole = |b: u64| whole_idx.contains(&(b / self.chunk_blocks));
         let list: Vec<(u64, &[u8])> = blocks
             .iter()
             .filter(|(&b, _)| !in_whole(b))
             .map(|(&b, d)| (b, &d[..]))
             .collect();
-        let idxs: Vec<u64> = whole.iter().map(|w| w.0).collect();
+        let idxs: Vec<u64> = whole_idx.iter().copied().collect();
         let body = Bytes::from(WalRecord::encode(self.epoch, seq, &list, &idxs));
         let n = body.len() as u64;
         let key = wal_key(&self.prefix, seq);
@@ -1684,17 +1705,14 @@ async fn replay(
             )));
         }
         for idx in rec.chunks {
-            let first = idx * manifest.chunk_blocks;
-            let older: Vec<u64> = logged
-                .range(first..first + manifest.chunk_blocks)
-                .map(|(&b, _)| b)
-                .collect();
-            for b in older {
-                logged.remove(&b);
-            }
-            if let Some(was) = flushed.insert(idx, flushed_version(s)) {
-                superseded.push((idx, was));
-            }
+            chunk_flushed(
+                &mut logged,
+                &mut flushed,
+                &mut superseded,
+                idx,
+                flushed_version(s),
+                manifest.chunk_blocks,
+            );
         }
         for (b, d) in rec.blocks {
             logged.insert(b, Block::from(d));

@@ -7,14 +7,14 @@
 
 mod common;
 
-use common::{cut, manifest, BeforePut, SIZE};
+use common::{cut_store, manifest, SIZE};
 use foliofs::device::Device;
 use foliofs_object::layout::{flushed_seq, pair_of};
 use foliofs_object::{
     collect_garbage, take_snapshot, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path,
 };
 use futures::TryStreamExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const BLOCK: u64 = 4096;
@@ -210,12 +210,7 @@ fn a_cut_between_a_flushed_chunk_and_its_wal_object_loses_nothing_flushed() {
     let c = CHUNK_BLOCKS;
     let mut cut_at = 0;
     loop {
-        let inner = Arc::new(InMemory::new());
-        let left = Arc::new(AtomicU64::new(u64::MAX));
-        let store = Arc::new(BeforePut::new(inner.clone(), {
-            let left = left.clone();
-            move |_| cut(&left)
-        }));
+        let (inner, left, store) = cut_store();
         let dev = ObjectDevice::create(store, img(), SIZE, opts()).unwrap();
         left.store(cut_at, Ordering::SeqCst);
         // Round r writes chunks r and r + 1 whole and one block of

@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::{cut, mkfs_with, write_files, BeforePut, SIZE};
+use common::{cut_store, mkfs_with, write_files, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
 use object_store::PutPayload;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn takeover() -> ObjectOptions {
@@ -409,12 +409,7 @@ fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> u6
     let files = 6;
     let mut cut_at = 1;
     loop {
-        let inner = Arc::new(InMemory::new());
-        let left = Arc::new(AtomicU64::new(u64::MAX));
-        let store = Arc::new(BeforePut::new(inner.clone(), {
-            let left = left.clone();
-            move |_| cut(&left)
-        }));
+        let (inner, left, store) = cut_store();
         // A store out of reach for good: no waiting for it to return.
         let opts = ObjectOptions {
             retry: std::time::Duration::ZERO,

@@ -150,3 +150,16 @@ pub fn cut(left: &AtomicU64) -> object_store::Result<()> {
         }),
     }
 }
+
+/// A store that `left` PUTs reach (all until it is set), then none
+/// (`cut`): the store itself, to read what got there, and the hooked one
+/// to write through.
+pub fn cut_store() -> (Arc<InMemory>, Arc<AtomicU64>, Arc<BeforePut>) {
+    let inner = Arc::new(InMemory::new());
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let store = Arc::new(BeforePut::new(inner.clone(), {
+        let left = left.clone();
+        move |_| cut(&left)
+    }));
+    (inner, left, store)
+}

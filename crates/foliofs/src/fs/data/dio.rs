@@ -358,8 +358,10 @@ impl Fs {
         let (ip, _) = g.with(ino)?;
         if uncached {
             let end = (offset + buf.len() as u64).div_ceil(bs);
+            // A directory is refused below as the cache would refuse it;
+            // a read at or past the end goes through the cache, which
+            // counts it as a read (atime).
             if !drop_behind
-                || ip.is_dir()
                 || offset >= ip.size
                 || ip.wb_busy
                 || ip.cache.holds_any(offset / bs, end)
