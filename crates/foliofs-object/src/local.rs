@@ -333,6 +333,7 @@ impl CacheDir {
                     .and_then(|count| count.checked_mul(8 + BLOCK))
                     .and_then(|n| n.checked_add(RECORD_HEADER as u64 + 4))
                     .filter(|&n| n <= rest.len() as u64);
+                // A local record names no chunks (0: one that did is refused).
                 let rec =
                     len.map(|len| WalRecord::decode(&key, &rest[..len as usize], dev_blocks, 0));
                 match (len, rec) {
