@@ -392,6 +392,92 @@ def local_durability(srv, tmp, m):
           r.stdout + r.stderr)
 
 
+def full_cache_disk(tmp, m):
+    """durability=local with its cache_dir on a disk that fills up (a
+    48 MiB tmpfs, filled by another file): SQLite's commits go on being
+    acknowledged (the chunk copies make room, then flushes go to the
+    store), the daemon says why, foliofs stat counts them; after kill -9,
+    a mount from that cache_dir (the disk still full) and then a machine
+    with an empty cache find every committed row."""
+    url = f"s3://{BUCKET}/full-{os.getpid()}"
+    small = os.path.join(tmp, "small-disk")
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48M", "tmpfs", small], check=True)
+    log = os.path.join(tmp, "full.log")
+    try:
+        run("mkfs", url, "--size", "256M")
+        run("mount", url, m, "-o",
+            f"cache_dir={small}/cache,durability=local,log={log}")
+        db = os.path.join(m, "t.db")
+
+        def commit(first, n):
+            rows = ";".join(f"insert into t values ({k}, randomblob(2000))"
+                            for k in range(first, first + n))
+            # synchronous=EXTRA: FULL leaves the commit's last step, the
+            # rollback journal's unlink, unsynced, and a kill -9 may then
+            # roll the transaction back (on any file system).
+            r = subprocess.run(["sqlite3", db,
+                                f"pragma synchronous=extra; begin; {rows}; commit;"],
+                               capture_output=True, text=True)
+            return r.returncode == 0, r.stderr
+
+        subprocess.run(["sqlite3", db, "create table t (k integer primary key, v blob)"],
+                       check=True)
+        committed = 0
+        for _ in range(20):
+            ok, err = commit(committed, 500)
+            if not ok:
+                raise SystemExit(f"sqlite3, before the disk filled: {err}")
+            committed += 500
+        fd = os.open(os.path.join(small, "filler"), os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            for step in (1 << 20, 4096):
+                while True:
+                    os.write(fd, b"\0" * step)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        failed = []
+        for _ in range(20):
+            ok, err = commit(committed, 500)
+            if ok:
+                committed += 500
+            else:
+                failed.append(err.strip())
+        check("with the cache_dir's disk full, SQLite's commits are acknowledged",
+              not failed, failed[:3])
+        r = run("stat", "--mount", m)
+        check("foliofs stat --mount counts the flushes that went to the store",
+              "went to the store" in r.stdout, r.stdout)
+        said = open(log, errors="replace").read()
+        check("the daemon's log says why flushes wait for the store",
+              "flushes wait for the store instead" in said, said[-2000:])
+        os.kill(daemon_pid(m), signal.SIGKILL)
+        time.sleep(0.5)
+        subprocess.run(["umount", "-l", m])
+
+        def rows():
+            r = subprocess.run(["sqlite3", db, "pragma integrity_check; select count(*) from t;"],
+                               capture_output=True, text=True)
+            return r.stdout.split() == ["ok", str(committed)], r.stdout + r.stderr
+
+        # The disk still full: the cache_dir ships what its local WAL held.
+        run("mount", url, m, "-o",
+            f"cache_dir={small}/cache,durability=local,takeover,log={log}")
+        check("after kill -9, a mount from the full disk's cache_dir finds every committed row",
+              *rows())
+        run("umount", m)
+        run("mount", url, m, "-o", f"ro,log={log}")
+        check("and so does a machine with an empty cache", *rows())
+        run("umount", m)
+        r = run("fsck", url, check=False)
+        check("fsck of that image is clean", r.returncode == 0, r.stdout + r.stderr)
+    finally:
+        subprocess.run(["umount", "-l", m], capture_output=True)
+        subprocess.run(["umount", "-l", small], capture_output=True)
+
+
 def refusals(tmp, m):
     """Bad input gets a clear message, exit 32 from mount, and changes
     nothing: wrong credentials, a bucket that is not there, a URL without
@@ -588,13 +674,15 @@ def main():
         r = run("fsck", url, check=False)
         check("fsck of the URL is clean after the sweep", r.returncode == 0, r.stdout + r.stderr)
         local_durability(srv, tmp, m2)
+        full_cache_disk(tmp, m2)
         refusals(tmp, m2)
         throttled(tmp, m1)
         srv.kill()
         replicated(tmp, m1, m2)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
-        for log in ("m1.log", "m2.log", "m3.log", "local.log", "throttled.log", "replicated.log"):
+        for log in ("m1.log", "m2.log", "m3.log", "local.log", "full.log", "throttled.log",
+                    "replicated.log"):
             path = os.path.join(tmp, log)
             if os.path.exists(path):
                 print(f"--- the end of {log}:")

@@ -386,11 +386,20 @@ object store"
         count(get(dev, "wal_puts")),
         format!("{} in all, {}", bytes(get(dev, "wal_bytes")), wal_rate),
     );
+    let past = get(dev, "flushes_past_local_wal");
     row(
         w,
         "WAL lag",
         bytes(get(dev, "unshipped_bytes")),
-        format!("durability={durability}: flushed, not yet in the store"),
+        if past > 0 {
+            format!(
+                "durability={durability}: flushed, not yet in the store; {} flushes went \
+                 to the store, the local WAL unwritable (its disk full?)",
+                count(past)
+            )
+        } else {
+            format!("durability={durability}: flushed, not yet in the store")
+        },
     );
     row(
         w,

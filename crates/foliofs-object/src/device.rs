@@ -75,6 +75,10 @@ const UNFOLDED_MAX: u64 = 2;
 /// tries again.
 const CHECKPOINT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// With durability=local, how long flushes go to the store after the
+/// local WAL failed one before it is tried again.
+const LOCAL_WAL_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How an object device is opened.
 #[derive(Clone, Debug)]
 pub struct ObjectOptions {
@@ -175,6 +179,9 @@ pub struct ObjectStats {
     pub durability: Durability,
     /// Bytes flushed to the local WAL and not yet in the store.
     pub unshipped_bytes: u64,
+    /// With durability=local: flushes that went to the store because
+    /// the local WAL could not take them (its disk full, say).
+    pub flushes_past_local_wal: u64,
     pub cache_dir: Option<CacheUse>,
     /// The lease a read-only open holds (see `lease`).
     pub lease: Option<String>,
@@ -210,6 +217,9 @@ struct State {
     /// The local records waiting to ship, oldest first.
     to_ship: VecDeque<Shipment>,
     unshipped_bytes: u64,
+    /// With `Durability::Local`: the local WAL failed a flush; until
+    /// then flushes go to the store instead (`flush_past_local`).
+    local_wal_paused_until: Option<std::time::Instant>,
     /// The background threads are to stop (the device closes or is
     /// dropped).
     stopping: bool,
@@ -726,6 +736,7 @@ impl ObjectDevice {
                 unshipped: BTreeMap::new(),
                 to_ship: VecDeque::new(),
                 unshipped_bytes: 0,
+                local_wal_paused_until: None,
                 stopping: false,
             }),
             changed: Condvar::new(),
@@ -949,6 +960,17 @@ impl Core {
             what,
             op,
         )
+    }
+
+    /// `flush_wal` until it is done or fails for good.
+    fn flush_to_store(&self) -> io::Result<()> {
+        loop {
+            match self.flush_wal() {
+                Ok(()) => return Ok(()),
+                Err(ObjectError::Retry) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// PUT what was written since the last flush as the next WAL object;
@@ -1405,6 +1427,12 @@ impl Core {
             if s.pending.is_empty() {
                 return Ok(());
             }
+            if s.local_wal_paused_until
+                .is_some_and(|t| std::time::Instant::now() < t)
+            {
+                drop(s);
+                return self.flush_past_local(disk, None);
+            }
             let taken = std::mem::take(&mut s.pending);
             s.in_flight = taken.clone();
             taken
@@ -1419,12 +1447,13 @@ impl Core {
                 for (b, d) in back {
                     s.pending.entry(b).or_insert(d);
                 }
-                return Err(eio(format!(
-                    "{}: the local WAL in the cache_dir was not written: {e}",
-                    self.name
-                )));
+                drop(s);
+                return self.flush_past_local(disk, Some(e));
             }
         };
+        if s.local_wal_paused_until.take().is_some() {
+            log::info!("{}: flushes go to the local WAL again", self.name);
+        }
         s.unshipped_bytes += blocks.len() as u64 * BLOCK;
         for (&b, d) in &blocks {
             s.unshipped.insert(b, (record, d.clone()));
@@ -1442,6 +1471,46 @@ impl Core {
             Some(why) => Err(eio(format!("{}: {why}", self.name))),
             None => Ok(()),
         }
+    }
+
+    /// The local WAL could not take a flush (`error`: its disk full even
+    /// after the chunk copies made room, or failing): the flush goes to
+    /// the store itself, as with durability=object, which promises more
+    /// than the user asked. It goes behind every local record, which
+    /// must have shipped first, and the local WAL is emptied before it,
+    /// so that nothing there ships again on top of it at the next open.
+    /// Flushes go this way for `LOCAL_WAL_PAUSE` before the local WAL is
+    /// tried again (a new segment is written whole before a record), and
+    /// without `error` (not tried) meanwhile.
+    fn flush_past_local(&self, disk: &CacheDir, error: Option<io::Error>) -> io::Result<()> {
+        {
+            let mut s = self.state.lock();
+            if let Some(e) = &error {
+                if s.local_wal_paused_until.is_none() {
+                    log::warn!(
+                        "{}: the local WAL in the cache_dir was not written ({e}): flushes \
+                         wait for the store instead until it can be",
+                        self.name
+                    );
+                }
+                s.local_wal_paused_until = Some(std::time::Instant::now() + LOCAL_WAL_PAUSE);
+            }
+            s.stats.flushes_past_local_wal += 1;
+            while !s.to_ship.is_empty() && s.stats.fenced.is_none() {
+                self.changed.wait(&mut s);
+            }
+            if let Some(why) = &s.stats.fenced {
+                return Err(eio(format!("{}: {why}", self.name)));
+            }
+        }
+        disk.clear_wal().map_err(|e| {
+            eio(format!(
+                "{}: the local WAL in the cache_dir could not be emptied for a flush past it \
+                 ({e})",
+                self.name
+            ))
+        })?;
+        self.flush_to_store()
     }
 
     /// Wait until everything flushed locally has shipped (close).
@@ -1465,7 +1534,13 @@ impl Core {
                     self.state.lock().next_wal = seq + 1;
                     continue;
                 }
-                Ok(n) => self.shipped(seq, batch, n),
+                Ok(n) => {
+                    // Their local copies go before the state says they
+                    // shipped: a flush past the local WAL waits for that,
+                    // then empties it, with no delete of ours to come.
+                    disk.shipped(last);
+                    self.shipped(seq, batch, n);
+                }
                 Err(_) if self.stop.load(Ordering::Relaxed) => return,
                 Err(why) => {
                     log::error!("{}: {why}: writing nothing more", self.name);
@@ -1474,7 +1549,6 @@ impl Core {
                     return;
                 }
             }
-            disk.shipped(last);
         }
     }
 
@@ -1816,13 +1890,7 @@ impl Core {
         if self.durability == Durability::Local {
             self.flush_local()?;
         } else {
-            loop {
-                match self.flush_wal() {
-                    Ok(()) => break,
-                    Err(ObjectError::Retry) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            self.flush_to_store()?;
         }
         // The checkpointer folds the WAL in the background; a flush waits
         // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the

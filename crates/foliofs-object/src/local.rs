@@ -40,6 +40,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// When a flush returns: once its blocks are in a WAL object in the
 /// store, or once they are in the local WAL (shipped in order behind it,
@@ -91,6 +92,8 @@ pub(crate) struct CacheDir {
     _lock: File,
     limit: u64,
     index: Mutex<Index>,
+    /// The last chunk copy failed (the local disk full, say).
+    copies_failing: AtomicBool,
 }
 
 /// What the cache directory holds (`foliofs stat`).
@@ -107,6 +110,11 @@ pub struct CacheUse {
 
 fn invalid(root: &std::path::Path, why: impl std::fmt::Display) -> ObjectError {
     ObjectError::Invalid(format!("cache_dir {}: {why}", root.display()))
+}
+
+/// The local disk (or the user's quota on it) is full.
+pub(crate) fn out_of_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 fn sync_dir(dir: &std::path::Path) -> io::Result<()> {
@@ -196,6 +204,7 @@ impl CacheDir {
             _lock: lock,
             limit,
             index: Mutex::new(index),
+            copies_failing: AtomicBool::new(false),
         })
     }
 
@@ -252,8 +261,18 @@ impl CacheDir {
             .join(format!("tmp.{idx}-{version}"));
         if let Err(e) = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, &path)) {
             let _ = fs::remove_file(&tmp);
-            log::warn!("cache_dir {}: chunk not kept ({e})", self.root.display());
+            // Said once while it goes on (a full disk fails every copy).
+            if !self.copies_failing.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "cache_dir {}: chunks not kept on the local disk ({e}): read from the \
+                     store instead",
+                    self.root.display()
+                );
+            }
             return;
+        }
+        if self.copies_failing.swap(false, Ordering::Relaxed) {
+            log::info!("cache_dir {}: chunks kept again", self.root.display());
         }
         let mut ix = self.index.lock();
         ix.tick += 1;
@@ -289,6 +308,28 @@ impl CacheDir {
             ix.chunk_bytes -= n;
             let _ = fs::remove_file(self.chunk_path(oldest.0, oldest.1));
         }
+    }
+
+    /// Delete chunk copies, least recently used first, until `want`
+    /// bytes of them are gone or none is left; the bytes deleted.
+    fn drop_chunks(&self, ix: &mut Index, want: u64) -> u64 {
+        let mut by_use: Vec<((u64, u64), u64, u64)> = ix
+            .chunks
+            .iter()
+            .map(|(&k, &(n, used))| (k, n, used))
+            .collect();
+        by_use.sort_unstable_by_key(|&(_, _, used)| used);
+        let mut freed = 0;
+        for ((idx, version), n, _) in by_use {
+            if freed >= want {
+                break;
+            }
+            ix.chunks.remove(&(idx, version));
+            ix.chunk_bytes -= n;
+            freed += n;
+            let _ = fs::remove_file(self.chunk_path(idx, version));
+        }
+        freed
     }
 
     /// Forget every chunk (a new image at this URL).
@@ -369,11 +410,30 @@ impl CacheDir {
     }
 
     /// Append a record of `blocks` at `epoch` and make it durable;
-    /// returns its local number.
+    /// returns its local number. The local disk full, the chunk copies
+    /// make room first (least recently used first): they are only a
+    /// cache, the WAL is what a flush waits for.
     pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
         let mut ix = self.index.lock();
+        let body = WalRecord::encode(epoch, ix.next_record, blocks, &[]);
+        match self.append_record(&mut ix, &body) {
+            Err(e) if out_of_space(&e) && !ix.chunks.is_empty() => {
+                let freed = self.drop_chunks(&mut ix, SEGMENT_BYTES + body.len() as u64);
+                log::warn!(
+                    "cache_dir {}: the local disk is full ({e}): {} MiB of chunk copies \
+                     dropped for the local WAL",
+                    self.root.display(),
+                    freed >> 20
+                );
+                self.append_record(&mut ix, &body)
+            }
+            r => r,
+        }
+    }
+
+    /// Append `body`, the encoded record `ix.next_record`, and sync it.
+    fn append_record(&self, ix: &mut Index, body: &[u8]) -> io::Result<u64> {
         let record = ix.next_record;
-        let body = WalRecord::encode(epoch, record, blocks, &[]);
         // A record that does not fit what is left of the segment starts
         // the next one (one larger than a segment has one to itself).
         let full = ix
@@ -383,14 +443,17 @@ impl CacheDir {
             .is_none_or(|&(_, len)| len > 0 && len + body.len() as u64 > SEGMENT_BYTES);
         if full {
             let n = ix.segments.keys().next_back().map_or(1, |n| n + 1);
-            let file = self.new_segment(n)?;
+            let file = self.new_segment(n).inspect_err(|_| {
+                // Half made (the disk full): the next try makes it again.
+                let _ = fs::remove_file(self.segment_path(n));
+            })?;
             ix.segments.insert(n, (record, 0));
             ix.current = Some((n, file));
         }
         let n = ix.current.as_ref().expect("a segment is open").0;
         let at = ix.segments.get(&n).map_or(0, |&(_, len)| len);
         let (_, file) = ix.current.as_mut().expect("a segment is open");
-        if let Err(e) = file.write_all_at(&body, at).and_then(|()| file.sync_data()) {
+        if let Err(e) = file.write_all_at(body, at).and_then(|()| file.sync_data()) {
             // What the segment holds past its last good record is not
             // known: the next record goes to a new one.
             ix.current = None;
