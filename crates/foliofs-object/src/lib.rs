@@ -42,6 +42,7 @@ mod local;
 mod markers;
 mod readahead;
 mod store;
+mod timed;
 
 pub use device::{holder, ObjectDevice, ObjectOptions, ObjectStats};
 pub use keep::{collect_garbage, forget_snapshot, snapshots, take_snapshot, Swept};
@@ -53,6 +54,7 @@ pub use object_store::path::Path;
 pub use object_store::ObjectStore;
 
 use layout::{Damaged, Writer};
+use object_store::ClientConfigKey;
 use std::sync::Arc;
 
 /// Why an object image could not be made, opened or written.
@@ -231,7 +233,12 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             {
                 b = b.with_region("us-east-1");
             }
-            Ok((Arc::new(b.with_retry(retry_config()).build()?), prefix))
+            let b = b.with_retry(retry_config());
+            let timeout = object_store::aws::AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+            let store = timed("S3", "AWS_TIMEOUT", b.clone().build()?, || {
+                b.with_config(timeout, timed::LONG).build()
+            })?;
+            Ok((store, prefix))
         }
         // Credentials from GOOGLE_SERVICE_ACCOUNT (a key file) or
         // GOOGLE_APPLICATION_CREDENTIALS.
@@ -240,7 +247,11 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry_config());
-            Ok((Arc::new(b.build()?), prefix))
+            let timeout = object_store::gcp::GoogleConfigKey::Client(ClientConfigKey::Timeout);
+            let store = timed("GCS", "GOOGLE_TIMEOUT", b.clone().build()?, || {
+                b.with_config(timeout, timed::LONG).build()
+            })?;
+            Ok((store, prefix))
         }
         // az://CONTAINER/PREFIX; the account and its key from
         // AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or the
@@ -250,7 +261,11 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             let b = object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_container_name(container)
                 .with_retry(retry_config());
-            Ok((Arc::new(b.build()?), prefix))
+            let timeout = object_store::azure::AzureConfigKey::Client(ClientConfigKey::Timeout);
+            let store = timed("Azure", "AZURE_TIMEOUT", b.clone().build()?, || {
+                b.with_config(timeout, timed::LONG).build()
+            })?;
+            Ok((store, prefix))
         }
         "file" => {
             let dir = std::path::Path::new(parsed.path());
@@ -264,6 +279,25 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
             "objects of {other}:// are not supported here"
         ))),
     }
+}
+
+/// `quick`, with large PUTs and GETs through the second client `long`
+/// makes under deadlines sized to them (`timed`); as it is where the
+/// user set the client's timeout (`var`).
+fn timed<S: ObjectStore>(
+    name: &'static str,
+    var: &str,
+    quick: S,
+    long: impl FnOnce() -> object_store::Result<S>,
+) -> Result<Arc<dyn ObjectStore>, ObjectError> {
+    if std::env::var_os(var).is_some() {
+        return Ok(Arc::new(quick));
+    }
+    Ok(Arc::new(timed::Timed::new(
+        name,
+        Arc::new(quick),
+        Arc::new(long()?),
+    )))
 }
 
 /// The mount options of an object image, as the CLI, /etc/fstab and the
