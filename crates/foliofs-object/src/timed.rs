@@ -19,7 +19,8 @@
 //! 128 MiB WAL object alone: 17.6 min). A GET goes
 //! through the second client too: its answer must begin within `BASE`,
 //! and its body may take as long as it keeps arriving, failing after
-//! `BASE` without a byte. A deadline missed is a passing failure, tried
+//! `BASE` without a byte (one timer per body, moved at most once a
+//! second, not one per piece). A deadline missed is a passing failure, tried
 //! again like a connection refused. Where the user set the client's
 //! timeout (`AWS_TIMEOUT`, `GOOGLE_TIMEOUT`, `AZURE_TIMEOUT`), both
 //! clients keep it.
@@ -149,7 +150,7 @@ impl ObjectStore for Timed {
                 Err(self.late(format!("GET {location}: no answer within {BASE:?}")))
             })?;
         if let GetResultPayload::Stream(body) = r.payload {
-            r.payload = GetResultPayload::Stream(paced(self.name, location.clone(), body));
+            r.payload = GetResultPayload::Stream(paced(self.name, location.clone(), body, BASE));
         }
         Ok(r)
     }
@@ -175,30 +176,76 @@ impl ObjectStore for Timed {
     }
 }
 
-/// `body`, failing once `BASE` passes without a byte of it.
+/// `body`, failing once `bound` passes without a byte of it.
 fn paced(
     name: &'static str,
     location: Path,
     body: BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    bound: Duration,
 ) -> BoxStream<'static, object_store::Result<bytes::Bytes>> {
-    futures::stream::unfold(Some(body), move |body| {
-        let location = location.clone();
-        async move {
-            let mut body = body?;
-            match tokio::time::timeout(BASE, body.next()).await {
-                Ok(Some(item)) => Some((item, Some(body))),
-                Ok(None) => None,
-                Err(_) => Some((
-                    Err(object_store::Error::Generic {
-                        store: name,
-                        source: format!("GET {location}: no byte of its body for {BASE:?}").into(),
-                    }),
-                    None,
-                )),
-            }
-        }
-    })
+    Paced {
+        name,
+        location,
+        body: Some(body),
+        bound,
+        idle: Box::pin(tokio::time::sleep(bound)),
+        armed: tokio::time::Instant::now(),
+    }
     .boxed()
+}
+
+/// A GET's body under an idle bound (see `paced`).
+struct Paced {
+    name: &'static str,
+    location: Path,
+    /// None once the bound has failed it.
+    body: Option<BoxStream<'static, object_store::Result<bytes::Bytes>>>,
+    bound: Duration,
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// When `idle` was last set, `bound` before it fires.
+    armed: tokio::time::Instant,
+}
+
+impl futures::Stream for Paced {
+    type Item = object_store::Result<bytes::Bytes>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match body.poll_next_unpin(cx) {
+            Poll::Ready(item) => {
+                // The timer moves once a thirtieth of the bound has
+                // passed (a second of 30), not for every piece.
+                let now = tokio::time::Instant::now();
+                if now.duration_since(this.armed) > this.bound / 30 {
+                    this.armed = now;
+                    this.idle.as_mut().reset(now + this.bound);
+                }
+                Poll::Ready(item)
+            }
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.body = None;
+                    Poll::Ready(Some(Err(object_store::Error::Generic {
+                        store: this.name,
+                        source: format!(
+                            "GET {}: no byte of its body for {:?}",
+                            this.location, this.bound
+                        )
+                        .into(),
+                    })))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -210,5 +257,51 @@ mod tests {
         assert_eq!(put_deadline(4 << 20), Duration::from_secs(62));
         assert_eq!(put_deadline(32 << 20), Duration::from_secs(286));
         assert_eq!(put_deadline(128 << 20), Duration::from_secs(30 + 1024));
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_body_that_keeps_coming_may_take_longer_than_its_idle_bound() {
+        let bound = Duration::from_millis(60);
+        let pieces = futures::stream::unfold(0, |n| async move {
+            if n == 20 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            Some((Ok(bytes::Bytes::from(vec![n as u8; 10])), n + 1))
+        })
+        .boxed();
+        let got: Vec<_> = runtime().block_on(async {
+            paced("test", Path::from("k"), pieces, bound)
+                .collect::<Vec<_>>()
+                .await
+        });
+        assert_eq!(got.len(), 20, "300 ms of pieces under a 60 ms bound");
+        assert!(got.iter().all(|r| r.is_ok()));
+    }
+
+    #[test]
+    fn a_body_that_stops_fails_after_its_idle_bound() {
+        let bound = Duration::from_millis(60);
+        let stalls = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"first")) })
+            .chain(futures::stream::pending())
+            .boxed();
+        let t = std::time::Instant::now();
+        let got: Vec<_> = runtime().block_on(async {
+            paced("test", Path::from("k"), stalls, bound)
+                .collect::<Vec<_>>()
+                .await
+        });
+        assert_eq!(got.len(), 2, "the piece, then the error, then the end");
+        assert!(got[0].is_ok());
+        let e = got[1].as_ref().unwrap_err().to_string();
+        assert!(e.contains("no byte of its body"), "{e}");
+        assert!(t.elapsed() >= bound);
     }
 }
