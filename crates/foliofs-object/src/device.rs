@@ -75,6 +75,15 @@ const UNFOLDED_MAX: u64 = 2;
 /// tries again.
 const CHECKPOINT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// With durability=local, how long a local record waits for others to
+/// ship with it, and how many bytes of them ship at once without waiting
+/// (a quarter of `wal_lag_max` if that is less): one PUT for the records
+/// of 100 ms rather than one for each (W1's fdatasyncs come some 3,000 a
+/// second), each block's newest version in it once. The store lags that
+/// much more, within what durability=local promises (`wal_lag_max`).
+const SHIP_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+const SHIP_BATCH: u64 = 8 << 20;
+
 /// With durability=local, how long flushes go to the store after the
 /// local WAL failed one before it is tried again.
 const LOCAL_WAL_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -207,8 +216,8 @@ struct State {
     /// checkpoint before a manifest named them: garbage once the WAL
     /// naming them is (the next checkpoint's sweep).
     superseded: Vec<(u64, u64)>,
-    /// Chunk index -> (version, blocks, last use).
-    chunks: HashMap<u64, (u64, Arc<Vec<u8>>, u64)>,
+    /// Chunks held in memory, by index.
+    chunks: HashMap<u64, Held>,
     tick: u64,
     stats: ObjectStats,
     /// With `Durability::Local`: flushed to the local WAL, not yet in the
@@ -216,6 +225,9 @@ struct State {
     unshipped: BTreeMap<u64, (u64, Block)>,
     /// The local records waiting to ship, oldest first.
     to_ship: VecDeque<Shipment>,
+    /// Waiting for `to_ship` to empty (close, a flush past the local
+    /// WAL): the shipper does not linger.
+    ship_waiters: usize,
     unshipped_bytes: u64,
     /// With `Durability::Local`: the local WAL failed a flush; until
     /// then flushes go to the store instead (`flush_past_local`).
@@ -225,10 +237,30 @@ struct State {
     stopping: bool,
 }
 
+/// A chunk held in memory (`State::chunks`).
+struct Held {
+    version: u64,
+    data: Arc<Vec<u8>>,
+    /// The tick of its last use (least recently used out first).
+    used: u64,
+    /// The cache directory has (or was given) a copy: fetched from the
+    /// store or read from there. One this writer made, a checkpoint's or
+    /// a flush's, is written there only when it leaves memory or at close
+    /// (`Core::save_chunks`): most are replaced before either, and every
+    /// copy written is a write to the local disk a flush may be waiting
+    /// on.
+    on_disk: bool,
+}
+
+/// Chunks that left memory with no copy in the cache directory:
+/// (index, version, blocks).
+type Unsaved = Vec<(u64, u64, Arc<Vec<u8>>)>;
+
 /// One local WAL record on its way to the store.
 #[derive(Clone)]
 struct Shipment {
     record: u64,
+    queued: std::time::Instant,
     blocks: Vec<(u64, Block)>,
 }
 
@@ -735,6 +767,7 @@ impl ObjectDevice {
                 manifest,
                 unshipped: BTreeMap::new(),
                 to_ship: VecDeque::new(),
+                ship_waiters: 0,
                 unshipped_bytes: 0,
                 local_wal_paused_until: None,
                 stopping: false,
@@ -785,7 +818,26 @@ impl ObjectDevice {
         }
         let _c = core.checkpointing.lock();
         core.checkpoint(true).map_err(io::Error::from)?;
-        core.state.lock().stats.fenced = Some("closed".into());
+        // The chunks this writer made and still holds, for the next
+        // mount from this cache directory.
+        let unsaved = {
+            let mut s = core.state.lock();
+            s.stats.fenced = Some("closed".into());
+            let current: Vec<u64> = s
+                .chunks
+                .iter()
+                .filter(|&(&idx, held)| !held.on_disk && s.chunk_version(idx) == Some(held.version))
+                .map(|(&idx, _)| idx)
+                .collect();
+            let mut unsaved = Vec::with_capacity(current.len());
+            for idx in current {
+                let held = s.chunks.get_mut(&idx).expect("just listed");
+                held.on_disk = true;
+                unsaved.push((idx, held.version, held.data.clone()));
+            }
+            unsaved
+        };
+        core.save_chunks(unsaved);
         Ok(())
     }
 
@@ -872,10 +924,10 @@ impl Core {
             let mut s = self.state.lock();
             s.tick += 1;
             let tick = s.tick;
-            if let Some((v, data, used)) = s.chunks.get_mut(&idx) {
-                if *v == version {
-                    *used = tick;
-                    return Ok(data.clone());
+            if let Some(held) = s.chunks.get_mut(&idx) {
+                if held.version == version {
+                    held.used = tick;
+                    return Ok(held.data.clone());
                 }
             }
         }
@@ -906,9 +958,18 @@ impl Core {
         let mut s = self.state.lock();
         s.stats.chunk_gets += fetched;
         if s.chunk_version(idx) == Some(version) {
-            let tick = s.tick;
-            s.chunks.insert(idx, (version, data.clone(), tick));
-            self.trim_cache(&mut s);
+            let used = s.tick;
+            let on_disk = self.disk.is_some();
+            let held = Held {
+                version,
+                data: data.clone(),
+                used,
+                on_disk,
+            };
+            s.chunks.insert(idx, held);
+            let unsaved = self.trim_cache(&mut s);
+            drop(s);
+            self.save_chunks(unsaved);
         }
         Ok(data)
     }
@@ -933,16 +994,37 @@ impl Core {
         (self.len - start).min(self.chunk_blocks * BLOCK) as usize
     }
 
-    fn trim_cache(&self, s: &mut State) {
+    /// Chunks out of memory, least recently used first, down to
+    /// `cache_bytes`; those the cache directory should have and has not,
+    /// for `save_chunks` once `state` is let go.
+    #[must_use]
+    fn trim_cache(&self, s: &mut State) -> Unsaved {
         let limit = cache_chunks(&self.opts, self.chunk_blocks);
+        let mut unsaved = Vec::new();
         while s.chunks.len() > limit {
             let oldest = s
                 .chunks
                 .iter()
-                .min_by_key(|(_, (_, _, used))| *used)
+                .min_by_key(|(_, held)| held.used)
                 .map(|(&i, _)| i)
                 .expect("not empty");
-            s.chunks.remove(&oldest);
+            let held = s.chunks.remove(&oldest).expect("just found");
+            if !held.on_disk && self.disk.is_some() && s.chunk_version(oldest) == Some(held.version)
+            {
+                unsaved.push((oldest, held.version, held.data));
+            }
+        }
+        unsaved
+    }
+
+    /// Copies of chunks into the cache directory (`Held::on_disk`),
+    /// encoded as their objects are.
+    fn save_chunks(&self, chunks: Unsaved) {
+        let Some(d) = &self.disk else {
+            return;
+        };
+        for (idx, version, data) in chunks {
+            d.keep_chunk(idx, version, &encode_chunk(idx, &data));
         }
     }
 
@@ -1036,7 +1118,13 @@ impl Core {
         let tick = s.tick;
         for (idx, data) in &whole {
             s.chunk_flushed(*idx, version, self.chunk_blocks);
-            s.chunks.insert(*idx, (version, data.clone(), tick));
+            let held = Held {
+                version,
+                data: data.clone(),
+                used: tick,
+                on_disk: false,
+            };
+            s.chunks.insert(*idx, held);
         }
         s.logged
             .extend(done.into_iter().filter(|(b, _)| !in_whole(*b)));
@@ -1044,7 +1132,9 @@ impl Core {
         s.stats.wal_puts += 1;
         s.stats.wal_bytes += n;
         s.stats.chunks_flushed += whole.len() as u64;
-        self.trim_cache(&mut s);
+        let unsaved = self.trim_cache(&mut s);
+        drop(s);
+        self.save_chunks(unsaved);
         Ok(())
     }
 
@@ -1100,10 +1190,7 @@ impl Core {
                 },
             )?;
         }
-        for (idx, _, body, data) in bodies {
-            if let Some(d) = &self.disk {
-                d.keep_chunk(idx, version, &body);
-            }
+        for (idx, _, _, data) in bodies {
             out.push((idx, Arc::new(data)));
         }
         Ok(out)
@@ -1263,10 +1350,7 @@ impl Core {
                     }))
                 },
             )?;
-            for (idx, _, body, data) in bodies {
-                if let Some(d) = &self.disk {
-                    d.keep_chunk(idx, new_id, &body);
-                }
+            for (idx, _, _, data) in bodies {
                 next.chunks.insert(idx, new_id);
                 made.push((idx, Arc::new(data)));
             }
@@ -1323,7 +1407,13 @@ impl Core {
             s.stats.checkpoint_failed = None;
             for (idx, data) in made {
                 if s.chunk_version(idx) == Some(new_id) {
-                    s.chunks.insert(idx, (new_id, data, tick));
+                    let held = Held {
+                        version: new_id,
+                        data,
+                        used: tick,
+                        on_disk: false,
+                    };
+                    s.chunks.insert(idx, held);
                 }
             }
             for (b, d) in &folded {
@@ -1331,7 +1421,9 @@ impl Core {
                     s.logged.remove(b);
                 }
             }
-            self.trim_cache(&mut s);
+            let unsaved = self.trim_cache(&mut s);
+            drop(s);
+            self.save_chunks(unsaved);
         }
         self.sweep_replaced(id, &old, &next, &dropped);
         Ok(())
@@ -1459,6 +1551,7 @@ impl Core {
             s.unshipped.insert(b, (record, d.clone()));
         }
         s.to_ship.push_back(Shipment {
+            queued: std::time::Instant::now(),
             record,
             blocks: blocks.into_iter().collect(),
         });
@@ -1496,9 +1589,7 @@ impl Core {
                 s.local_wal_paused_until = Some(std::time::Instant::now() + LOCAL_WAL_PAUSE);
             }
             s.stats.flushes_past_local_wal += 1;
-            while !s.to_ship.is_empty() && s.stats.fenced.is_none() {
-                self.changed.wait(&mut s);
-            }
+            self.wait_shipped_in(&mut s);
             if let Some(why) = &s.stats.fenced {
                 return Err(eio(format!("{}: {why}", self.name)));
             }
@@ -1516,9 +1607,18 @@ impl Core {
     /// Wait until everything flushed locally has shipped (close).
     fn wait_shipped(&self) {
         let mut s = self.state.lock();
+        self.wait_shipped_in(&mut s);
+    }
+
+    /// Wait, `state` held as `s`, until every local record has shipped or
+    /// the device is fenced; the shipper does not linger meanwhile.
+    fn wait_shipped_in(&self, s: &mut parking_lot::MutexGuard<'_, State>) {
+        s.ship_waiters += 1;
+        self.changed.notify_all();
         while !s.to_ship.is_empty() && s.stats.fenced.is_none() {
-            self.changed.wait(&mut s);
+            self.changed.wait(s);
         }
+        s.ship_waiters -= 1;
     }
 
     /// The shipper thread: PUT what waits in the local WAL, in order.
@@ -1554,15 +1654,26 @@ impl Core {
 
     /// Every record waiting, with the WAL number they ship as; None once
     /// told to stop.
+    /// They wait for `SHIP_LINGER` after the oldest was queued unless
+    /// `SHIP_BATCH` of them are there or someone waits for them.
     fn next_batch(&self) -> Option<(u64, Vec<Shipment>)> {
+        let batch = SHIP_BATCH.min(self.opts.wal_lag_max / 4);
         let mut s = self.state.lock();
-        while s.to_ship.is_empty() && !s.stopping {
-            self.changed.wait(&mut s);
+        loop {
+            if s.stopping {
+                return None;
+            }
+            let Some(first) = s.to_ship.front() else {
+                self.changed.wait(&mut s);
+                continue;
+            };
+            let due = first.queued + SHIP_LINGER;
+            if s.ship_waiters > 0 || s.unshipped_bytes >= batch || std::time::Instant::now() >= due
+            {
+                return Some((s.next_wal, s.to_ship.iter().cloned().collect()));
+            }
+            self.changed.wait_until(&mut s, due);
         }
-        if s.stopping {
-            return None;
-        }
-        Some((s.next_wal, s.to_ship.iter().cloned().collect()))
     }
 
     /// PUT the batch as WAL `seq`: each block's newest version in it.
@@ -1620,7 +1731,7 @@ impl Core {
     /// The batch is in the store: its blocks move to `logged`.
     fn shipped(&self, seq: u64, batch: Vec<Shipment>, bytes: u64) {
         let mut s = self.state.lock();
-        for Shipment { record, blocks } in batch {
+        for Shipment { record, blocks, .. } in batch {
             let front = s.to_ship.pop_front().expect("the batch was queued");
             debug_assert_eq!(front.record, record);
             for (b, d) in blocks {
@@ -1984,7 +2095,7 @@ impl Core {
         let wanted: Vec<(u64, u64)> = {
             let s = self.state.lock();
             next.filter_map(|idx| Some((idx, s.chunk_version(idx)?)))
-                .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.0 != *v))
+                .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.version != *v))
                 .collect()
         };
         // What the cache directory holds is read from there, not fetched.

@@ -210,7 +210,15 @@ fn chunk_copies_make_room_for_the_local_wal() {
     assert!(st.unshipped_bytes > 0 || st.wal_puts > 0, "{st:?}");
     let now = st.cache_dir.expect("a cache_dir").chunks;
     assert!(now < copies, "no chunk copy made room: {now} of {copies}");
+    // Killed there: the local WAL ships at the next open from it.
     drop(fs);
+    drop(dev);
+    let again = ObjectOptions {
+        takeover: true,
+        ..local(&cache)
+    };
+    let dev = Arc::new(ObjectDevice::open(store.clone(), Path::from("img"), again).unwrap());
+    dev.close().unwrap();
     drop(dev);
     verify_elsewhere(store, 0..2);
 }

@@ -269,3 +269,90 @@ fn chunks_come_from_the_cache_dir_on_the_next_open() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A chunk this writer makes (a flush's whole chunk, a checkpoint's) is
+/// copied into the cache directory only when it leaves memory, and the
+/// ones still held at close then: not as it is made, a write to the local
+/// disk for every chunk that a flush would wait behind. The next open
+/// from the directory reads them all with no GET.
+#[test]
+fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
+    use foliofs::device::Device;
+    const BLOCK: u64 = 4096;
+    const CHUNK: u64 = 64; // blocks of a 256 KiB chunk
+    let dir = cache_dir("lazy");
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let opts = ObjectOptions {
+        cache_dir: Some(dir.clone()),
+        chunk_bytes: CHUNK * BLOCK,
+        // Two chunks in memory.
+        cache_bytes: 2 * CHUNK * BLOCK,
+        checkpoint_bytes: 1 << 40,
+        ..Default::default()
+    };
+    let dev =
+        ObjectDevice::create(store.clone(), Path::from("img"), 64 << 20, opts.clone()).unwrap();
+    let block = |b: u64| vec![(b % 251) as u8; BLOCK as usize];
+    let copies = |dev: &ObjectDevice| dev.stats().cache_dir.unwrap().chunks;
+    for b in 0..2 * CHUNK {
+        dev.write_at(&block(b), b * BLOCK).unwrap();
+    }
+    dev.flush().unwrap();
+    assert_eq!(dev.stats().chunks_flushed, 2);
+    assert_eq!(copies(&dev), 0, "both held in memory: no copy yet");
+    for b in 2 * CHUNK..6 * CHUNK {
+        dev.write_at(&block(b), b * BLOCK).unwrap();
+    }
+    dev.flush().unwrap();
+    assert_eq!(copies(&dev), 4, "the four that left memory");
+    dev.close().unwrap();
+    drop(dev);
+    let dev = ObjectDevice::open(store, Path::from("img"), opts).unwrap();
+    assert_eq!(copies(&dev), 6, "and the two held at close");
+    let mut got = vec![0; BLOCK as usize];
+    for b in 0..6 * CHUNK {
+        dev.read_at(&mut got, b * BLOCK).unwrap();
+        assert!(got == block(b), "block {b}");
+    }
+    let st = dev.stats();
+    assert_eq!(st.chunk_gets, 0, "{st:?}");
+    assert!(st.cache_dir.unwrap().hits >= 6);
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Local records ship together: the fdatasyncs of 100 ms go to the store
+/// as one WAL object (each block's newest version once), not one object
+/// each, and still all ship.
+#[test]
+fn local_records_of_a_moment_ship_as_one_wal_object() {
+    use foliofs::device::Device;
+    let dir = cache_dir("linger");
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = ObjectDevice::create(store, Path::from("img"), 64 << 20, local(&dir)).unwrap();
+    settle(&dev);
+    let before = dev.stats().wal_puts;
+    let t = std::time::Instant::now();
+    for k in 0..40u64 {
+        dev.write_at(&vec![k as u8; 4096], (k % 8) * 4096).unwrap();
+        dev.flush().unwrap();
+    }
+    let took = t.elapsed();
+    settle(&dev);
+    let st = dev.stats();
+    let puts = st.wal_puts - before;
+    // 40 flushes within the linger ship in a PUT or two; a slow machine's
+    // flushes spread over more of them.
+    let most = 2 + (took.as_millis() / 100) as u64;
+    assert!(
+        puts <= most,
+        "{puts} WAL PUTs for 40 flushes in {took:?} (at most {most}): {st:?}"
+    );
+    let mut got = vec![0; 4096];
+    for b in 0..8u64 {
+        dev.read_at(&mut got, b * 4096).unwrap();
+        assert_eq!(got[0], (32 + b) as u8, "block {b}: its newest version");
+    }
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
