@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{mkfs_with as mkfs, write_files};
+use common::{mkfs_with as mkfs, verify_files, write_files};
 use foliofs::{Fs, MountOptions};
 use foliofs_object::{Durability, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use std::ffi::CString;
@@ -97,19 +97,19 @@ fn verify_elsewhere(store: Arc<dyn ObjectStore>, files: std::ops::Range<usize>) 
         ..Default::default()
     };
     let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
-    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    for i in files {
-        let a = fs
-            .lookup(fs.root_ino(), format!("f{i}").as_bytes())
-            .unwrap_or_else(|e| panic!("f{i}: {e}"));
-        let want = content(i);
-        let mut got = vec![0; want.len()];
-        assert_eq!(fs.read(a.ino, 0, &mut got).unwrap(), want.len(), "f{i}");
-        assert!(got == want, "f{i} content");
-    }
-    fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev.clone(), &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+    verify_files(dev.clone(), files, content);
+    dev.close().unwrap();
+}
+
+/// The writer stopped (killed, its machine up again): open the image
+/// from the same cache directory, which ships what its local WAL holds,
+/// and close it.
+fn restart_from(store: &Arc<dyn ObjectStore>, cache: &std::path::Path) {
+    let again = ObjectOptions {
+        takeover: true,
+        ..local(cache)
+    };
+    let dev = ObjectDevice::open(store.clone(), Path::from("img"), again).unwrap();
     dev.close().unwrap();
 }
 
@@ -158,18 +158,12 @@ fn fsyncs_the_full_local_disk_cannot_take_go_to_the_store() {
     write_files(&fs, 10..12, content);
     let st = dev.stats();
     assert_eq!(st.flushes_past_local_wal, before, "{st:?}");
-    // The writer stops there (killed, its machine up again): opening
-    // from the same cache directory ships what its local WAL holds, the
-    // last two files, and nothing older over the flushes that went past.
+    // Killed there: the next open from the same cache directory ships
+    // what its local WAL holds, the last two files, and nothing older
+    // over the flushes that went past it.
     drop(fs);
     drop(dev);
-    let again = ObjectOptions {
-        takeover: true,
-        ..local(&cache)
-    };
-    let dev = Arc::new(ObjectDevice::open(store.clone(), Path::from("img"), again).unwrap());
-    dev.close().unwrap();
-    drop(dev);
+    restart_from(&store, &cache);
     verify_elsewhere(store, 0..12);
 }
 
@@ -184,8 +178,8 @@ fn chunk_copies_make_room_for_the_local_wal() {
     let cache = disk.dir.join("cache");
     let inner = Arc::new(InMemory::new());
     let store: Arc<dyn ObjectStore> = inner.clone();
-    // Written with durability=object: whole chunks flushed are kept in
-    // the cache directory as they go to the store.
+    // Written with durability=object: the whole chunks flushed are kept
+    // in the cache directory at close.
     let object = ObjectOptions {
         cache_dir: Some(cache.clone()),
         ..Default::default()
@@ -213,12 +207,6 @@ fn chunk_copies_make_room_for_the_local_wal() {
     // Killed there: the local WAL ships at the next open from it.
     drop(fs);
     drop(dev);
-    let again = ObjectOptions {
-        takeover: true,
-        ..local(&cache)
-    };
-    let dev = Arc::new(ObjectDevice::open(store.clone(), Path::from("img"), again).unwrap());
-    dev.close().unwrap();
-    drop(dev);
+    restart_from(&store, &cache);
     verify_elsewhere(store, 0..2);
 }

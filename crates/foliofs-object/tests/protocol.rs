@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cut_store, mkfs_with, write_files, SIZE};
+use common::{cut_store, mkfs_with, verify_files, write_files, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
@@ -31,29 +31,7 @@ fn content(i: usize) -> Vec<u8> {
 /// Every file `name i` for i in `files` reads back whole, and fsck finds
 /// the image clean.
 fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
-    verify_with(dev, files, content)
-}
-
-/// `verify`, the files holding `content(i)`.
-fn verify_with(
-    dev: Arc<ObjectDevice>,
-    files: std::ops::Range<usize>,
-    content: fn(usize) -> Vec<u8>,
-) {
-    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
-    for i in files {
-        let a = fs
-            .lookup(fs.root_ino(), format!("f{i}").as_bytes())
-            .unwrap_or_else(|e| panic!("f{i}: {e}"));
-        let want = content(i);
-        let mut got = vec![0; want.len()];
-        let n = fs.read(a.ino, 0, &mut got).unwrap();
-        assert_eq!(n, want.len(), "f{i} length");
-        assert!(got == want, "f{i} content");
-    }
-    fs.unmount().unwrap();
-    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
-    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+    verify_files(dev, files, content)
 }
 
 /// Files written and fsynced on a device dropped without a close (the
@@ -434,7 +412,7 @@ fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> u6
         drop(dev);
         let inner: Arc<dyn ObjectStore> = inner;
         let dev2 = Arc::new(ObjectDevice::open(inner, Path::from("img"), takeover()).unwrap());
-        verify_with(dev2, 0..acked, content);
+        verify_files(dev2, 0..acked, content);
         if whole {
             assert!(cut_at > files as u64, "every fsync made a PUT: {cut_at}");
             return flushed;

@@ -41,6 +41,29 @@ pub fn write_files(fs: &Fs, files: std::ops::Range<usize>, content: fn(usize) ->
     }
 }
 
+/// Every file `f{i}` for i in `files` reads back as `content(i)`, and
+/// fsck finds the image clean.
+pub fn verify_files(
+    dev: Arc<ObjectDevice>,
+    files: std::ops::Range<usize>,
+    content: fn(usize) -> Vec<u8>,
+) {
+    let fs = Fs::mount(dev.clone(), foliofs::MountOptions::default()).unwrap();
+    for i in files {
+        let a = fs
+            .lookup(fs.root_ino(), format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("f{i}: {e}"));
+        let want = content(i);
+        let mut got = vec![0; want.len()];
+        let n = fs.read(a.ino, 0, &mut got).unwrap();
+        assert_eq!(n, want.len(), "f{i} length");
+        assert!(got == want, "f{i} content");
+    }
+    fs.unmount().unwrap();
+    let r = foliofs::fsck::fsck(dev, &Default::default(), |_, _| {}).unwrap();
+    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
+
 /// Checkpoints every 256 KiB of WAL, 8 MiB of chunks in memory.
 pub fn small_checkpoints() -> ObjectOptions {
     ObjectOptions {
