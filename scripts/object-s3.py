@@ -408,7 +408,7 @@ def local_durability(srv, tmp, m):
     then sees them all."""
     url = f"s3://{BUCKET}/local-{os.getpid()}"
     cache = os.path.join(tmp, "cache-local")
-    opts = f"cache_dir={cache},durability=local,wal_lag_max=16M,log={tmp}/local.log"
+    opts = f"cache_dir={cache},cache_size=96M,durability=local,wal_lag_max=16M,log={tmp}/local.log"
     run("mkfs", url, "--size", "256M")
     run("mount", url, m, "-o", opts)
     for i in range(10):
@@ -417,8 +417,8 @@ def local_durability(srv, tmp, m):
     check("foliofs stat URL reports this machine's mount, its durability and WAL lag",
           f"mounted here on {m}: durability=local, WAL lag" in r.stdout, r.stdout)
     r = run("stat", "--mount", m)
-    check("foliofs stat --mount shows the WAL lag and the cache_dir",
-          "WAL lag" in r.stdout and "cache_dir" in r.stdout, r.stdout)
+    check("foliofs stat --mount shows the WAL lag and the cache_dir, of the size given",
+          "WAL lag" in r.stdout and re.search(r"cache_dir .* of 96\.0 MiB", r.stdout), r.stdout)
     srv.kill()
     slow = []
     for i in range(10, 16):

@@ -58,6 +58,13 @@ The kernel's FUSE:
   read_ahead=SIZE: how far the kernel reads ahead of a sequential reader (default 8M; 0 keeps the kernel's 128 KiB; set by root only).
   readdirplus, no_readdirplus: attributes with directory listings.
 
+An image in object storage (s3://BUCKET/PREFIX, gs://, az://, file:///DIR; the endpoint and credentials from AWS_* and the like):
+  takeover: claim the image though its manifest names a writer (one whose machine died, or one to fence).
+  cache_dir=DIR: fetched chunks kept on local disk, and the local WAL of durability=local; one directory per image.
+  cache_size=SIZE: what cache_dir holds at most (default 4G); for an object image this name is the cache directory's, not the metadata cache's.
+  durability=object|local: a flush returns once its blocks are in a WAL object in the store (object, the default), or once they are synced in cache_dir's local WAL and shipped behind (local; when that disk is full, flushes go to the store as with object).
+  wal_lag_max=SIZE: with durability=local, writers wait while more than this is not yet in the store (default 64M).
+
 Tests:
   fault_injection: root may make the device fail while mounted, through the foliofs.fault xattr of the mount's root (reads, writes, flushes, or none): a disk going bad.
 

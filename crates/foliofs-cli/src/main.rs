@@ -806,7 +806,10 @@ fn mount_cmd(
     if mount::is_remount(options) {
         return mount::remount(dir, options);
     }
-    let o = mount::parse_options(options)?;
+    let mut o = mount::parse_options(options)?;
+    if object::url_of(image).is_some() {
+        o.object_image();
+    }
     // A daemon (started by `spawn`, holding the ready pipe) logs to
     // syslog, or without it to a file of its own; in the foreground, to
     // stderr; -o log=FILE wins over all.

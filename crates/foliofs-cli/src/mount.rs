@@ -75,9 +75,22 @@ pub struct Options {
     pub object: foliofs_object::ObjectOptions,
     /// Which of those were given (refused for an image file).
     pub object_given: Vec<String>,
+    /// `cache_size=SIZE` as given: the engine's metadata cache for an
+    /// image file, the cache directory's size for an object image
+    /// (`object_image`), as the C ABI and the library take it.
+    cache_size: Option<u64>,
 }
 
 impl Options {
+    /// The image is an object image: `cache_size` is its cache
+    /// directory's, and the metadata cache keeps its default.
+    pub fn object_image(&mut self) {
+        if let Some(n) = self.cache_size.take() {
+            self.object.cache_size = n;
+            self.engine.meta_cache_bytes = MountOptions::default().meta_cache_bytes;
+        }
+    }
+
     /// allow_other as it applies to this process: root mounts serve every
     /// user unless told otherwise.
     pub fn allow_other(&self) -> bool {
@@ -132,6 +145,7 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
         fault_injection: false,
         object: Default::default(),
         object_given: Vec::new(),
+        cache_size: None,
     };
     for opt in list
         .iter()
@@ -143,6 +157,10 @@ pub fn parse_options(list: &[String]) -> Result<Options> {
             None => (opt, None),
         };
         match o.engine.set(k, v) {
+            Ok(true) if k == "cache_size" => {
+                o.cache_size = Some(o.engine.meta_cache_bytes);
+                continue;
+            }
             Ok(true) => continue,
             Ok(false) => {}
             Err(e) => bail!("-o {e}"),
@@ -846,6 +864,18 @@ mod tests {
     fn options() {
         let o = parse_options(&["ro,allow_other,dio_cap=1,dirty_limit=8M,noauto".into()]).unwrap();
         let w = parse_options(&["wb_contexts=2,page_cache=64M,prealloc=off".into()]).unwrap();
+        // cache_size: the metadata cache of an image file, the cache
+        // directory of an object image.
+        let list = ["cache_dir=/var/cache/x,cache_size=20G".to_string()];
+        let file = parse_options(&list).unwrap();
+        assert_eq!(file.engine.meta_cache_bytes, 20 << 30);
+        let mut object = parse_options(&list).unwrap();
+        object.object_image();
+        assert_eq!(object.object.cache_size, 20 << 30);
+        assert_eq!(
+            object.engine.meta_cache_bytes,
+            MountOptions::default().meta_cache_bytes
+        );
         assert_eq!(w.engine.writeback_contexts, 2);
         assert_eq!(w.engine.cache_bytes, 64 << 20);
         assert!(w.engine.no_prealloc);
