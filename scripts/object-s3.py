@@ -541,6 +541,47 @@ def full_cache_disk(tmp, m):
         subprocess.run(["umount", "-l", small], capture_output=True)
 
 
+def shared_files(tmp, m):
+    """A mount with no AWS_* variables at all, as mount(8) and /etc/fstab
+    start it: the keys, the region and the endpoint come from the AWS
+    shared files (~/.aws/credentials, ~/.aws/config), the profile chosen
+    with -o profile=NAME; a wrong key there is refused (exit 32), and so
+    is a profile the files do not have, naming it."""
+    home = os.path.join(tmp, "home")
+    os.makedirs(os.path.join(home, ".aws"))
+    with open(os.path.join(home, ".aws", "credentials"), "w") as f:
+        f.write("[default]\naws_access_key_id = foliofs\naws_secret_access_key = wrong\n\n"
+                "[backup]\naws_access_key_id = foliofs\naws_secret_access_key = foliofs\n")
+    with open(os.path.join(home, ".aws", "config"), "w") as f:
+        f.write(f"[default]\nregion = us-east-1\n\n[profile backup]\nregion = us-east-1\n"
+                f"endpoint_url = http://127.0.0.1:{S3_PORT}\n")
+    bare = {"PATH": os.environ["PATH"], "HOME": home}
+    url = f"s3://{BUCKET}/shared-{os.getpid()}"
+    log = f"{tmp}/shared.log"
+    run("mkfs", url, "--size", "64M")
+    try:
+        r = run("mount", url, m, "-o", f"profile=backup,log={log}", env=bare, check=False)
+        check("with no AWS_* variables, a mount takes its keys and endpoint from the shared "
+              "files' profile", r.returncode == 0, r.stderr)
+        write_fsync(os.path.join(m, "f"), content(7))
+        # The other commands take the profile from AWS_PROFILE.
+        r = run("umount", m, env=dict(bare, AWS_PROFILE="backup"), check=False)
+        check("that mount unmounts cleanly", r.returncode == 0, r.stderr)
+        run("mount", url, m, "-o", f"ro,log={log}")
+        check("what it wrote reads back", open(os.path.join(m, "f"), "rb").read() == content(7))
+        run("umount", m)
+        env = dict(bare, AWS_ENDPOINT=f"http://127.0.0.1:{S3_PORT}", AWS_ALLOW_HTTP="true")
+        r = run("mount", url, m, "-o", f"log={log}", env=env, check=False)
+        check("the default profile's wrong key is refused (exit 32)", r.returncode == 32,
+              f"exit {r.returncode}: {r.stderr}")
+        r = run("mount", url, m, "-o", f"profile=nope,log={log}", env=bare, check=False)
+        check("a profile the shared files lack is refused, naming it",
+              r.returncode == 32 and "AWS profile nope" in r.stderr,
+              f"exit {r.returncode}: {r.stderr}")
+    finally:
+        subprocess.run(["umount", "-l", m], capture_output=True)
+
+
 def refusals(tmp, m):
     """Bad input gets a clear message, exit 32 from mount, and changes
     nothing: wrong credentials, a bucket that is not there, a URL without
@@ -738,6 +779,7 @@ def main():
         check("fsck of the URL is clean after the sweep", r.returncode == 0, r.stdout + r.stderr)
         local_durability(srv, tmp, m2)
         full_cache_disk(tmp, m2)
+        shared_files(tmp, m2)
         refusals(tmp, m2)
         throttled(tmp, m1)
         slow_link(tmp, m1)
@@ -745,8 +787,8 @@ def main():
         replicated(tmp, m1, m2)
         print(f"object-s3: {len(passed)} passed, 0 failed")
     except BaseException:
-        for log in ("m1.log", "m2.log", "m3.log", "local.log", "full.log", "throttled.log",
-                    "slow.log", "replicated.log"):
+        for log in ("m1.log", "m2.log", "m3.log", "local.log", "full.log", "shared.log",
+                    "throttled.log", "slow.log", "replicated.log"):
             path = os.path.join(tmp, log)
             if os.path.exists(path):
                 print(f"--- the end of {log}:")

@@ -107,7 +107,8 @@ fn object_fail(url: &str, e: ObjectError) -> Fail {
 /// The device an object image URL names (`URL@N`: snapshot N, read-only).
 fn open_object(url: &str, opts: ObjectOptions) -> Result<Arc<ObjectDevice>, Fail> {
     let (base, snapshot) = foliofs_object::split_snapshot(url);
-    let (store, prefix) = foliofs_object::open_url(base).map_err(|e| object_fail(url, e))?;
+    let (store, prefix) = foliofs_object::open_url_with(base, opts.profile.as_deref())
+        .map_err(|e| object_fail(url, e))?;
     let opts = ObjectOptions { snapshot, ..opts };
     let dev = ObjectDevice::open(store, prefix, opts).map_err(|e| object_fail(url, e))?;
     Ok(Arc::new(dev))

@@ -64,6 +64,7 @@ An image in object storage (s3://BUCKET/PREFIX, gs://, az://, file:///DIR; the e
   cache_size=SIZE: what cache_dir holds at most (default 4G); for an object image this name is the cache directory's, not the metadata cache's.
   durability=object|local: a flush returns once its blocks are in a WAL object in the store (object, the default), or once they are synced in cache_dir's local WAL and shipped behind (local; when that disk is full, flushes go to the store as with object).
   wal_lag_max=SIZE: with durability=local, writers wait while more than this is not yet in the store (default 64M).
+  profile=NAME: for s3://, the profile of the AWS shared files (~/.aws/credentials, ~/.aws/config) whose keys, region and endpoint_url apply where no AWS_* variable is set (default AWS_PROFILE, else default): how a mount from /etc/fstab, which has no AWS_* variables, finds them.
 
 Tests:
   fault_injection: root may make the device fail while mounted, through the foliofs.fault xattr of the mount's root (reads, writes, flushes, or none): a disk going bad.

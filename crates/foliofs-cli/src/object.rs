@@ -2,7 +2,9 @@
 //! CLI's way to the `foliofs-object` device, with its errors for people.
 
 use anyhow::{anyhow, bail, Result};
-use foliofs_object::{open_url, split_snapshot, ObjectDevice, ObjectError, ObjectOptions};
+use foliofs_object::{
+    open_url, open_url_with, split_snapshot, ObjectDevice, ObjectError, ObjectOptions,
+};
 use foliofs_object::{ObjectStore, Path as Prefix};
 use std::path::Path;
 use std::sync::Arc;
@@ -24,7 +26,8 @@ pub(crate) fn create(url: &str, size: u64, opts: &ObjectOptions) -> Result<Objec
             "{url}: names snapshot {n}: make an image at a URL without @"
         ));
     }
-    let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
+    let (store, prefix) =
+        open_url_with(url, opts.profile.as_deref()).map_err(|e| for_people(url, e))?;
     ObjectDevice::create(store, prefix, size, opts.clone()).map_err(|e| for_people(url, e))
 }
 
@@ -44,7 +47,8 @@ pub(crate) fn open(
             "{url}: snapshot {n} opens read-only only (mount it with -o ro)"
         ));
     }
-    let (store, prefix) = open_url(base).map_err(|e| for_people(url, e))?;
+    let (store, prefix) =
+        open_url_with(base, given.profile.as_deref()).map_err(|e| for_people(url, e))?;
     let opts = ObjectOptions {
         read_only,
         mount_point: mount_point.map(|p| p.display().to_string()),

@@ -131,6 +131,10 @@ pub struct ObjectOptions {
     /// For a new image (`create`): the bytes of each chunk object, a power
     /// of two from 256 KiB to 64 MiB. An image opened keeps its own.
     pub chunk_bytes: u64,
+    /// The AWS shared files' profile an `s3://` URL's credentials,
+    /// region and endpoint come from where the environment has none
+    /// (`open_url_with`; the device itself does not read it).
+    pub profile: Option<String>,
 }
 
 impl Default for ObjectOptions {
@@ -150,6 +154,7 @@ impl Default for ObjectOptions {
             wal_lag_max: 64 << 20,
             read_ahead_chunks: 4,
             chunk_bytes: CHUNK_BLOCKS * BLOCK,
+            profile: None,
         }
     }
 }

@@ -34,6 +34,7 @@
 //! snapshots and the sweep of garbage in `keep`; readers' leases in
 //! `lease`; the cache directory and the local WAL in `local`.
 
+mod aws_files;
 mod device;
 pub mod keep;
 pub mod layout;
@@ -136,6 +137,17 @@ impl std::error::Error for ObjectError {}
 /// (`<Code>NoSuchBucket</Code><Message>...</Message>`), with what to
 /// check: the server's words rather than the whole request.
 fn s3_error(text: &str) -> Option<String> {
+    // With no keys anywhere, object_store asks the EC2 instance metadata
+    // service, and off EC2 its refusal is all the error says.
+    if text.contains("169.254.169.254") {
+        return Some(
+            "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or put them \
+             in ~/.aws/credentials (a profile chosen with -o profile=NAME or AWS_PROFILE), or \
+             run where an instance role gives them (the instance metadata service did not \
+             answer)"
+                .into(),
+        );
+    }
     let tag = |name: &str| {
         let open = format!("<{name}>");
         let start = text.find(&open)? + open.len();
@@ -145,7 +157,8 @@ fn s3_error(text: &str) -> Option<String> {
     let code = tag("Code")?;
     let hint = match code {
         "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" => {
-            " (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            " (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the ~/.aws/credentials \
+             profile)"
         }
         "NoSuchBucket" => " (make the bucket first)",
         _ => "",
@@ -215,6 +228,16 @@ pub fn split_snapshot(url: &str) -> (&str, Option<u64>) {
 /// `AWS_REGION`, `AWS_ALLOW_HTTP`); `file:///DIR/PREFIX` keeps the image
 /// in a directory (a shared file system).
 pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> {
+    open_url_with(url, None)
+}
+
+/// `open_url`, an `s3://` URL's missing settings taken from the AWS
+/// shared files' profile `profile` (else `AWS_PROFILE`, else `default`;
+/// see `aws_files`).
+pub fn open_url_with(
+    url: &str,
+    profile: Option<&str>,
+) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> {
     if let (_, Some(n)) = split_snapshot(url) {
         return Err(ObjectError::Invalid(format!(
             "{url}: names snapshot {n}: open the URL before the @ with ObjectOptions::snapshot"
@@ -228,10 +251,28 @@ pub fn open_url(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> 
         "s3" | "s3a" => {
             let bucket = parsed.host_str().ok_or_else(|| bad("no bucket"))?;
             let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if std::env::var_os("AWS_DEFAULT_REGION").is_none()
-                && std::env::var_os("AWS_REGION").is_none()
-            {
-                b = b.with_region("us-east-1");
+            // What the environment leaves unsaid, from the shared files.
+            let set = |v: &str| std::env::var_os(v).is_some_and(|x| !x.is_empty());
+            let p = aws_files::profile(profile)?;
+            if !set("AWS_ACCESS_KEY_ID") {
+                if let (Some(id), Some(secret)) = (p.access_key_id, p.secret_access_key) {
+                    b = b.with_access_key_id(id).with_secret_access_key(secret);
+                    if let Some(token) = p.session_token {
+                        b = b.with_token(token);
+                    }
+                }
+            }
+            if !set("AWS_DEFAULT_REGION") && !set("AWS_REGION") {
+                b = b.with_region(p.region.as_deref().unwrap_or("us-east-1"));
+            }
+            if !set("AWS_ENDPOINT") && !set("AWS_ENDPOINT_URL") {
+                if let Some(endpoint) = p.endpoint_url {
+                    // An http:// endpoint written down is meant.
+                    if endpoint.starts_with("http://") && !set("AWS_ALLOW_HTTP") {
+                        b = b.with_allow_http(true);
+                    }
+                    b = b.with_endpoint(endpoint);
+                }
             }
             let b = b.with_retry(retry_config());
             let timeout = object_store::aws::AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
@@ -303,7 +344,8 @@ fn timed<S: ObjectStore>(
 /// The mount options of an object image, as the CLI, /etc/fstab and the
 /// C ABI take them.
 pub const MOUNT_OPTIONS: &str =
-    "takeover, cache_dir=DIR, cache_size=SIZE, durability=object|local, wal_lag_max=SIZE";
+    "takeover, cache_dir=DIR, cache_size=SIZE, durability=object|local, wal_lag_max=SIZE, \
+     profile=NAME";
 
 impl ObjectOptions {
     /// Take the mount option `k[=v]` if it is one of `MOUNT_OPTIONS`
@@ -319,6 +361,7 @@ impl ObjectOptions {
             ("cache_size", Some(v)) => self.cache_size = size(v)?,
             ("wal_lag_max", Some(v)) => self.wal_lag_max = size(v)?,
             ("durability", Some(v)) => self.durability = v.parse()?,
+            ("profile", Some(v)) if !v.is_empty() => self.profile = Some(v.to_string()),
             // For a new image only (`foliofs mkfs --chunk-size`, `bench
             // --object-options`): an image opened keeps its own.
             ("chunk_size", Some(v)) => self.chunk_bytes = size(v)?,
@@ -376,6 +419,12 @@ mod tests {
             "NoSuchBucket: The specified bucket does not exist (make the bucket first)"
         );
         assert_eq!(super::s3_error("connection refused"), None);
+        let imds =
+            "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token \
+                    in 2ms - Server returned non-2xx status code: 403 Forbidden";
+        assert!(super::s3_error(imds)
+            .unwrap()
+            .starts_with("no AWS credentials"));
     }
 
     #[test]
