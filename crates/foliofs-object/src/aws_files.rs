@@ -13,6 +13,7 @@
 //! variable, as with the AWS tools.
 
 use crate::ObjectError;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 /// What a profile gives, each where the files have it.
@@ -28,19 +29,36 @@ pub(crate) struct Profile {
 /// The home directory: `HOME`, else the user's entry in the password
 /// database (a mount started by mount(8) at boot may have no `HOME`).
 fn home() -> Option<PathBuf> {
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return Some(h.into());
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Some(h.into()),
+        None => home_from_passwd(),
     }
-    // SAFETY: getpwuid returns a pointer to static storage or null; the
-    // directory is copied out before any other call could reuse it.
-    unsafe {
-        let pw = libc::getpwuid(libc::geteuid());
-        if pw.is_null() || (*pw).pw_dir.is_null() {
-            return None;
-        }
-        let dir = std::ffi::CStr::from_ptr((*pw).pw_dir);
-        Some(std::ffi::OsStr::from_encoded_bytes_unchecked(dir.to_bytes()).into())
+}
+
+/// This user's home directory in the password database.
+fn home_from_passwd() -> Option<PathBuf> {
+    // SAFETY: passwd is plain data, for which all zeros (null pointers)
+    // is a valid value; getpwuid_r overwrites it.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, both ours and
+    // alive for the call and the copy below; `found` is null on failure.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || pw.pw_dir.is_null() {
+        return None;
     }
+    // SAFETY: pw_dir points to a NUL-terminated string inside `buf`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    Some(std::path::Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes())).to_path_buf())
 }
 
 /// The file `var` names, else `~/.aws/NAME`.
@@ -177,6 +195,11 @@ endpoint_url = http://127.0.0.1:9000
         assert_eq!(d.access_key_id.as_deref(), Some("AKDEFAULT"));
         assert_eq!(d.region.as_deref(), Some("eu-west-1"));
         assert_eq!(d.endpoint_url, None);
+    }
+
+    #[test]
+    fn the_home_directory_is_known_without_home() {
+        assert!(home_from_passwd().is_some_and(|h| h.is_absolute()));
     }
 
     #[test]
