@@ -113,7 +113,7 @@ fn invalid(root: &std::path::Path, why: impl std::fmt::Display) -> ObjectError {
 }
 
 /// The local disk (or the user's quota on it) is full.
-pub(crate) fn out_of_space(e: &io::Error) -> bool {
+fn out_of_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
@@ -298,20 +298,16 @@ impl CacheDir {
     /// limit. The WAL is never evicted: it is bounded by `wal_lag_max`.
     fn evict(&self, ix: &mut Index) {
         let wal: u64 = ix.segments.values().map(|&(_, n)| n).sum();
-        while ix.chunk_bytes + wal > self.limit && !ix.chunks.is_empty() {
-            let (&oldest, &(n, _)) = ix
-                .chunks
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .expect("not empty");
-            ix.chunks.remove(&oldest);
-            ix.chunk_bytes -= n;
-            let _ = fs::remove_file(self.chunk_path(oldest.0, oldest.1));
+        let over = (ix.chunk_bytes + wal).saturating_sub(self.limit);
+        if over > 0 {
+            self.drop_chunks(ix, over);
         }
     }
 
     /// Delete chunk copies, least recently used first, until `want`
-    /// bytes of them are gone or none is left; the bytes deleted.
+    /// bytes of them are gone or none is left; the bytes deleted. The
+    /// limit's eviction and the local WAL's room on a full disk both come
+    /// here (one sort for however many go, not a scan for each).
     fn drop_chunks(&self, ix: &mut Index, want: u64) -> u64 {
         let mut by_use: Vec<((u64, u64), u64, u64)> = ix
             .chunks
