@@ -828,19 +828,12 @@ impl ObjectDevice {
         let unsaved = {
             let mut s = core.state.lock();
             s.stats.fenced = Some("closed".into());
-            let current: Vec<u64> = s
-                .chunks
+            let s = &*s;
+            s.chunks
                 .iter()
                 .filter(|&(&idx, held)| !held.on_disk && s.chunk_version(idx) == Some(held.version))
-                .map(|(&idx, _)| idx)
-                .collect();
-            let mut unsaved = Vec::with_capacity(current.len());
-            for idx in current {
-                let held = s.chunks.get_mut(&idx).expect("just listed");
-                held.on_disk = true;
-                unsaved.push((idx, held.version, held.data.clone()));
-            }
-            unsaved
+                .map(|(&idx, held)| (idx, held.version, held.data.clone()))
+                .collect::<Unsaved>()
         };
         core.save_chunks(unsaved);
         Ok(())
