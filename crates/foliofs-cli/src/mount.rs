@@ -423,9 +423,17 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             SessionACL::Owner
         };
         cfg.clone_fd = true;
+        // With the AWS profile the daemon's store was opened with, for
+        // `foliofs umount`, run where AWS_PROFILE may not say it.
+        let profile = o.object.profile.clone();
         let device_status = object.clone().map(|d| {
-            Arc::new(move || serde_json::to_value(d.stats()).unwrap_or_default())
-                as foliofs_fuse::DeviceStatus
+            Arc::new(move || {
+                let mut v = serde_json::to_value(d.stats()).unwrap_or_default();
+                if let (Some(m), Some(p)) = (v.as_object_mut(), &profile) {
+                    m.insert("profile".into(), p.clone().into());
+                }
+                v
+            }) as foliofs_fuse::DeviceStatus
         });
         let fuse = FuseOptions {
             cache: o.cache.clone(),
@@ -525,8 +533,16 @@ pub fn umount(dir: &Path) -> Result<i32> {
         bail!("{} is not a FUSE mount", dir.display());
     };
     if let Some(url) = crate::object::url_of(Path::new(&m.source)) {
+        // The store as the daemon reached it: a mount from /etc/fstab
+        // with -o profile=NAME, unmounted from a shell without AWS_PROFILE.
+        let profile = crate::status::read_counters(&dir).ok().and_then(|c| {
+            c.get("device")?
+                .get("profile")?
+                .as_str()
+                .map(str::to_string)
+        });
         detach(&dir)?;
-        if m.read_only || crate::object::wait_closed(url, UMOUNT_WAIT)? {
+        if m.read_only || crate::object::wait_closed(url, profile.as_deref(), UMOUNT_WAIT)? {
             return Ok(0);
         }
         bail!(

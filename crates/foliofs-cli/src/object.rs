@@ -99,9 +99,14 @@ pub(crate) fn live_mounts(url: &str) {
 
 /// `foliofs umount` of an object image: wait until the daemon's close
 /// has written a manifest that names no writer (clean), or its process
-/// is gone (not clean: the next mount needs takeover and replays).
-pub(crate) fn wait_closed(url: &str, wait: std::time::Duration) -> Result<bool> {
-    let (store, prefix) = open_url(url).map_err(|e| for_people(url, e))?;
+/// is gone (not clean: the next mount needs takeover and replays). The
+/// store is reached with `profile` where the environment says nothing.
+pub(crate) fn wait_closed(
+    url: &str,
+    profile: Option<&str>,
+    wait: std::time::Duration,
+) -> Result<bool> {
+    let (store, prefix) = open_url_with(url, profile).map_err(|e| for_people(url, e))?;
     let until = std::time::Instant::now() + wait;
     loop {
         let (writer, _) =
