@@ -33,7 +33,7 @@ const SMALL_PUTS: usize = 100;
 const BIG: usize = 8 << 20;
 const IN_FLIGHT: usize = 4;
 /// Chunks the cold read fetches ahead (the device's default).
-const READ_AHEAD: usize = 4;
+const READ_AHEAD: usize = 8;
 
 pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<Outcome>> {
     let secs = std::time::SystemTime::now()
