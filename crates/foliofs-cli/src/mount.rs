@@ -423,17 +423,9 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
             SessionACL::Owner
         };
         cfg.clone_fd = true;
-        // With the AWS profile the daemon's store was opened with, for
-        // `foliofs umount`, run where AWS_PROFILE may not say it.
-        let profile = o.object.profile.clone();
         let device_status = object.clone().map(|d| {
-            Arc::new(move || {
-                let mut v = serde_json::to_value(d.stats()).unwrap_or_default();
-                if let (Some(m), Some(p)) = (v.as_object_mut(), &profile) {
-                    m.insert("profile".into(), p.clone().into());
-                }
-                v
-            }) as foliofs_fuse::DeviceStatus
+            Arc::new(move || serde_json::to_value(d.stats()).unwrap_or_default())
+                as foliofs_fuse::DeviceStatus
         });
         let fuse = FuseOptions {
             cache: o.cache.clone(),
@@ -518,6 +510,58 @@ pub fn serve(image: &Path, dir: &Path, o: &Options, ready: Option<OwnedFd>) -> R
 /// How long `foliofs umount` waits for the daemon to finish.
 pub const UMOUNT_WAIT: Duration = lock::DEFAULT_WAIT;
 
+/// The `-o profile=NAME` the daemon serving `url` on `dir` was started
+/// with, from its command line in /proc (`foliofs mount ... URL DIR -o
+/// LIST`, or mount(8)'s `foliofs URL DIR -o LIST`). Not asked of the
+/// daemon itself: a request to one that is stopped never returns, and
+/// the mount stays busy while it waits.
+fn daemon_profile(url: &str, dir: &Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if !args.contains(&url.as_bytes()) {
+            continue;
+        }
+        // The mount point as given, relative to the daemon's directory
+        // (read as a link: nothing on the mount is looked at).
+        let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        let names_dir = args.iter().any(|a| {
+            let given = cwd.join(std::ffi::OsStr::from_bytes(a));
+            let clean: PathBuf = given.components().fold(PathBuf::new(), |mut p, c| {
+                match c {
+                    std::path::Component::ParentDir => drop(p.pop()),
+                    std::path::Component::CurDir => {}
+                    c => p.push(c),
+                }
+                p
+            });
+            clean == dir
+        });
+        if !names_dir {
+            continue;
+        }
+        let mut it = args.iter();
+        while let Some(&a) = it.next() {
+            let list = if a == b"-o" {
+                it.next().copied()
+            } else {
+                a.strip_prefix(b"-o")
+            };
+            let Some(list) = list.and_then(|l| std::str::from_utf8(l).ok()) else {
+                continue;
+            };
+            if let Some(p) = list.split(',').find_map(|o| o.strip_prefix("profile=")) {
+                return Some(p.to_string());
+            }
+        }
+        return None;
+    }
+    None
+}
+
 /// `foliofs umount DIR`: unmount a foliofs mount and return once its daemon
 /// has written everything, closed the image and left it clean. Ok(0) when
 /// clean; an error (exit 32, as umount(8)) otherwise.
@@ -535,12 +579,7 @@ pub fn umount(dir: &Path) -> Result<i32> {
     if let Some(url) = crate::object::url_of(Path::new(&m.source)) {
         // The store as the daemon reached it: a mount from /etc/fstab
         // with -o profile=NAME, unmounted from a shell without AWS_PROFILE.
-        let profile = crate::status::read_counters(&dir).ok().and_then(|c| {
-            c.get("device")?
-                .get("profile")?
-                .as_str()
-                .map(str::to_string)
-        });
+        let profile = daemon_profile(url, &dir);
         detach(&dir)?;
         if m.read_only || crate::object::wait_closed(url, profile.as_deref(), UMOUNT_WAIT)? {
             return Ok(0);
@@ -875,6 +914,41 @@ pub fn helper_args(args: &[String]) -> Result<(PathBuf, PathBuf, Vec<String>, bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// umount finds a daemon's `-o profile=` on its command line, the
+    /// mount point given relative to the daemon's directory, and only
+    /// for the URL and directory it serves.
+    #[test]
+    fn the_daemons_profile_comes_from_its_command_line() {
+        let tmp = std::env::temp_dir().join(format!("foliofs-profile-{}", std::process::id()));
+        std::fs::create_dir_all(tmp.join("m")).unwrap();
+        let url = format!("s3://b/p{}", std::process::id());
+        // sh -c takes the words after its script as $0, $1, ...: they
+        // stand in its command line as a daemon's would.
+        let mut daemon = Command::new("sh")
+            .args([
+                "-c",
+                "sleep 30",
+                "mount",
+                &url,
+                "./x/../m",
+                "-o",
+                "rw,profile=backup",
+            ])
+            .current_dir(&tmp)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let found = daemon_profile(&url, &tmp.join("m"));
+        let other_dir = daemon_profile(&url, &tmp.join("n"));
+        let other_url = daemon_profile("s3://b/elsewhere", &tmp.join("m"));
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(found.as_deref(), Some("backup"));
+        assert_eq!(other_dir, None);
+        assert_eq!(other_url, None);
+    }
 
     #[test]
     fn options() {
