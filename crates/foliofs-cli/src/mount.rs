@@ -553,8 +553,10 @@ fn daemon_profile(url: &str, dir: &Path) -> Option<String> {
             let Some(list) = list.and_then(|l| std::str::from_utf8(l).ok()) else {
                 continue;
             };
-            if let Some(p) = list.split(',').find_map(|o| o.strip_prefix("profile=")) {
-                return Some(p.to_string());
+            // Read as the daemon read it.
+            let mut given = foliofs_object::ObjectOptions::default();
+            if given.take_from(list).is_ok() && given.profile.is_some() {
+                return given.profile;
             }
         }
         return None;
