@@ -37,9 +37,9 @@
 //! first). The read-ahead's own lock is taken alone.
 
 use crate::layout::{
-    chunk_key, decode_chunk, encode_chunk, flushed_seq, flushed_version, manifest_key, number_of,
-    wal_key, Damaged, Manifest, WalRecord, Writer, BLOCK, CHUNK_BLOCKS, CHUNK_BLOCKS_RANGE,
-    FENCE_BYTES, OBJECT_FORMAT,
+    chunk_key, flushed_seq, flushed_version, manifest_key, number_of, wal_key, Chunk, Damaged,
+    Manifest, WalRecord, Writer, BLOCK, CHUNK_BLOCKS, CHUNK_BLOCKS_RANGE, FENCE_BYTES,
+    OBJECT_FORMAT,
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::readahead::ReadAhead;
@@ -203,7 +203,9 @@ pub struct ObjectStats {
     pub lease: Option<String>,
 }
 
-type Block = Arc<[u8]>;
+/// One block's bytes: a view of the buffer its write was copied into
+/// once (`write_blocks`), or of a WAL object's.
+type Block = Bytes;
 
 struct State {
     manifest_id: u64,
@@ -247,7 +249,7 @@ struct State {
 /// A chunk held in memory (`State::chunks`).
 struct Held {
     version: u64,
-    data: Arc<Vec<u8>>,
+    data: Chunk,
     /// The tick of its last use (least recently used out first).
     used: u64,
     /// The cache directory has (or was given) a copy: fetched from the
@@ -261,7 +263,7 @@ struct Held {
 
 /// Chunks that left memory with no copy in the cache directory:
 /// (index, version, blocks).
-type Unsaved = Vec<(u64, u64, Arc<Vec<u8>>)>;
+type Unsaved = Vec<(u64, u64, Chunk)>;
 
 /// One local WAL record on its way to the store.
 #[derive(Clone)]
@@ -928,7 +930,7 @@ impl Core {
     }
 
     /// The blocks of chunk `idx` at `version`, from the cache or the store.
-    fn chunk(&self, idx: u64, version: u64) -> io::Result<Arc<Vec<u8>>> {
+    fn chunk(&self, idx: u64, version: u64) -> io::Result<Chunk> {
         {
             let mut s = self.state.lock();
             s.tick += 1;
@@ -946,24 +948,21 @@ impl Core {
             Some(data) => (data, 0),
             None => {
                 // A fetch made ahead has verified its blocks already.
-                let (bytes, data) = match self.ahead.take(&self.rt, idx, version) {
-                    Some(got) => got,
+                let data = match self.ahead.take(&self.rt, idx, version) {
+                    Some(chunk) => chunk,
                     None => {
                         let bytes = self.retrying(&key, || async {
                             self.store.get(&key).await?.bytes().await
                         })?;
-                        let data =
-                            decode_chunk(&key, idx, &bytes, len).map_err(ObjectError::from)?;
-                        (bytes, data)
+                        Chunk::decode(&key, idx, bytes, len).map_err(ObjectError::from)?
                     }
                 };
                 if let Some(d) = &self.disk {
-                    d.keep_chunk(idx, version, &bytes);
+                    d.keep_chunk(idx, version, data.object());
                 }
                 (data, 1)
             }
         };
-        let data = Arc::new(data);
         let mut s = self.state.lock();
         s.stats.chunk_gets += fetched;
         if s.chunk_version(idx) == Some(version) {
@@ -985,10 +984,10 @@ impl Core {
 
     /// Chunk (`idx`, `version`) from the cache directory, if it has a copy
     /// that passes its check (one that does not is dropped).
-    fn chunk_from_disk(&self, key: &Path, idx: u64, version: u64) -> Option<Vec<u8>> {
+    fn chunk_from_disk(&self, key: &Path, idx: u64, version: u64) -> Option<Chunk> {
         let disk = self.disk.as_ref()?;
-        let bytes = disk.chunk(idx, version)?;
-        match decode_chunk(key, idx, &bytes, self.chunk_len(idx)) {
+        let bytes = Bytes::from(disk.chunk(idx, version)?);
+        match Chunk::decode(key, idx, bytes, self.chunk_len(idx)) {
             Ok(data) => Some(data),
             Err(e) => {
                 log::warn!("cache_dir copy of {e}: dropped, fetched again");
@@ -1033,7 +1032,7 @@ impl Core {
             return;
         };
         for (idx, version, data) in chunks {
-            d.keep_chunk(idx, version, &encode_chunk(idx, &data));
+            d.keep_chunk(idx, version, data.object());
         }
     }
 
@@ -1156,7 +1155,7 @@ impl Core {
         &self,
         seq: u64,
         blocks: &BTreeMap<u64, Block>,
-    ) -> object_store::Result<Vec<(u64, Arc<Vec<u8>>)>> {
+    ) -> object_store::Result<Vec<(u64, Chunk)>> {
         let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
         for &b in blocks.keys() {
             *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
@@ -1168,16 +1167,16 @@ impl Core {
             .collect();
         let version = flushed_version(seq);
         let mut out = Vec::with_capacity(whole.len());
-        let bodies: Vec<(u64, Path, Bytes, Vec<u8>)> = whole
+        let bodies: Vec<(u64, Path, Chunk)> = whole
             .iter()
             .map(|&idx| {
                 let first = idx * self.chunk_blocks;
-                let mut data = Vec::with_capacity(self.chunk_len(idx));
-                for (_, d) in blocks.range(first..first + self.chunk_blocks) {
-                    data.extend_from_slice(d);
-                }
-                let body = Bytes::from(encode_chunk(idx, &data));
-                (idx, chunk_key(&self.prefix, idx, version), body, data)
+                let chunk = Chunk::build(idx, self.chunk_len(idx), |v| {
+                    for (_, d) in blocks.range(first..first + self.chunk_blocks) {
+                        v.extend_from_slice(d);
+                    }
+                });
+                (idx, chunk_key(&self.prefix, idx, version), chunk)
             })
             .collect();
         if let Some(first) = bodies.first() {
@@ -1191,16 +1190,17 @@ impl Core {
                 None,
                 &first.1,
                 || {
-                    futures::stream::iter(bodies.iter().map(|(_, key, body, _)| {
-                        self.store.put(key, PutPayload::from(body.clone()))
+                    futures::stream::iter(bodies.iter().map(|(_, key, chunk)| {
+                        self.store
+                            .put(key, PutPayload::from(chunk.object().clone()))
                     }))
                     .buffer_unordered(FLUSH_PUTS)
                     .try_collect::<Vec<_>>()
                 },
             )?;
         }
-        for (idx, _, _, data) in bodies {
-            out.push((idx, Arc::new(data)));
+        for (idx, _, chunk) in bodies {
+            out.push((idx, chunk));
         }
         Ok(out)
     }
@@ -1333,16 +1333,23 @@ impl Core {
             for &(&idx, blocks) in group {
                 // A chunk the WAL covers whole is not read back first.
                 let whole = blocks.len() as u64 * BLOCK == self.chunk_len(idx) as u64;
-                let mut data = match base(idx) {
-                    Some(v) if !whole => self.chunk(idx, v)?.as_ref().clone(),
-                    _ => vec![0; self.chunk_len(idx)],
+                let old = match base(idx) {
+                    Some(v) if !whole => Some(self.chunk(idx, v)?),
+                    _ => None,
                 };
-                for (b, d) in blocks {
-                    let at = ((b % self.chunk_blocks) * BLOCK) as usize;
-                    data[at..at + BLOCK as usize].copy_from_slice(d);
-                }
-                let body = Bytes::from(encode_chunk(idx, &data));
-                bodies.push((idx, chunk_key(&self.prefix, idx, new_id), body, data));
+                let len = self.chunk_len(idx);
+                let chunk = Chunk::build(idx, len, |v| {
+                    let head = v.len();
+                    match &old {
+                        Some(old) => v.extend_from_slice(old.blocks()),
+                        None => v.resize(head + len, 0),
+                    }
+                    for (b, d) in blocks {
+                        let at = head + ((b % self.chunk_blocks) * BLOCK) as usize;
+                        v[at..at + BLOCK as usize].copy_from_slice(d);
+                    }
+                });
+                bodies.push((idx, chunk_key(&self.prefix, idx, new_id), chunk));
             }
             // Retried as a group: a chunk key is this checkpoint's own,
             // so PUTting it again is harmless.
@@ -1354,14 +1361,15 @@ impl Core {
                 (!closing).then_some(&self.stop),
                 group_key,
                 || {
-                    futures::future::try_join_all(bodies.iter().map(|(_, key, body, _)| {
-                        self.store.put(key, PutPayload::from(body.clone()))
+                    futures::future::try_join_all(bodies.iter().map(|(_, key, chunk)| {
+                        self.store
+                            .put(key, PutPayload::from(chunk.object().clone()))
                     }))
                 },
             )?;
-            for (idx, _, _, data) in bodies {
+            for (idx, _, chunk) in bodies {
                 next.chunks.insert(idx, new_id);
-                made.push((idx, Arc::new(data)));
+                made.push((idx, chunk));
             }
         }
         for (&idx, &v) in &flushed {
@@ -1426,7 +1434,12 @@ impl Core {
                 }
             }
             for (b, d) in &folded {
-                if s.logged.get(b).is_some_and(|cur| Arc::ptr_eq(cur, d)) {
+                // The same bytes, not a later write of the block: `folded`
+                // holds them, so no other buffer can be at their address.
+                if s.logged
+                    .get(b)
+                    .is_some_and(|cur| cur.as_ptr() == d.as_ptr())
+                {
                     s.logged.remove(b);
                 }
             }
@@ -2081,7 +2094,7 @@ impl Core {
                         Err(e) => return Err(e),
                     };
                     let at = ((b % self.chunk_blocks) * BLOCK) as usize;
-                    buf[i * bs..(i + run) * bs].copy_from_slice(&data[at..at + run * bs]);
+                    buf[i * bs..(i + run) * bs].copy_from_slice(&data.blocks()[at..at + run * bs]);
                 }
             }
             // Blocks of the run written meanwhile win over the chunk.
@@ -2118,9 +2131,8 @@ impl Core {
         let on_disk = |idx: u64, v: u64| self.disk.as_ref().is_some_and(|d| d.has_chunk(idx, v));
         for (idx, v) in wanted.into_iter().filter(|&(idx, v)| !on_disk(idx, v)) {
             let key = chunk_key(&self.prefix, idx, v);
-            let (len, keep) = (self.chunk_len(idx), self.disk.is_some());
             self.ahead
-                .start(&self.rt, &self.store, key, idx, v, len, keep);
+                .start(&self.rt, &self.store, key, idx, v, self.chunk_len(idx));
         }
     }
 
@@ -2129,12 +2141,18 @@ impl Core {
         if self.opts.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
+        // One copy and one allocation for the write, outside the lock;
+        // each block a view of it. What a view keeps alive is bounded by
+        // what the WAL holds unfolded.
+        let bs = BLOCK as usize;
+        let all = Bytes::copy_from_slice(buf);
         let mut s = self.state.lock();
         if let Some(why) = &s.stats.fenced {
             return Err(eio(format!("{}: {why}", self.name)));
         }
-        for (k, d) in buf.chunks(BLOCK as usize).enumerate() {
-            s.pending.insert(offset / BLOCK + k as u64, Block::from(d));
+        for k in 0..buf.len() / bs {
+            s.pending
+                .insert(offset / BLOCK + k as u64, all.slice(k * bs..(k + 1) * bs));
         }
         let held = s.pending.len() as u64 * BLOCK;
         drop(s);

@@ -33,6 +33,7 @@
 //! checked field by field. Numbers are zero-padded so that keys list in
 //! order.
 
+use bytes::Bytes;
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -423,35 +424,72 @@ impl WalRecord {
 }
 
 /// A chunk object: magic, chunk index, the blocks, crc32c.
-pub fn encode_chunk(idx: u64, data: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 + data.len() + 4);
-    v.extend_from_slice(CHUNK_MAGIC);
-    v.extend_from_slice(&idx.to_le_bytes());
-    v.extend_from_slice(data);
-    let crc = crc32c::crc32c(&v);
-    v.extend_from_slice(&crc.to_le_bytes());
-    v
+///
+/// Held as the object's own bytes, checked: the blocks are a view of
+/// them (`blocks`), and the same bytes go to the store and the cache
+/// directory as they are (`object`). A chunk fetched is the response's
+/// buffer; one made is built in place (`Chunk::build`). No copy of the
+/// blocks is made between the object and the reader's buffer.
+#[derive(Clone, Debug)]
+pub struct Chunk(Bytes);
+
+const CHUNK_HEAD: usize = 16;
+const CHUNK_TAIL: usize = 4;
+
+impl Chunk {
+    /// Chunk `idx` of `len` bytes of blocks: `fill` appends exactly
+    /// those bytes (and may then change them in place, past the head).
+    pub fn build(idx: u64, len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Chunk {
+        let mut v = Vec::with_capacity(CHUNK_HEAD + len + CHUNK_TAIL);
+        v.extend_from_slice(CHUNK_MAGIC);
+        v.extend_from_slice(&idx.to_le_bytes());
+        fill(&mut v);
+        assert_eq!(
+            v.len(),
+            CHUNK_HEAD + len,
+            "chunk {idx}: blocks of another length"
+        );
+        let crc = crc32c::crc32c(&v);
+        v.extend_from_slice(&crc.to_le_bytes());
+        Chunk(Bytes::from(v))
+    }
+
+    /// The chunk object `bytes` at `key`, checked to be chunk `idx` with
+    /// `len` bytes of blocks.
+    pub fn decode(key: &Path, idx: u64, bytes: Bytes, len: usize) -> Result<Chunk, Damaged> {
+        if bytes.len() != CHUNK_HEAD + len + CHUNK_TAIL || &bytes[..8] != CHUNK_MAGIC {
+            return Err(damaged(
+                key,
+                format!(
+                    "not a chunk of {len} bytes ({} bytes, or bad magic)",
+                    bytes.len()
+                ),
+            ));
+        }
+        let (body, tail) = bytes.split_at(bytes.len() - CHUNK_TAIL);
+        if crc32c::crc32c(body) != u32::from_le_bytes(tail.try_into().expect("4 bytes")) {
+            return Err(damaged(key, "checksum mismatch (torn or changed)"));
+        }
+        if u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) != idx {
+            return Err(damaged(key, format!("holds another chunk than {idx}")));
+        }
+        Ok(Chunk(bytes))
+    }
+
+    /// Its blocks.
+    pub fn blocks(&self) -> &[u8] {
+        &self.0[CHUNK_HEAD..self.0.len() - CHUNK_TAIL]
+    }
+
+    /// The whole object, as the store and the cache directory keep it.
+    pub fn object(&self) -> &Bytes {
+        &self.0
+    }
 }
 
-/// The blocks of chunk `idx` from its object, checked.
-pub fn decode_chunk(key: &Path, idx: u64, bytes: &[u8], len: usize) -> Result<Vec<u8>, Damaged> {
-    if bytes.len() != 16 + len + 4 || &bytes[..8] != CHUNK_MAGIC {
-        return Err(damaged(
-            key,
-            format!(
-                "not a chunk of {len} bytes ({} bytes, or bad magic)",
-                bytes.len()
-            ),
-        ));
-    }
-    let (body, tail) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body) != u32::from_le_bytes(tail.try_into().expect("4 bytes")) {
-        return Err(damaged(key, "checksum mismatch (torn or changed)"));
-    }
-    if u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) != idx {
-        return Err(damaged(key, format!("holds another chunk than {idx}")));
-    }
-    Ok(body[16..].to_vec())
+/// Chunk `idx` holding `data`.
+pub fn encode_chunk(idx: u64, data: &[u8]) -> Chunk {
+    Chunk::build(idx, data.len(), |v| v.extend_from_slice(data))
 }
 
 #[cfg(test)]
@@ -517,10 +555,18 @@ mod tests {
     fn chunks_round_trip_and_reject_another_index() {
         let key = chunk_key(&Path::from("img"), 4, 1);
         let data = vec![7u8; 8192];
-        let bytes = encode_chunk(4, &data);
-        assert_eq!(decode_chunk(&key, 4, &bytes, 8192).unwrap(), data);
-        assert!(decode_chunk(&key, 5, &bytes, 8192).is_err());
-        assert!(decode_chunk(&key, 4, &bytes[1..], 8192).is_err());
+        let bytes = encode_chunk(4, &data).object().clone();
+        assert_eq!(
+            Chunk::decode(&key, 4, bytes.clone(), 8192)
+                .unwrap()
+                .blocks(),
+            data
+        );
+        assert!(Chunk::decode(&key, 5, bytes.clone(), 8192).is_err());
+        assert!(Chunk::decode(&key, 4, bytes.slice(1..), 8192).is_err());
+        let mut torn = bytes.to_vec();
+        torn[100] ^= 1;
+        assert!(Chunk::decode(&key, 4, Bytes::from(torn), 8192).is_err());
     }
 
     #[test]

@@ -34,8 +34,7 @@
 //! Lock: `inner` is taken alone: never with the device's `state`, never
 //! while waiting for a fetch.
 
-use crate::layout::decode_chunk;
-use bytes::Bytes;
+use crate::layout::Chunk;
 use object_store::path::Path;
 use object_store::ObjectStore;
 use parking_lot::Mutex;
@@ -44,10 +43,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-/// What a fetch made ahead got: the object's bytes (empty unless asked
-/// to keep them, for the cache directory) and its blocks, verified; None
-/// if the GET failed or what it got does not verify.
-type Fetched = Option<(Bytes, Vec<u8>)>;
+/// What a fetch made ahead got: the chunk, verified; None if the GET
+/// failed or what it got does not verify.
+type Fetched = Option<Chunk>;
 type Fetch = JoinHandle<Fetched>;
 
 pub(crate) struct ReadAhead {
@@ -155,9 +153,7 @@ impl ReadAhead {
 
     /// Start fetching chunk `idx` at `version` (`len` bytes of blocks)
     /// from `key` and verifying it, unless it is fetching already or
-    /// `depth` GETs are running. `keep_bytes`: keep the object's bytes
-    /// too (for the cache directory).
-    #[allow(clippy::too_many_arguments)]
+    /// `depth` GETs are running.
     pub(crate) fn start(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -166,7 +162,6 @@ impl ReadAhead {
         idx: u64,
         version: u64,
         len: usize,
-        keep_bytes: bool,
     ) {
         let mut a = self.inner.lock();
         if a.fetches.get(&idx).is_some_and(|(v, _)| *v == version) {
@@ -185,17 +180,14 @@ impl ReadAhead {
                     return None;
                 }
             };
-            // The checksum and the copy of 4 MiB: off the runtime's
-            // workers, which go on receiving the other fetches.
-            let checked = tokio::task::spawn_blocking(move || {
-                let data = decode_chunk(&key, idx, &bytes, len);
-                (bytes, data)
-            })
-            .await
-            .ok()?;
+            // The checksum of 4 MiB: off the runtime's workers, which go
+            // on receiving the other fetches.
+            let checked = tokio::task::spawn_blocking(move || Chunk::decode(&key, idx, bytes, len))
+                .await
+                .ok()?;
             match checked {
-                (bytes, Ok(data)) => Some((if keep_bytes { bytes } else { Bytes::new() }, data)),
-                (_, Err(e)) => {
+                Ok(chunk) => Some(chunk),
+                Err(e) => {
                     log::warn!("chunk {idx} fetched ahead: {e}; fetching it again");
                     None
                 }
@@ -206,16 +198,15 @@ impl ReadAhead {
         }
     }
 
-    /// The object's bytes (empty unless the fetch was asked to keep them)
-    /// and verified blocks of chunk `idx` at `version` if a fetch made
-    /// ahead has them (waiting for it if it is still running); None if
-    /// none was made or it failed.
+    /// Chunk `idx` at `version`, verified, if a fetch made ahead has it
+    /// (waiting for it if it is still running); None if none was made or
+    /// it failed.
     pub(crate) fn take(
         &self,
         rt: &tokio::runtime::Runtime,
         idx: u64,
         version: u64,
-    ) -> Option<(Bytes, Vec<u8>)> {
+    ) -> Option<Chunk> {
         let fetch = {
             let mut a = self.inner.lock();
             match a.fetches.get(&idx) {
@@ -273,7 +264,7 @@ mod tests {
         let ra = ReadAhead::new(4, 64);
         let start = |r: std::ops::Range<u64>| {
             for i in r {
-                ra.start(&rt, &store, Path::from(format!("c{i}")), i, 1, 4096, false);
+                ra.start(&rt, &store, Path::from(format!("c{i}")), i, 1, 4096);
             }
         };
         let fetching = || ra.inner.lock().fetches.keys().copied().collect::<Vec<_>>();
