@@ -12,6 +12,7 @@
 //! server's own floor is measured beside it (`object`).
 
 mod args;
+mod cpu;
 mod engine;
 mod object;
 mod report;

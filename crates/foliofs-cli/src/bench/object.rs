@@ -16,6 +16,7 @@
 //! O_DIRECT passes are left out: an object image has no raw device.
 
 use super::args::BenchArgs;
+use super::cpu::{cpus, shares, Cores, Span};
 use super::report::{fill, make_file, median, progress, ratio, Outcome, Series};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -67,9 +68,12 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
         Ok(())
     };
     let mut out = Vec::new();
+    let mut runs = Vec::new();
     for w in which {
         let name = w.to_lowercase();
+        let span = Span::start();
         let r = super::workload(w, &at(&name));
+        runs.push((w.to_uppercase(), span.cores()));
         done(&name)?;
         out.push(r?);
     }
@@ -80,6 +84,7 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
         &*store,
         &run_prefix.child("floor"),
         &out,
+        &runs,
     );
     done("cold")?;
     done("floor")?;
@@ -165,11 +170,14 @@ async fn delete_under(store: &dyn ObjectStore, prefix: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The server's floor in one round.
+/// The server's floor in one round, with the cores in use during its
+/// large PUTs and GETs.
 struct Floor {
     put_ms: f64,
     put_mibs: f64,
     get_mibs: f64,
+    put_cores: Cores,
+    get_cores: Cores,
 }
 
 /// The floor, measured with objects under `dir` (deleted after).
@@ -198,20 +206,22 @@ async fn floor(store: &dyn ObjectStore, dir: &Path, big_objects: usize) -> Resul
         .map(|i| dir.child(format!("big-{i}")))
         .collect();
     let mib = (big_objects * BIG) as f64 / (1 << 20) as f64;
-    let t = Instant::now();
+    let (t, span) = (Instant::now(), Span::start());
     futures::stream::iter(&keys)
         .map(|k| store.put(k, PutPayload::from(big.clone())))
         .buffer_unordered(IN_FLIGHT)
         .try_collect::<Vec<_>>()
         .await?;
     let put_mibs = mib / t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let put_cores = span.cores();
+    let (t, span) = (Instant::now(), Span::start());
     let lens: Vec<usize> = futures::stream::iter(&keys)
         .map(|k| async move { store.get(k).await?.bytes().await.map(|b| b.len()) })
         .buffer_unordered(IN_FLIGHT)
         .try_collect()
         .await?;
     let get_mibs = mib / t.elapsed().as_secs_f64();
+    let get_cores = span.cores();
     if lens.iter().any(|&n| n != BIG) {
         bail!("a GET of an 8 MiB object came back short: {lens:?}");
     }
@@ -220,18 +230,21 @@ async fn floor(store: &dyn ObjectStore, dir: &Path, big_objects: usize) -> Resul
         put_ms: median(&ms),
         put_mibs,
         get_mibs,
+        put_cores,
+        get_cores,
     })
 }
 
 /// MiB/s of a sequential read of the file `ino` (`mib` MiB, 1 MiB direct
 /// reads) on the image at `url` opened afresh, read-only: a second
-/// machine's empty cache. With the device's counters after it.
+/// machine's empty cache. With the device's counters after it and the
+/// cores in use during the reads.
 fn cold_read(
     url: &str,
     ino: u64,
     mib: u64,
     read_ahead_chunks: usize,
-) -> Result<(f64, ObjectStats)> {
+) -> Result<(f64, ObjectStats, Cores)> {
     let (store, prefix) = open_url(url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     let opts = ObjectOptions {
         read_only: true,
@@ -247,7 +260,7 @@ fn cold_read(
         },
     )?;
     let mut buf = AlignedBuf::zeroed(1 << 20);
-    let t = Instant::now();
+    let (t, span) = (Instant::now(), Span::start());
     for m in 0..mib {
         let n = fs.read_direct(ino, m << 20, &mut buf)?;
         if n != buf.len() {
@@ -255,6 +268,7 @@ fn cold_read(
         }
     }
     let rate = mib as f64 / t.elapsed().as_secs_f64();
+    let cores = span.cores();
     // The engine verified every block's checksum; the last MiB is also
     // compared with what was written.
     let mut want = vec![0u8; 1 << 20];
@@ -263,11 +277,12 @@ fn cold_read(
         bail!("the cold file's last MiB reads back wrong");
     }
     fs.unmount()?;
-    Ok((rate, dev.stats()))
+    Ok((rate, dev.stats(), cores))
 }
 
 /// The floor and the cold read, alternated round by round, with W1's
-/// and W4's figures from `done` set against them.
+/// and W4's figures from `done` set against them; `runs`, the cores in
+/// use during each workload's run.
 fn against_floor(
     args: &BenchArgs,
     cold: &BenchArgs,
@@ -275,6 +290,7 @@ fn against_floor(
     store: &dyn ObjectStore,
     floor_dir: &Path,
     done: &[Outcome],
+    runs: &[(String, Cores)],
 ) -> Result<Outcome> {
     let url = crate::object::url_of(&cold.image).expect("an object image");
     let mib = args.file_mib;
@@ -297,6 +313,7 @@ fn against_floor(
     let mut get = Vec::new();
     let mut cold_mibs = vec![Vec::new(); 2];
     let mut stats = vec![ObjectStats::default(); 2];
+    let (mut put_cores, mut get_cores, mut cold_cores) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..args.rounds {
         pb.set_message("server floor");
         let f = rt.block_on(floor(store, floor_dir, big_objects))?;
@@ -304,13 +321,18 @@ fn against_floor(
         ops.push(1e3 / f.put_ms);
         put.push(f.put_mibs);
         get.push(f.get_mibs);
+        put_cores.push(f.put_cores);
+        get_cores.push(f.get_cores);
         pb.inc(1);
         for k in 0..2 {
             let v = (k + round) % 2;
             pb.set_message(format!("cold read {}", ["read-ahead", "no read-ahead"][v]));
-            let (rate, st) = cold_read(url, ino, mib, [READ_AHEAD, 0][v])?;
+            let (rate, st, cores) = cold_read(url, ino, mib, [READ_AHEAD, 0][v])?;
             cold_mibs[v].push(rate);
             stats[v] = st;
+            if v == 0 {
+                cold_cores.push(cores);
+            }
             pb.inc(1);
         }
     }
@@ -386,9 +408,35 @@ fn against_floor(
                 counted(&stats[0]),
                 counted(&stats[1])
             ),
+            cores_note(&put_cores, &get_cores, &cold_cores, runs),
             "no raw O_DIRECT columns: an object image has no raw device".into(),
         ],
     })
+}
+
+/// How the machine's cores were shared while the floor and the
+/// workloads ran (medians of the rounds; a workload's run whole, its
+/// files made included).
+fn cores_note(put: &[Cores], get: &[Cores], cold: &[Cores], runs: &[(String, Cores)]) -> String {
+    let med = |v: &[Cores]| Cores {
+        own: median(&v.iter().map(|c| c.own).collect::<Vec<_>>()),
+        rest: v
+            .iter()
+            .map(|c| c.rest)
+            .collect::<Option<Vec<_>>>()
+            .map(|r| median(&r)),
+    };
+    let mut parts = vec![
+        format!("8 MiB PUTs {}", shares(&med(put))),
+        format!("8 MiB GETs {}", shares(&med(get))),
+        format!("cold read with read-ahead {}", shares(&med(cold))),
+    ];
+    parts.extend(runs.iter().map(|(w, c)| format!("{w} run {}", shares(c))));
+    format!(
+        "cores in use, this process + the rest of the machine (the server, if it runs here), of {}: {}",
+        cpus(),
+        parts.join("; ")
+    )
 }
 
 /// The values of series `name` in workload `id`'s outcome, if it ran.
