@@ -2142,8 +2142,9 @@ impl Core {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
         // One copy and one allocation for the write, outside the lock;
-        // each block a view of it. What a view keeps alive is bounded by
-        // what the WAL holds unfolded.
+        // each block a view of it, which keeps the whole copy until the
+        // block is folded or written again (docs/DESIGN.md, "Copies of a
+        // block's bytes").
         let bs = BLOCK as usize;
         let all = Bytes::copy_from_slice(buf);
         let mut s = self.state.lock();
