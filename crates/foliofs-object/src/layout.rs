@@ -487,11 +487,6 @@ impl Chunk {
     }
 }
 
-/// Chunk `idx` holding `data`.
-pub fn encode_chunk(idx: u64, data: &[u8]) -> Chunk {
-    Chunk::build(idx, data.len(), |v| v.extend_from_slice(data))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,7 +550,9 @@ mod tests {
     fn chunks_round_trip_and_reject_another_index() {
         let key = chunk_key(&Path::from("img"), 4, 1);
         let data = vec![7u8; 8192];
-        let bytes = encode_chunk(4, &data).object().clone();
+        let bytes = Chunk::build(4, data.len(), |v| v.extend_from_slice(&data))
+            .object()
+            .clone();
         assert_eq!(
             Chunk::decode(&key, 4, bytes.clone(), 8192)
                 .unwrap()

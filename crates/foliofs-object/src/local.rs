@@ -13,7 +13,7 @@
 //! ```
 //!
 //! A chunk file is a copy of an immutable object: it is checked again
-//! (`decode_chunk`) every time it is read, and one that fails is deleted
+//! (`Chunk::decode`) every time it is read, and one that fails is deleted
 //! and fetched again. It is written to a temporary name and renamed,
 //! never synced: after a crash it is there whole or not at all, or it
 //! fails its check.

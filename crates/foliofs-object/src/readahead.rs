@@ -7,9 +7,9 @@
 //! both). When reads go on where the previous one ended, the chunks
 //! after the read's last are GOT meanwhile on the device's runtime, up to
 //! `depth` GETs running at a time. A fetch also verifies what it got
-//! (`decode_chunk`, on the runtime's blocking threads): the checksum and
-//! the copy out of the object are done beside the reader, not by it, and
-//! `chunk()` takes the verified blocks instead of asking the store, then
+//! (`Chunk::decode`, on the runtime's blocking threads): the checksum is
+//! done beside the reader, not by it, and `chunk()` takes the verified
+//! chunk (the GET's own buffer) instead of asking the store, then
 //! caches them like any chunk. A fetch that failed, or got bytes that do
 //! not verify, is forgotten and the chunk is fetched again, with retries,
 //! and verified by the reader that needs it: read-ahead never turns a
