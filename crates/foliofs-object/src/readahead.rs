@@ -10,7 +10,7 @@
 //! (`Chunk::decode`, on the runtime's blocking threads): the checksum is
 //! done beside the reader, not by it, and `chunk()` takes the verified
 //! chunk (the GET's own buffer) instead of asking the store, then
-//! caches them like any chunk. A fetch that failed, or got bytes that do
+//! caches it like any chunk. A fetch that failed, or got bytes that do
 //! not verify, is forgotten and the chunk is fetched again, with retries,
 //! and verified by the reader that needs it: read-ahead never turns a
 //! passing failure into an error, nor lets an unverified block through.
