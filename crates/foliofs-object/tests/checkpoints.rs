@@ -2,7 +2,8 @@
 //! held up, and wait only once the WAL not yet folded reaches its bound;
 //! a checkpoint that fails is tried again and, until one succeeds, the
 //! WAL keeps everything; readers racing checkpoints never read a block
-//! older than the last flush before their read.
+//! older than the last flush before their read, and a block written again
+//! while its checkpoint runs keeps the newer bytes.
 
 mod common;
 
@@ -31,10 +32,13 @@ fn opts() -> ObjectOptions {
 struct Gate {
     shut: Mutex<bool>,
     opened: Condvar,
+    /// PUTs that came to it.
+    arrived: AtomicU64,
 }
 
 impl Gate {
     fn pass(&self) {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
         let mut shut = self.shut.lock();
         while *shut {
             self.opened.wait(&mut shut);
@@ -279,4 +283,58 @@ fn a_chunk_written_whole_is_not_read_back_by_its_checkpoint() {
     dev.read_at(&mut got, 16 << 20).unwrap();
     assert_eq!(got, vec![9; 4096]);
     dev.close().unwrap();
+}
+
+/// A checkpoint drops from memory only the blocks it folded, not a later
+/// write of one of them: 1 MiB written in one `write_at` (its blocks share
+/// one buffer) starts a checkpoint, which waits at its first chunk PUT;
+/// three of its blocks are written again and flushed meanwhile. They read
+/// as the second write before the checkpoint, after it, and after the
+/// image is opened again.
+#[test]
+fn a_block_written_again_during_its_checkpoint_keeps_the_newer_bytes() {
+    let gate = Arc::new(Gate::default());
+    let inner = Arc::new(InMemory::new());
+    let store: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner.clone(), {
+        let gate = gate.clone();
+        move |p: &Path| {
+            if p.as_ref().contains("/chunk/") {
+                gate.pass();
+            }
+            Ok(())
+        }
+    }));
+    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts()).unwrap();
+    gate.set(true);
+    let blocks = |first: u64, n: u64, round: u8| {
+        let mut d = vec![round; (n * BLOCK) as usize];
+        for k in 0..n {
+            let at = (k * BLOCK) as usize;
+            d[at..at + 8].copy_from_slice(&(first + k).to_le_bytes());
+        }
+        d
+    };
+    dev.write_at(&blocks(0, 256, 1), 0).unwrap();
+    dev.flush().unwrap();
+    wait_for("the checkpoint at its first chunk PUT", || {
+        gate.arrived.load(Ordering::SeqCst) > 0
+    });
+    dev.write_at(&blocks(5, 3, 9), 5 * BLOCK).unwrap();
+    dev.flush().unwrap();
+    let want = [(4, 1), (5, 9), (6, 9), (7, 9), (8, 1), (255, 1)];
+    expect_blocks(&dev, &want);
+    gate.set(false);
+    wait_for("the checkpoint done", || dev.stats().checkpoints >= 1);
+    expect_blocks(&dev, &want);
+    dev.close().unwrap();
+    let again = ObjectDevice::open(
+        inner,
+        Path::from("img"),
+        ObjectOptions {
+            read_only: true,
+            ..opts()
+        },
+    )
+    .unwrap();
+    expect_blocks(&again, &want);
 }
