@@ -2113,17 +2113,30 @@ impl Core {
         Ok(())
     }
 
-    /// After a read of blocks `first..end` that went on from the one
-    /// before: fetch the chunks after it that the cache lacks (see
-    /// `readahead`).
+    /// Before a read of blocks `first..end`: fetch the chunks after its
+    /// first that it spans itself, beside each other rather than one
+    /// after the other; and, if it went on from the read before, the
+    /// chunks after it (see `readahead`). Only those the cache lacks, and
+    /// only with read-ahead on.
     fn read_ahead(&self, first: u64, end: u64) {
         let next = self.ahead.after_read(first, end, self.chunk_blocks);
-        if next.is_empty() {
+        if end > first {
+            let (a, z) = (first / self.chunk_blocks, (end - 1) / self.chunk_blocks);
+            self.fetch_ahead(a + 1..z + 1);
+        }
+        self.fetch_ahead(next);
+    }
+
+    /// Start fetching chunks `range` that neither memory nor the cache
+    /// directory holds (within the read-ahead's depth).
+    fn fetch_ahead(&self, range: std::ops::Range<u64>) {
+        if range.is_empty() {
             return;
         }
         let wanted: Vec<(u64, u64)> = {
             let s = self.state.lock();
-            next.filter_map(|idx| Some((idx, s.chunk_version(idx)?)))
+            range
+                .filter_map(|idx| Some((idx, s.chunk_version(idx)?)))
                 .filter(|(idx, v)| s.chunks.get(idx).is_none_or(|c| c.version != *v))
                 .collect()
         };

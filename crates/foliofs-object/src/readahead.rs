@@ -6,7 +6,10 @@
 //! what the store serves with several in flight (`foliofs bench` measures
 //! both). When reads go on where the previous one ended, the chunks
 //! after the read's last are GOT meanwhile on the device's runtime, up to
-//! `depth` GETs running at a time. A fetch also verifies what it got
+//! `depth` GETs running at a time. A read that spans chunks the cache
+//! lacks starts those after its first the same way, so that they come in
+//! together rather than one after the other (a cold file's first read,
+//! a large random read). A fetch also verifies what it got
 //! (`Chunk::decode`, on the runtime's blocking threads): the checksum is
 //! done beside the reader, not by it, and `chunk()` takes the verified
 //! chunk (the GET's own buffer) instead of asking the store, then

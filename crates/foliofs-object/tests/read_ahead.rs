@@ -1,7 +1,8 @@
 //! Read-ahead of chunks: a cold sequential read of an image (a fresh
 //! device, nothing cached) gets every chunk after the first from a fetch
 //! made ahead, each once, and reads the right bytes; reads that jump
-//! about, or read-ahead off, fetch only what they read.
+//! about, or read-ahead off, fetch only what they read; a read spanning
+//! chunks fetches them beside each other.
 
 use foliofs::device::{AlignedBuf, Device};
 use foliofs::{Fs, MkfsOptions, MountOptions};
@@ -127,4 +128,24 @@ fn a_file_read_through_the_engine_is_read_ahead() {
     // its extents part) fetched ahead; no chunk fetched twice.
     assert!(st.chunks_read_ahead >= 14, "{st:?}");
     assert!(st.chunk_gets <= st.chunks, "{st:?}");
+}
+
+/// A read that spans chunks the cache lacks fetches those after its first
+/// beside it (through the read-ahead), even as a device's very first
+/// read; with read-ahead off, it fetches them in turn.
+#[test]
+fn a_read_spanning_chunks_fetches_them_together() {
+    let store = written_image();
+    for (depth, ahead) in [(4, 3), (0, 0)] {
+        let dev = cold(store.clone(), depth);
+        // MiB 3 to 12: chunks 0 to 3.
+        let mut got = vec![0; 10 * MIB];
+        dev.read_at(&mut got, 3 << 20).unwrap();
+        for (k, m) in (3..13).enumerate() {
+            assert!(got[k * MIB..(k + 1) * MIB] == mib(m)[..], "MiB {m}");
+        }
+        let st = dev.stats();
+        assert_eq!(st.chunk_gets, 4, "read-ahead {depth}: {st:?}");
+        assert_eq!(st.chunks_read_ahead, ahead, "read-ahead {depth}: {st:?}");
+    }
 }
