@@ -1854,11 +1854,13 @@ fn file_handles_survive_dropped_caches_and_a_remount() {
     let open_by = |dir: &Path, h: &mut Handle| -> std::io::Result<Vec<u8>> {
         let d = std::fs::File::open(dir).unwrap();
         // SAFETY: a directory on the mount and a handle name_to_handle_at made.
+        // O_CLOEXEC: a program another test starts meanwhile must not
+        // inherit the descriptor and keep the mount busy at its unmount.
         let fd = unsafe {
             libc::open_by_handle_at(
                 std::os::fd::AsRawFd::as_raw_fd(&d),
                 (h as *mut Handle).cast(),
-                libc::O_RDONLY,
+                libc::O_RDONLY | libc::O_CLOEXEC,
             )
         };
         if fd < 0 {
