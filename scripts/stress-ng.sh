@@ -65,6 +65,15 @@ run() { # LOG DIR USER STRESSORS...
     echo "daemon log, last warnings and errors:" >&2
     grep -E ' foliofs\[[0-9]+\] (warn|error): ' "$tmp/daemon.log" |
       tail -20 >&2 || true
+    echo "daemon log, last lines:" >&2
+    tail -15 "$tmp/daemon.log" >&2 || true
+    if pgrep -f -- "$bin mount $tmp/fs.img" >/dev/null; then
+      echo "the daemon is still running" >&2
+    else
+      echo "the daemon is gone" >&2
+    fi
+    echo "the kernel's log, last lines on fuse:" >&2
+    dmesg 2>/dev/null | grep -iE 'fuse|hung_task|blocked for' | tail -15 >&2 || true
     exit 1
   fi
   grep -E 'successful run|passed:' "$log" || true
