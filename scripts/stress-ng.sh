@@ -67,7 +67,7 @@ run() { # LOG DIR USER STRESSORS...
       tail -20 >&2 || true
     echo "daemon log, last lines:" >&2
     tail -15 "$tmp/daemon.log" >&2 || true
-    if pgrep -f -- "$bin mount $tmp/fs.img" >/dev/null; then
+    if pgrep -f -- "mount --foreground $tmp/fs.img" >/dev/null; then
       echo "the daemon is still running" >&2
     else
       echo "the daemon is gone" >&2
