@@ -1628,6 +1628,39 @@ impl Core {
         self.flush_to_store()
     }
 
+    /// Wait until every local record has shipped and no checkpoint is
+    /// due or running (`Device::settle`). An error if the device is
+    /// fenced or its checkpoints fail.
+    fn settle(&self) -> io::Result<()> {
+        if self.opts.read_only {
+            return Ok(());
+        }
+        let mut s = self.state.lock();
+        if self.durability == Durability::Local {
+            self.wait_shipped_in(&mut s);
+        }
+        loop {
+            if let Some(why) = s
+                .stats
+                .fenced
+                .as_ref()
+                .or(s.stats.checkpoint_failed.as_ref())
+            {
+                return Err(eio(format!("{}: {why}", self.name)));
+            }
+            if s.logged.is_empty() && s.flushed.is_empty()
+                || s.wal_span_bytes(self.chunk_blocks * BLOCK) < self.opts.checkpoint_bytes
+            {
+                break;
+            }
+            self.changed.wait(&mut s);
+        }
+        drop(s);
+        // The checkpoint that took the WAL, if one is running.
+        drop(self.checkpointing.lock());
+        Ok(())
+    }
+
     /// Wait until everything flushed locally has shipped (close).
     fn wait_shipped(&self) {
         let mut s = self.state.lock();
@@ -1992,6 +2025,10 @@ impl Device for ObjectDevice {
 
     fn flush(&self) -> io::Result<()> {
         self.core.flush()
+    }
+
+    fn settle(&self) -> io::Result<()> {
+        self.core.settle()
     }
 
     fn len(&self) -> u64 {

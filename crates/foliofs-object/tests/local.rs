@@ -7,6 +7,7 @@
 mod common;
 
 use common::{mkfs_with as mkfs, write_files, BeforePut};
+use foliofs::device::Device;
 use foliofs::{Fs, MountOptions};
 use foliofs_object::{Durability, InMemory, ObjectDevice, ObjectOptions, ObjectStore, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,13 +48,14 @@ fn ro_mount() -> MountOptions {
     }
 }
 
-/// Wait until everything flushed has shipped.
+/// Wait until everything flushed has shipped (`Device::settle`).
 fn settle(dev: &ObjectDevice) {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while dev.stats().unshipped_bytes > 0 {
-        assert!(std::time::Instant::now() < until, "never shipped");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    dev.settle().unwrap();
+    assert_eq!(
+        dev.stats().unshipped_bytes,
+        0,
+        "settled with records unshipped"
+    );
 }
 
 fn content(i: usize) -> Vec<u8> {
@@ -277,7 +279,6 @@ fn chunks_come_from_the_cache_dir_on_the_next_open() {
 /// from the directory reads them all with no GET.
 #[test]
 fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
-    use foliofs::device::Device;
     const BLOCK: u64 = 4096;
     const CHUNK: u64 = 64; // blocks of a 256 KiB chunk
     let dir = cache_dir("lazy");
@@ -326,7 +327,6 @@ fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
 /// each, and still all ship.
 #[test]
 fn local_records_of_a_moment_ship_as_one_wal_object() {
-    use foliofs::device::Device;
     let dir = cache_dir("linger");
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let dev = ObjectDevice::create(store, Path::from("img"), 64 << 20, local(&dir)).unwrap();
@@ -353,6 +353,40 @@ fn local_records_of_a_moment_ship_as_one_wal_object() {
         dev.read_at(&mut got, b * 4096).unwrap();
         assert_eq!(got[0], (32 + b) as u8, "block {b}: its newest version");
     }
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `settle` returns once the local WAL has shipped and the checkpoint
+/// it made due has folded it, with chunk PUTs slowed so that a settle
+/// that did not wait for the checkpoint would see none finished.
+#[test]
+fn settle_waits_for_shipping_and_the_checkpoint_due() {
+    let dir = cache_dir("settle");
+    let inner = Arc::new(InMemory::new());
+    let slow: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner, |key| {
+        if key.as_ref().contains("/chunk/") {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        Ok(())
+    }));
+    let opts = ObjectOptions {
+        checkpoint_bytes: 256 << 10,
+        ..local(&dir)
+    };
+    let dev = mkfs(slow, opts);
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let before = dev.stats().checkpoints;
+    write_files(&fs, 0..40, content);
+    dev.settle().unwrap();
+    let st = dev.stats();
+    assert_eq!(st.unshipped_bytes, 0, "{st:?}");
+    assert!(st.checkpoints > before, "no checkpoint folded: {st:?}");
+    assert!(
+        st.unfolded_bytes < 256 << 10,
+        "a checkpoint still due: {st:?}"
+    );
+    drop(fs);
     dev.close().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

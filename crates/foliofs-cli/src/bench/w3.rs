@@ -64,7 +64,7 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
     }
     let nv = variants.len();
     let pb = progress((args.rounds * nv * args.threads.len()) as u64);
-    let (_dev, fs) = fresh_fs(args)?;
+    let (dev, fs) = fresh_fs(args)?;
     let ino = make_file(&fs, "w3", args.file_mib, &pb)?;
     let fs = Arc::new(fs);
     let bs = fs.block_size();
@@ -86,6 +86,8 @@ pub fn w3(args: &BenchArgs) -> Result<Outcome> {
             for k in 0..nv {
                 let v = (k + round) % nv;
                 pb.set_message(format!("W3 {threads}t {}", variants[v].0));
+                // Not the last pass's background work (see W1).
+                dev.settle()?;
                 let ops = match variants[v].1 {
                     Variant::Kernel => {
                         let dir = &vs.as_ref().expect("a --vs directory").0;

@@ -99,6 +99,7 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
     let mut dropped = true;
     let mut kernel_pass = |round: usize| -> Result<()> {
         if let Some((dir, name)) = &vs {
+            dev.settle()?;
             pb.set_message(format!("W6 round {} {name}", round + 1));
             let (r, d) = w6_pass(dir, &entries)?;
             dropped &= d;
@@ -111,6 +112,8 @@ pub fn w6(args: &BenchArgs) -> Result<Outcome> {
     };
     let mut fs = Some(fs);
     for round in 0..args.rounds {
+        // Not the last round's background work (see W1).
+        dev.settle()?;
         if round % 2 == 1 {
             kernel_pass(round)?;
         }

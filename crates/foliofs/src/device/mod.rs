@@ -39,6 +39,14 @@ pub trait Device: Send + Sync {
     }
     /// Make every completed write durable (fdatasync for files).
     fn flush(&self) -> io::Result<()>;
+    /// Wait until what the device does in the background after a flush
+    /// is done (an object image: shipping its local WAL, folding the WAL
+    /// into chunks), so that what runs next does not share the machine
+    /// with it; a benchmark calls it between passes. Durability does not
+    /// depend on it: a flush has made its writes durable already.
+    fn settle(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// Size in bytes.
     fn len(&self) -> u64;
     fn is_empty(&self) -> bool {
