@@ -1533,19 +1533,47 @@ impl Core {
             .disk
             .as_ref()
             .expect("durability=local has a cache_dir");
+        let record = {
+            let _f = self.flushing.lock();
+            match self.append_local(disk)? {
+                Some(record) => record,
+                None => return Ok(()),
+            }
+        };
+        // Outside `flushing`: the next flush appends meanwhile.
+        if let Err(e) = disk.sync_wal(record) {
+            let _f = self.flushing.lock();
+            return self.flush_past_local(disk, Some(e));
+        }
+        let mut s = self.state.lock();
+        // Durable here; the writer waits only for the lag to shrink.
+        while s.unshipped_bytes > self.opts.wal_lag_max && s.stats.fenced.is_none() {
+            self.changed.wait(&mut s);
+        }
+        match &s.stats.fenced {
+            Some(why) => Err(eio(format!("{}: {why}", self.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// The blocks written since the last flush appended to the local WAL
+    /// (not synced yet: `CacheDir::sync_wal`) and queued to ship; their
+    /// record, or None if there were none or they went to the store
+    /// instead (`flush_past_local`). Called with `flushing` held.
+    fn append_local(&self, disk: &CacheDir) -> io::Result<Option<u64>> {
         let blocks = {
             let mut s = self.state.lock();
             if let Some(why) = &s.stats.fenced {
                 return Err(eio(format!("{}: {why}", self.name)));
             }
             if s.pending.is_empty() {
-                return Ok(());
+                return Ok(None);
             }
             if s.local_wal_paused_until
                 .is_some_and(|t| std::time::Instant::now() < t)
             {
                 drop(s);
-                return self.flush_past_local(disk, None);
+                return self.flush_past_local(disk, None).map(|()| None);
             }
             let taken = std::mem::take(&mut s.pending);
             s.in_flight = taken.clone();
@@ -1562,7 +1590,7 @@ impl Core {
                     s.pending.entry(b).or_insert(d);
                 }
                 drop(s);
-                return self.flush_past_local(disk, Some(e));
+                return self.flush_past_local(disk, Some(e)).map(|()| None);
             }
         };
         if s.local_wal_paused_until.take().is_some() {
@@ -1580,14 +1608,7 @@ impl Core {
         if s.to_ship.len() == 1 || s.unshipped_bytes >= self.ship_batch() {
             self.ship_due.notify_one();
         }
-        // Durable here; the writer waits only for the lag to shrink.
-        while s.unshipped_bytes > self.opts.wal_lag_max && s.stats.fenced.is_none() {
-            self.changed.wait(&mut s);
-        }
-        match &s.stats.fenced {
-            Some(why) => Err(eio(format!("{}: {why}", self.name))),
-            None => Ok(()),
-        }
+        Ok(Some(record))
     }
 
     /// The local WAL could not take a flush (`error`: its disk full even
@@ -2063,12 +2084,16 @@ impl Core {
         if self.opts.read_only {
             return Ok(());
         }
-        let _f = self.flushing.lock();
-        if self.durability == Durability::Local {
+        // A local flush holds `flushing` for its append only (see
+        // `flush_local`).
+        let _f = if self.durability == Durability::Local {
             self.flush_local()?;
+            None
         } else {
+            let f = self.flushing.lock();
             self.flush_to_store()?;
-        }
+            Some(f)
+        };
         // The checkpointer folds the WAL in the background; a flush waits
         // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the
         // WAL not yet folded is held in memory).

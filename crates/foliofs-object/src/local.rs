@@ -19,16 +19,24 @@
 //! fails its check.
 //!
 //! A WAL segment is appended to and synced (`fdatasync`) before a flush
-//! returns; a new segment's directory entry is synced too. A record cut
-//! by a crash fails its checksum and ends the log (it was never
-//! acknowledged). Segments are deleted once every record in them has
+//! returns; a new segment's directory entry is synced too. The append is
+//! made in order under the device's `flushing`, the sync after it, so
+//! that the next flush writes its record while this one's sync waits on
+//! the disk (as the engine's own writes overlap its flushes on an image
+//! file); one sync runs at a time, and one covers every record written
+//! before it began. A sync that fails poisons the local WAL: no record is
+//! acknowledged from it, nor appended to it, until it is cleared (a
+//! failed `fdatasync` reports its error once, and to one caller, and a
+//! replay stops at the first bad record). A record cut by a crash fails
+//! its checksum and ends the log (it was never acknowledged). Segments are deleted once every record in them has
 //! shipped; a crash between the PUT and the delete leaves records that
 //! shipped, and the next open ships what is left again as one WAL object:
 //! each block's newest local version, which no shipped record is newer
 //! than (see `ObjectDevice::open`).
 //!
 //! Locks: `index` is a leaf (taken under the device's `state` never the
-//! other way round); WAL appends are made under the device's `flushing`.
+//! other way round, and under `syncs`); WAL appends are made under the
+//! device's `flushing`, syncs outside it.
 
 use crate::layout::{WalRecord, BLOCK};
 use crate::ObjectError;
@@ -41,6 +49,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// When a flush returns: once its blocks are in a WAL object in the
 /// store, or once they are in the local WAL (shipped in order behind it,
@@ -80,7 +89,13 @@ struct Index {
     /// Segment number -> (the last record in it, its bytes).
     segments: BTreeMap<u64, (u64, u64)>,
     /// The segment appended to, open.
-    current: Option<(u64, File)>,
+    current: Option<(u64, Arc<File>)>,
+    /// Segments filled since the last sync, with their last record: the
+    /// next sync covers them too.
+    unsynced: Vec<(u64, Arc<File>)>,
+    /// A sync failed: nothing more is appended or acknowledged until
+    /// `clear_wal`.
+    failed: bool,
     next_record: u64,
     hits: u64,
 }
@@ -92,6 +107,12 @@ pub(crate) struct CacheDir {
     _lock: File,
     limit: u64,
     index: Mutex<Index>,
+    /// Every record up to this one is durable; held across a sync, so
+    /// that syncs run one at a time (see the module's comment).
+    synced: Mutex<u64>,
+    /// Tests: the next sync fails as a failed `fdatasync` does.
+    #[cfg(test)]
+    fail_sync: AtomicBool,
     /// The last chunk copy failed (the local disk full, say).
     copies_failing: AtomicBool,
 }
@@ -115,6 +136,11 @@ fn invalid(root: &std::path::Path, why: impl std::fmt::Display) -> ObjectError {
 /// The local disk (or the user's quota on it) is full.
 fn out_of_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// What an append or a sync gets once a sync of the local WAL failed.
+fn poisoned() -> io::Error {
+    io::Error::other("a sync of the local WAL failed: it takes no more records until cleared")
 }
 
 fn sync_dir(dir: &std::path::Path) -> io::Result<()> {
@@ -167,6 +193,8 @@ impl CacheDir {
             tick: 0,
             segments: BTreeMap::new(),
             current: None,
+            unsynced: Vec::new(),
+            failed: false,
             next_record: 1,
             hits: 0,
         };
@@ -204,6 +232,9 @@ impl CacheDir {
             _lock: lock,
             limit,
             index: Mutex::new(index),
+            synced: Mutex::new(0),
+            #[cfg(test)]
+            fail_sync: AtomicBool::new(false),
             copies_failing: AtomicBool::new(false),
         })
     }
@@ -396,8 +427,12 @@ impl CacheDir {
 
     /// Delete the whole local WAL (shipped, or found superseded).
     pub(crate) fn clear_wal(&self) -> io::Result<()> {
+        let mut synced = self.synced.lock();
         let mut ix = self.index.lock();
+        *synced = 0;
         ix.current = None;
+        ix.unsynced.clear();
+        ix.failed = false;
         for n in std::mem::take(&mut ix.segments).into_keys() {
             fs::remove_file(self.segment_path(n))?;
         }
@@ -405,8 +440,8 @@ impl CacheDir {
         sync_dir(&self.root.join("wal"))
     }
 
-    /// Append a record of `blocks` at `epoch` and make it durable;
-    /// returns its local number. The local disk full, the chunk copies
+    /// Append a record of `blocks` at `epoch`; returns its local number,
+    /// durable once `sync_wal` of it returns. The local disk full, the chunk copies
     /// make room first (least recently used first): they are only a
     /// cache, the WAL is what a flush waits for.
     pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
@@ -427,8 +462,11 @@ impl CacheDir {
         }
     }
 
-    /// Append `body`, the encoded record `ix.next_record`, and sync it.
+    /// Append `body`, the encoded record `ix.next_record`.
     fn append_record(&self, ix: &mut Index, body: &[u8]) -> io::Result<u64> {
+        if ix.failed {
+            return Err(poisoned());
+        }
         let record = ix.next_record;
         // A record that does not fit what is left of the segment starts
         // the next one (one larger than a segment has one to itself).
@@ -444,21 +482,69 @@ impl CacheDir {
                 let _ = fs::remove_file(self.segment_path(n));
             })?;
             ix.segments.insert(n, (record, 0));
-            ix.current = Some((n, file));
+            if let Some((_, old)) = ix.current.replace((n, Arc::new(file))) {
+                ix.unsynced.push((record - 1, old));
+            }
         }
         let n = ix.current.as_ref().expect("a segment is open").0;
         let at = ix.segments.get(&n).map_or(0, |&(_, len)| len);
-        let (_, file) = ix.current.as_mut().expect("a segment is open");
-        if let Err(e) = file.write_all_at(body, at).and_then(|()| file.sync_data()) {
+        let (_, file) = ix.current.as_ref().expect("a segment is open");
+        if let Err(e) = file.write_all_at(body, at) {
             // What the segment holds past its last good record is not
-            // known: the next record goes to a new one.
-            ix.current = None;
+            // known: the next record goes to a new one. The records
+            // before it are still to be synced.
+            if let Some((_, old)) = ix.current.take() {
+                ix.unsynced.push((record - 1, old));
+            }
             return Err(e);
         }
         let seg = ix.segments.get_mut(&n).expect("the open segment is listed");
         *seg = (record, seg.1 + body.len() as u64);
         ix.next_record += 1;
         Ok(record)
+    }
+
+    /// Make record `record` durable, and with it every record written
+    /// before the sync begins: at once if a sync since covered it. An
+    /// error if a sync failed since it was appended (see the module's
+    /// comment); after `clear_wal`, what it cleared had shipped.
+    pub(crate) fn sync_wal(&self, record: u64) -> io::Result<()> {
+        let mut synced = self.synced.lock();
+        if *synced >= record {
+            return Ok(());
+        }
+        let (files, target) = {
+            let ix = self.index.lock();
+            if ix.failed {
+                return Err(poisoned());
+            }
+            let mut files: Vec<Arc<File>> = ix.unsynced.iter().map(|(_, f)| f.clone()).collect();
+            files.extend(ix.current.as_ref().map(|(_, f)| f.clone()));
+            (files, ix.next_record - 1)
+        };
+        for f in &files {
+            if let Err(e) = self.sync_segment(f) {
+                let mut ix = self.index.lock();
+                ix.failed = true;
+                ix.current = None;
+                return Err(e);
+            }
+        }
+        *synced = target;
+        self.index
+            .lock()
+            .unsynced
+            .retain(|&(last, _)| last > target);
+        Ok(())
+    }
+
+    /// `fdatasync` of a WAL segment (in tests, failing when told to).
+    fn sync_segment(&self, f: &File) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_sync.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        f.sync_data()
     }
 
     /// Segment `n`, made and filled with zeros, synced with its directory
@@ -524,6 +610,8 @@ mod tests {
             let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
             assert_eq!(c.append_wal(3, &[(1, &block)]).unwrap(), 1);
             assert_eq!(c.append_wal(3, &[(2, &block), (5, &block)]).unwrap(), 2);
+            c.sync_wal(1).unwrap();
+            c.sync_wal(2).unwrap();
         }
         // A third record cut half-way by a crash, over the segment's zeros.
         let seg = root.join("wal").join(format!("{:020}", 1));
@@ -544,6 +632,66 @@ mod tests {
         assert!(c.leftover_wal(16).is_empty());
         drop(c);
         assert!(CacheDir::open(&root, 1 << 30, "other").is_err());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A failed sync acknowledges nothing it covered, and the WAL takes
+    /// no more records until it is cleared; what an earlier sync made
+    /// durable stays acknowledged.
+    #[test]
+    fn a_failed_sync_poisons_the_local_wal_until_it_is_cleared() {
+        let root = dir("poison");
+        let block = vec![7u8; BLOCK as usize];
+        let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+        let r1 = c.append_wal(3, &[(1, &block)]).unwrap();
+        c.sync_wal(r1).unwrap();
+        let r2 = c.append_wal(3, &[(2, &block)]).unwrap();
+        let r3 = c.append_wal(3, &[(3, &block)]).unwrap();
+        c.fail_sync.store(true, Ordering::SeqCst);
+        assert!(c.sync_wal(r2).is_err());
+        // r3 was written before the failed sync began: its error may
+        // have been reported there and nowhere else.
+        assert!(c.sync_wal(r3).is_err(), "a record the failed sync covered");
+        assert!(
+            c.append_wal(3, &[(4, &block)]).is_err(),
+            "appended after a failure"
+        );
+        c.sync_wal(r1).unwrap();
+        c.clear_wal().unwrap();
+        let r = c.append_wal(3, &[(5, &block)]).unwrap();
+        c.sync_wal(r).unwrap();
+        assert_eq!(c.leftover_wal(16).len(), 1);
+        drop(c);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Records appended while no sync runs are made durable by one: the
+    /// later ones' syncs find them covered. Across a new segment too.
+    #[test]
+    fn one_sync_covers_every_record_written_before_it() {
+        let root = dir("cover");
+        let blocks: Vec<(u64, Vec<u8>)> = (0..1100)
+            .map(|b| (b, vec![b as u8; BLOCK as usize]))
+            .collect();
+        let list: Vec<(u64, &[u8])> = blocks.iter().map(|(b, d)| (*b, &d[..])).collect();
+        let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+        // Four records of 4.3 MiB: the fourth starts a second segment.
+        let recs: Vec<u64> = (0..4).map(|_| c.append_wal(3, &list).unwrap()).collect();
+        assert_eq!(
+            c.index.lock().unsynced.len(),
+            1,
+            "the first segment, filled"
+        );
+        c.sync_wal(recs[3]).unwrap();
+        assert!(c.index.lock().unsynced.is_empty());
+        c.fail_sync.store(true, Ordering::SeqCst);
+        for &r in &recs {
+            c.sync_wal(r).unwrap();
+        }
+        assert!(c.fail_sync.load(Ordering::SeqCst), "no sync was needed");
+        c.fail_sync.store(false, Ordering::SeqCst);
+        assert_eq!(c.leftover_wal(4096).len(), 4);
+        drop(c);
         fs::remove_dir_all(&root).unwrap();
     }
 
