@@ -321,12 +321,16 @@ fn a_checkpoint_between_a_snapshots_look_and_its_marker_retakes_it() {
     let checkpoints = dev.stats().checkpoints;
     let (writer, folds) = (fs.clone(), dev.clone());
     // Before the snapshot's marker is written: the writer goes on and
-    // checkpoints.
+    // checkpoints, and then the checkpointer is left with nothing due,
+    // so that the manifest the snapshot is taken again at stays the
+    // newest (a checkpoint of its own after that made a newer one: CI
+    // on 7544dc2, the machine loaded).
     let hook = parking_lot::Mutex::new(Some(move || {
         for i in 8..40 {
             write_fsync(&writer, &format!("f{i}"), &content(i, 0));
         }
         folds.checkpoint_now().unwrap();
+        folds.settle().unwrap();
     }));
     let hooked: Arc<dyn ObjectStore> = Arc::new(BeforePut::new(inner, move |location| {
         if location.as_ref().contains("/snapshot/") {
