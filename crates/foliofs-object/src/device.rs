@@ -30,7 +30,8 @@
 //! waits for it only when it has fallen two checkpoints behind. With
 //! `durability=local`, a shipper thread PUTs the local WAL (see below).
 //!
-//! Locks: `flushing` (one flush at a time, held across its PUT) and
+//! Locks: `flushing` (one flush at a time, held across its PUT; with
+//! durability=local across its append, its sync made after) and
 //! `checkpointing` (one checkpoint at a time, held across its PUTs) are
 //! taken before `state` (held only to look up or move blocks, never
 //! across a request), and never together except by close (`flushing`
