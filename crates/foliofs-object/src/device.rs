@@ -1249,6 +1249,13 @@ impl Core {
         ObjectError::Fenced(why)
     }
 
+    /// There is WAL to fold and `checkpoint_bytes` of it (the checkpointer
+    /// starts one).
+    fn checkpoint_due(&self, s: &State) -> bool {
+        !(s.logged.is_empty() && s.flushed.is_empty())
+            && s.wal_span_bytes(self.chunk_blocks * BLOCK) >= self.opts.checkpoint_bytes
+    }
+
     /// The checkpointer thread: whenever `checkpoint_bytes` of WAL have
     /// gathered, fold them (flushes go on meanwhile). A checkpoint that
     /// fails is tried again after a pause; the WAL holds everything until
@@ -1262,11 +1269,7 @@ impl Core {
                 while !s.stopping && std::time::Instant::now() < until {
                     self.changed.wait_until(&mut s, until);
                 }
-                while !s.stopping
-                    && s.stats.fenced.is_none()
-                    && ((s.logged.is_empty() && s.flushed.is_empty())
-                        || s.wal_span_bytes(self.chunk_blocks * BLOCK) < self.opts.checkpoint_bytes)
-                {
+                while !s.stopping && s.stats.fenced.is_none() && !self.checkpoint_due(&s) {
                     self.changed.wait(&mut s);
                 }
                 if s.stopping || s.stats.fenced.is_some() {
@@ -1670,9 +1673,7 @@ impl Core {
             {
                 return Err(eio(format!("{}: {why}", self.name)));
             }
-            if s.logged.is_empty() && s.flushed.is_empty()
-                || s.wal_span_bytes(self.chunk_blocks * BLOCK) < self.opts.checkpoint_bytes
-            {
+            if !self.checkpoint_due(&s) {
                 break;
             }
             self.changed.wait(&mut s);

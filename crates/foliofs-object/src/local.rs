@@ -28,14 +28,15 @@
 //! acknowledged from it, nor appended to it, until it is cleared (a
 //! failed `fdatasync` reports its error once, and to one caller, and a
 //! replay stops at the first bad record). A record cut by a crash fails
-//! its checksum and ends the log (it was never acknowledged). Segments are deleted once every record in them has
-//! shipped; a crash between the PUT and the delete leaves records that
+//! its checksum and ends the log (it was never acknowledged). Segments
+//! are deleted once every record in them has shipped; a crash between
+//! the PUT and the delete leaves records that
 //! shipped, and the next open ships what is left again as one WAL object:
 //! each block's newest local version, which no shipped record is newer
 //! than (see `ObjectDevice::open`).
 //!
 //! Locks: `index` is a leaf (taken under the device's `state` never the
-//! other way round, and under `syncs`); WAL appends are made under the
+//! other way round, and under `synced`); WAL appends are made under the
 //! device's `flushing`, syncs outside it.
 
 use crate::layout::{WalRecord, BLOCK};
@@ -441,9 +442,9 @@ impl CacheDir {
     }
 
     /// Append a record of `blocks` at `epoch`; returns its local number,
-    /// durable once `sync_wal` of it returns. The local disk full, the chunk copies
-    /// make room first (least recently used first): they are only a
-    /// cache, the WAL is what a flush waits for.
+    /// durable once `sync_wal` of it returns. The local disk full, the
+    /// chunk copies make room first (least recently used first): they are
+    /// only a cache, the WAL is what a flush waits for.
     pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
         let mut ix = self.index.lock();
         let body = WalRecord::encode(epoch, ix.next_record, blocks, &[]);
