@@ -43,6 +43,7 @@ use crate::layout::{
     OBJECT_FORMAT,
 };
 use crate::local::{CacheDir, CacheUse, Durability};
+use crate::logged::Logged;
 use crate::readahead::ReadAhead;
 use crate::store::{
     create_mode, image_manifest, latest_manifest, now_secs, runtime, this_writer, wal_numbers,
@@ -68,9 +69,10 @@ const CHECKPOINT_PUTS: usize = 4;
 /// the same 2 cores.
 const FLUSH_PUTS: usize = 8;
 
-/// Flushes wait while the WAL not yet folded into chunks is this many
-/// times `checkpoint_bytes`: the checkpointer has fallen behind.
-const UNFOLDED_MAX: u64 = 2;
+/// A fold is put off while the chunk objects it would write come to more
+/// than this many times the WAL it folds (a random writer's blocks, a few
+/// in each chunk), until `ObjectOptions::sparse_fold`.
+const FOLD_COST_MAX: u64 = 2;
 
 /// The longest a checkpointer waits after a failed checkpoint before it
 /// tries again.
@@ -101,6 +103,14 @@ pub struct ObjectOptions {
     pub cache_bytes: u64,
     /// WAL bytes after which a flush folds the WAL into chunks.
     pub checkpoint_bytes: u64,
+    /// A WAL whose fold would write more than twice its bytes in chunks
+    /// (a random writer's: a few blocks in each of many chunks) is folded
+    /// only at this many times `checkpoint_bytes`, its chunks having
+    /// gathered more of their blocks by then (1: at `checkpoint_bytes`
+    /// always). The WAL not yet folded is held in memory; flushes wait
+    /// once it is one `checkpoint_bytes` past this (the checkpointer has
+    /// fallen behind).
+    pub sparse_fold: u64,
     /// Bytes written and not yet flushed after which a write flushes
     /// them itself: a large copy between two of the engine's flushes
     /// is held in memory only this far (twice this while another flush
@@ -147,6 +157,7 @@ impl Default for ObjectOptions {
             takeover: false,
             cache_bytes: 256 << 20,
             checkpoint_bytes: 64 << 20,
+            sparse_fold: 3,
             pending_bytes: 64 << 20,
             retry: std::time::Duration::from_secs(120),
             mount_point: None,
@@ -217,7 +228,7 @@ struct State {
     /// Being PUT by the flush in progress.
     in_flight: BTreeMap<u64, Block>,
     /// In the WAL, not yet in chunks.
-    logged: BTreeMap<u64, Block>,
+    logged: Logged,
     /// Chunk index -> the version a flush wrote whole since the manifest
     /// (`flushed_version`): it stands for the manifest's, and `logged`
     /// holds only blocks written after it.
@@ -278,7 +289,7 @@ struct Shipment {
 /// blocks, flushed chunks and replaced flushed versions (a device's, or
 /// a replay's): the blocks of it in the WAL before are older than it.
 fn chunk_flushed(
-    logged: &mut BTreeMap<u64, Block>,
+    logged: &mut Logged,
     flushed: &mut BTreeMap<u64, u64>,
     superseded: &mut Vec<(u64, u64)>,
     idx: u64,
@@ -291,7 +302,7 @@ fn chunk_flushed(
         .map(|(&b, _)| b)
         .collect();
     for b in older {
-        logged.remove(&b);
+        logged.remove(b);
     }
     if let Some(was) = flushed.insert(idx, version).filter(|&v| v != version) {
         superseded.push((idx, was));
@@ -338,7 +349,7 @@ impl State {
             .get(&b)
             .or_else(|| self.in_flight.get(&b))
             .or_else(|| self.unshipped.get(&b).map(|(_, d)| d))
-            .or_else(|| self.logged.get(&b))
+            .or_else(|| self.logged.get(b))
     }
 }
 
@@ -580,7 +591,9 @@ impl ObjectDevice {
             (1, manifest),
             Replayed {
                 next: 1,
-                ..Default::default()
+                logged: Logged::new(chunk_blocks),
+                flushed: BTreeMap::new(),
+                superseded: Vec::new(),
             },
         ))
     }
@@ -1135,8 +1148,9 @@ impl Core {
             };
             s.chunks.insert(*idx, held);
         }
-        s.logged
-            .extend(done.into_iter().filter(|(b, _)| !in_whole(*b)));
+        for (b, d) in done.into_iter().filter(|(b, _)| !in_whole(*b)) {
+            s.logged.insert(b, d);
+        }
         s.next_wal = seq + 1;
         s.stats.wal_puts += 1;
         s.stats.wal_bytes += n;
@@ -1249,11 +1263,17 @@ impl Core {
         ObjectError::Fenced(why)
     }
 
-    /// There is WAL to fold and `checkpoint_bytes` of it (the checkpointer
-    /// starts one).
+    /// There is WAL to fold and `checkpoint_bytes` of it, and folding it
+    /// writes no more than `FOLD_COST_MAX` times that in chunks, or there
+    /// is `sparse_fold` times as much (the checkpointer starts one).
     fn checkpoint_due(&self, s: &State) -> bool {
+        let chunk_bytes = self.chunk_blocks * BLOCK;
+        let span = s.wal_span_bytes(chunk_bytes);
+        let writes = s.logged.chunks() as u64 * chunk_bytes;
         !(s.logged.is_empty() && s.flushed.is_empty())
-            && s.wal_span_bytes(self.chunk_blocks * BLOCK) >= self.opts.checkpoint_bytes
+            && span >= self.opts.checkpoint_bytes
+            && (writes <= FOLD_COST_MAX * span
+                || span >= self.opts.sparse_fold * self.opts.checkpoint_bytes)
     }
 
     /// The checkpointer thread: whenever `checkpoint_bytes` of WAL have
@@ -1311,7 +1331,7 @@ impl Core {
             (
                 s.manifest_id,
                 s.manifest.clone(),
-                s.logged.clone(),
+                s.logged.blocks(),
                 s.flushed.clone(),
                 std::mem::take(&mut s.superseded),
                 s.next_wal,
@@ -1441,10 +1461,10 @@ impl Core {
                 // The same bytes, not a later write of the block: `folded`
                 // holds them, so no other buffer can be at their address.
                 if s.logged
-                    .get(b)
+                    .get(*b)
                     .is_some_and(|cur| cur.as_ptr() == d.as_ptr())
                 {
-                    s.logged.remove(b);
+                    s.logged.remove(*b);
                 }
             }
             let unsaved = self.trim_cache(&mut s);
@@ -1923,12 +1943,11 @@ where
 }
 
 /// What the WAL after a manifest holds.
-#[derive(Default)]
 struct Replayed {
     /// The first WAL number not read.
     next: u64,
     /// Blocks, each its newest.
-    logged: BTreeMap<u64, Block>,
+    logged: Logged,
     /// Chunks flushes wrote whole (index -> version), each its newest.
     flushed: BTreeMap<u64, u64>,
     /// Flushed versions a later one replaced.
@@ -1943,7 +1962,7 @@ async fn replay(
     manifest: &Manifest,
     fence: Option<u64>,
 ) -> Result<Replayed, ObjectError> {
-    let mut logged = BTreeMap::new();
+    let mut logged = Logged::new(manifest.chunk_blocks);
     let mut flushed = BTreeMap::new();
     let mut superseded = Vec::new();
     let chunk_bytes = manifest.chunk_blocks * BLOCK;
@@ -2097,14 +2116,14 @@ impl Core {
             Some(f)
         };
         // The checkpointer folds the WAL in the background; a flush waits
-        // only when it has fallen `UNFOLDED_MAX` checkpoints behind (the
-        // WAL not yet folded is held in memory).
+        // only when the WAL not yet folded (held in memory) is a whole
+        // `checkpoint_bytes` past the latest a fold is due.
         let mut s = self.state.lock();
-        if s.wal_span_bytes(self.chunk_blocks * BLOCK) >= self.opts.checkpoint_bytes {
+        if self.checkpoint_due(&s) {
             self.changed.notify_all();
         }
         while !s.logged.is_empty()
-            && s.unfolded_bytes() >= UNFOLDED_MAX * self.opts.checkpoint_bytes
+            && s.unfolded_bytes() >= (self.opts.sparse_fold.max(1) + 1) * self.opts.checkpoint_bytes
         {
             if let Some(why) = s
                 .stats

@@ -40,6 +40,7 @@ pub mod keep;
 pub mod layout;
 pub mod lease;
 mod local;
+mod logged;
 mod markers;
 mod readahead;
 mod store;

@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 const BLOCK: u64 = 4096;
 const CHUNK: u64 = 4 << 20;
 
+/// Folded at 1 MiB of WAL, however spread (the bound flushes wait at is
+/// then 2 MiB).
 fn opts() -> ObjectOptions {
     ObjectOptions {
         checkpoint_bytes: 1 << 20,
+        sparse_fold: 1,
         cache_bytes: 16 << 20,
         retry: Duration::ZERO,
         ..Default::default()
@@ -337,4 +340,64 @@ fn a_block_written_again_during_its_checkpoint_keeps_the_newer_bytes() {
     )
     .unwrap();
     expect_blocks(&again, &want);
+}
+
+/// A random writer's WAL, a few blocks in each of many chunks, is folded
+/// later than a sequential writer's: at `checkpoint_bytes` its fold would
+/// write sixteen times its bytes in chunks, so it waits until
+/// `sparse_fold` times as much has gathered. A WAL of long runs (its
+/// fold writing at most twice its bytes) is folded at `checkpoint_bytes`.
+#[test]
+fn a_sparse_wal_is_folded_later_than_a_dense_one() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let opts = ObjectOptions {
+        sparse_fold: 3,
+        ..opts()
+    };
+    let dev = ObjectDevice::create(store, Path::from("img"), SIZE, opts).unwrap();
+    // Block k of the sparse writer: one of 16 chunks in turn.
+    let sparse_block = |k: u64| (k % 16) * (CHUNK / BLOCK) + 1 + k / 16;
+    let write_sparse = |ks: std::ops::Range<u64>| {
+        for k in ks {
+            let b = sparse_block(k);
+            let mut d = vec![7; BLOCK as usize];
+            d[..8].copy_from_slice(&b.to_le_bytes());
+            dev.write_at(&d, b * BLOCK).unwrap();
+        }
+        dev.flush().unwrap();
+        dev.settle().unwrap();
+    };
+    // 1 MiB, then 2.75 MiB: nothing due, nothing folded.
+    write_sparse(0..256);
+    assert_eq!(dev.stats().checkpoints, 0, "{:?}", dev.stats());
+    write_sparse(256..704);
+    let st = dev.stats();
+    assert_eq!(
+        (st.checkpoints, st.unfolded_bytes),
+        (0, 704 * BLOCK),
+        "{st:?}"
+    );
+    // 3 MiB: folded, all 16 chunks.
+    write_sparse(704..768);
+    let st = dev.stats();
+    assert_eq!((st.checkpoints, st.chunk_puts), (1, 16), "{st:?}");
+    assert_eq!(st.unfolded_bytes, 0, "{st:?}");
+    // Half a chunk, 2 MiB: its fold writes twice that, due at once.
+    write_mib(&dev, 8, 2, 1).unwrap();
+    dev.settle().unwrap();
+    let st = dev.stats();
+    assert_eq!((st.checkpoints, st.chunk_puts), (2, 17), "{st:?}");
+    // The sparse blocks the run did not write over.
+    let sparse = (0..768)
+        .step_by(37)
+        .map(sparse_block)
+        .filter(|b| !(2048..2560).contains(b));
+    let mut got = vec![0; BLOCK as usize];
+    for b in sparse {
+        dev.read_at(&mut got, b * BLOCK).unwrap();
+        assert_eq!(got[..8], b.to_le_bytes(), "block {b}");
+        assert_eq!(got[8], 7, "block {b}");
+    }
+    expect_blocks(&dev, &[(2048, 1), (2559, 1)]);
+    dev.close().unwrap();
 }

@@ -370,8 +370,10 @@ fn settle_waits_for_shipping_and_the_checkpoint_due() {
         }
         Ok(())
     }));
+    // Due at 256 KiB, however spread the files' blocks are.
     let opts = ObjectOptions {
         checkpoint_bytes: 256 << 10,
+        sparse_fold: 1,
         ..local(&dir)
     };
     let dev = mkfs(slow, opts);
