@@ -25,8 +25,12 @@ use foliofs::{Fs, MkfsOptions, MountOptions};
 use foliofs_object::{open_url, ObjectDevice, ObjectOptions, ObjectStats, ObjectStore, Path};
 use futures::{StreamExt, TryStreamExt};
 use object_store::{PutMode, PutOptions, PutPayload};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// The object devices the running workload made (`fresh_fs`), for what
+/// it wrote to the store (`written_note`).
+static MADE: Mutex<Vec<Arc<ObjectDevice>>> = Mutex::new(Vec::new());
 
 /// Create-if-absent PUTs of 4 KiB per round, one at a time.
 const SMALL_PUTS: usize = 100;
@@ -74,8 +78,13 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
         let span = Span::start();
         let r = super::workload(w, &at(&name));
         runs.push((w.to_uppercase(), span.cores()));
+        let made = std::mem::take(&mut *MADE.lock().unwrap_or_else(|e| e.into_inner()));
+        let written = written_note(&made);
+        drop(made);
         done(&name)?;
-        out.push(r?);
+        let mut r = r?;
+        r.notes.extend(written);
+        out.push(r);
     }
     let r = against_floor(
         args,
@@ -103,7 +112,31 @@ pub(super) fn run(args: &BenchArgs, url: &str, which: &[String]) -> Result<Vec<O
 /// there), with a file system on it, mounted.
 pub(super) fn fresh_fs(url: &str, size: u64, args: &BenchArgs) -> Result<(Arc<dyn Device>, Fs)> {
     let (dev, fs) = fresh_object_fs(url, size, &object_options(args, url)?)?;
+    MADE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dev.clone());
     Ok((dev, fs))
+}
+
+/// What the devices of a workload wrote to the store, its passes
+/// together: the WAL, and the chunks (checkpoints' and whole ones
+/// flushes wrote), against the blocks the WAL carried.
+fn written_note(made: &[Arc<ObjectDevice>]) -> Option<String> {
+    let stats: Vec<ObjectStats> = made.iter().map(|d| d.stats()).collect();
+    let sum = |f: fn(&ObjectStats) -> u64| stats.iter().map(f).sum::<u64>();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let (wal, chunk) = (sum(|s| s.wal_bytes), stats.first()?.chunk_bytes);
+    let folded = sum(|s| s.chunk_puts) * chunk;
+    Some(format!(
+        "written to the store, its passes together: WAL {:.0} MiB in {} PUTs; {} checkpoints, {} chunk objects ({:.0} MiB, {:.2} x the WAL); {} chunks flushed whole",
+        mib(wal),
+        sum(|s| s.wal_puts),
+        sum(|s| s.checkpoints),
+        sum(|s| s.chunk_puts),
+        mib(folded),
+        folded as f64 / wal.max(1) as f64,
+        sum(|s| s.chunks_flushed),
+    ))
 }
 
 /// The object options `--object-options` gives, for the image at `url`:
