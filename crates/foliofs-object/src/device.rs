@@ -193,6 +193,8 @@ pub struct ObjectStats {
     pub unfolded_bytes: u64,
     /// Chunk objects the manifest names (the rest of the device is zeros).
     pub chunks: u64,
+    /// Chunks held in memory (at most `cache_bytes` of them).
+    pub chunks_held: u64,
     /// Bytes of each chunk object (the image's, chosen when it was made).
     pub chunk_bytes: u64,
     /// The writer the manifest names (None after a clean close).
@@ -918,6 +920,7 @@ impl Core {
         st.next_wal = s.next_wal;
         st.unfolded_bytes = s.unfolded_bytes();
         st.chunks = s.manifest.chunks.len() as u64;
+        st.chunks_held = s.chunks.len() as u64;
         st.chunk_bytes = self.chunk_blocks * BLOCK;
         st.writer = s.manifest.writer.clone();
         st.unshipped_bytes = s.unshipped_bytes;
@@ -972,7 +975,7 @@ impl Core {
                     }
                 };
                 if let Some(d) = &self.disk {
-                    d.keep_chunk(idx, version, data.object());
+                    d.keep_chunk(idx, version, &data);
                 }
                 (data, 1)
             }
@@ -996,11 +999,46 @@ impl Core {
         Ok(data)
     }
 
+    /// Blocks `at..` of chunk `idx` at `version` into `dst`: from memory;
+    /// else from the cache directory's copy, those blocks alone, each
+    /// checked (a random reader's 4 KiB costs 4 KiB, not the chunk's 4 MiB
+    /// read, checked and held, and another chunk sent out of memory for
+    /// it); else the whole chunk, fetched (and then held).
+    fn chunk_run(&self, idx: u64, version: u64, at: usize, dst: &mut [u8]) -> io::Result<()> {
+        let bs = BLOCK as usize;
+        let held = {
+            let mut s = self.state.lock();
+            s.tick += 1;
+            let tick = s.tick;
+            s.chunks
+                .get_mut(&idx)
+                .filter(|held| held.version == version)
+                .map(|held| {
+                    held.used = tick;
+                    held.data.clone()
+                })
+        };
+        let data = match held {
+            Some(data) => data,
+            None => {
+                let len = self.chunk_len(idx);
+                if let Some(d) = &self.disk {
+                    if d.chunk_blocks(idx, version, len, at, dst) {
+                        return Ok(());
+                    }
+                }
+                self.chunk(idx, version)?
+            }
+        };
+        dst.copy_from_slice(&data.blocks()[at * bs..at * bs + dst.len()]);
+        Ok(())
+    }
+
     /// Chunk (`idx`, `version`) from the cache directory, if it has a copy
     /// that passes its check (one that does not is dropped).
     fn chunk_from_disk(&self, key: &Path, idx: u64, version: u64) -> Option<Chunk> {
         let disk = self.disk.as_ref()?;
-        let bytes = Bytes::from(disk.chunk(idx, version)?);
+        let bytes = Bytes::from(disk.chunk(idx, version, self.chunk_len(idx))?);
         match Chunk::decode(key, idx, bytes, self.chunk_len(idx)) {
             Ok(data) => Some(data),
             Err(e) => {
@@ -1046,7 +1084,7 @@ impl Core {
             return;
         };
         for (idx, version, data) in chunks {
-            d.keep_chunk(idx, version, data.object());
+            d.keep_chunk(idx, version, &data);
         }
     }
 
@@ -2171,13 +2209,12 @@ impl Core {
             match version {
                 None => buf[i * bs..(i + run) * bs].fill(0),
                 Some(v) => {
-                    let data = match self.chunk(idx, v) {
-                        Ok(data) => data,
+                    let at = (b % self.chunk_blocks) as usize;
+                    match self.chunk_run(idx, v, at, &mut buf[i * bs..(i + run) * bs]) {
+                        Ok(()) => {}
                         Err(_) if replaced() => continue,
                         Err(e) => return Err(e),
-                    };
-                    let at = ((b % self.chunk_blocks) * BLOCK) as usize;
-                    buf[i * bs..(i + run) * bs].copy_from_slice(&data.blocks()[at..at + run * bs]);
+                    }
                 }
             }
             // Blocks of the run written meanwhile win over the chunk.

@@ -433,8 +433,8 @@ impl WalRecord {
 #[derive(Clone, Debug)]
 pub struct Chunk(Bytes);
 
-const CHUNK_HEAD: usize = 16;
-const CHUNK_TAIL: usize = 4;
+pub(crate) const CHUNK_HEAD: usize = 16;
+pub(crate) const CHUNK_TAIL: usize = 4;
 
 impl Chunk {
     /// Chunk `idx` of `len` bytes of blocks: `fill` appends exactly

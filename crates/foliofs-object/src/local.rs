@@ -7,14 +7,19 @@
 //! ```text
 //! lock              flock()ed while a device has the directory open
 //! image             the store and prefix the directory caches (one image)
-//! chunks/IDX-VER    a chunk object as fetched (its own checksum inside)
+//! chunks/IDX-VER    a chunk object as fetched (its own checksum inside),
+//!                   then a crc32c of each of its blocks
 //! wal/SEGMENT       local WAL records, appended: each a WalRecord
 //!                   (epoch, local record number, blocks, crc32c)
 //! ```
 //!
 //! A chunk file is a copy of an immutable object: it is checked again
-//! (`Chunk::decode`) every time it is read, and one that fails is deleted
-//! and fetched again. It is written to a temporary name and renamed,
+//! every time it is read, and one that fails is deleted and fetched
+//! again. Read whole, it is the object's own check (`Chunk::decode`); a
+//! run of its blocks is read alone (a random reader's 4 KiB, not the
+//! chunk's 4 MiB), each block checked against the table after the
+//! object, made from blocks that had passed the object's check. It is
+//! written to a temporary name and renamed,
 //! never synced: after a crash it is there whole or not at all, or it
 //! fails its check.
 //!
@@ -39,7 +44,7 @@
 //! other way round, and under `synced`); WAL appends are made under the
 //! device's `flushing`, syncs outside it.
 
-use crate::layout::{WalRecord, BLOCK};
+use crate::layout::{Chunk, WalRecord, BLOCK, CHUNK_HEAD, CHUNK_TAIL};
 use crate::ObjectError;
 use object_store::path::Path;
 use parking_lot::Mutex;
@@ -80,6 +85,12 @@ const SEGMENT_BYTES: u64 = 16 << 20;
 
 /// The header of a WAL record: magic, epoch, seq, block count.
 const RECORD_HEADER: usize = 32;
+
+/// Bytes of a chunk copy's table for `len` bytes of blocks: a crc32c of
+/// each block, after the object.
+fn table_len(len: usize) -> usize {
+    len / BLOCK as usize * 4
+}
 
 /// What the directory holds, by name.
 struct Index {
@@ -126,7 +137,8 @@ pub struct CacheUse {
     pub chunk_bytes: u64,
     pub chunks: u64,
     pub wal_bytes: u64,
-    /// Chunks read from the directory instead of the store.
+    /// Reads from the directory instead of the store (a chunk whole, or
+    /// a run of its blocks).
     pub hits: u64,
 }
 
@@ -256,25 +268,90 @@ impl CacheDir {
         self.root.join("chunks").join(format!("{idx}-{version}"))
     }
 
-    /// The bytes of chunk object (`idx`, `version`) if the directory has
-    /// them (unchecked: the caller decodes them).
-    pub(crate) fn chunk(&self, idx: u64, version: u64) -> Option<Vec<u8>> {
-        {
-            let mut ix = self.index.lock();
-            ix.tick += 1;
-            let tick = ix.tick;
-            ix.chunks.get_mut(&(idx, version))?.1 = tick;
+    /// Marks chunk copy (`idx`, `version`) used; false if there is none.
+    fn touch(&self, idx: u64, version: u64) -> bool {
+        let mut ix = self.index.lock();
+        ix.tick += 1;
+        let tick = ix.tick;
+        match ix.chunks.get_mut(&(idx, version)) {
+            Some(c) => {
+                c.1 = tick;
+                true
+            }
+            None => false,
         }
+    }
+
+    /// The bytes of chunk object (`idx`, `version`), `len` bytes of
+    /// blocks, if the directory has them (unchecked: the caller decodes
+    /// them).
+    pub(crate) fn chunk(&self, idx: u64, version: u64, len: usize) -> Option<Vec<u8>> {
+        if !self.touch(idx, version) {
+            return None;
+        }
+        let object = CHUNK_HEAD + len + CHUNK_TAIL;
         match fs::read(self.chunk_path(idx, version)) {
-            Ok(bytes) => {
+            Ok(mut bytes) if bytes.len() == object + table_len(len) => {
+                bytes.truncate(object);
                 self.index.lock().hits += 1;
                 Some(bytes)
             }
-            Err(_) => {
+            // Gone, or not a copy with its table (one an older foliofs
+            // made): fetched again.
+            _ => {
                 self.forget_chunk(idx, version);
                 None
             }
         }
+    }
+
+    /// Blocks `first..` of chunk copy (`idx`, `version`), `len` bytes of
+    /// blocks, into `dst` (whole blocks), each checked against its entry
+    /// in the copy's table. False if there is no copy or a block fails its
+    /// check (the copy is then dropped, to be fetched again).
+    pub(crate) fn chunk_blocks(
+        &self,
+        idx: u64,
+        version: u64,
+        len: usize,
+        first: usize,
+        dst: &mut [u8],
+    ) -> bool {
+        if !self.touch(idx, version) {
+            return false;
+        }
+        let bs = BLOCK as usize;
+        let n = dst.len() / bs;
+        let mut table = vec![0u8; 4 * n];
+        let read = File::open(self.chunk_path(idx, version)).and_then(|f| {
+            f.read_exact_at(dst, (CHUNK_HEAD + first * bs) as u64)?;
+            let at = CHUNK_HEAD + len + CHUNK_TAIL + 4 * first;
+            f.read_exact_at(&mut table, at as u64)
+        });
+        let bad = match read {
+            // Deleted meanwhile (the version replaced): only a miss.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.forget_chunk(idx, version);
+                return false;
+            }
+            Err(_) => true,
+            Ok(()) => (0..n).any(|k| {
+                let want = u32::from_le_bytes(table[4 * k..4 * k + 4].try_into().expect("4 bytes"));
+                crc32c::crc32c(&dst[k * bs..(k + 1) * bs]) != want
+            }),
+        };
+        if bad {
+            log::warn!(
+                "cache_dir {}: chunk {idx} version {version}: blocks {first}..{} unreadable or \
+                 failing their check: dropped, fetched again",
+                self.root.display(),
+                first + n
+            );
+            self.forget_chunk(idx, version);
+            return false;
+        }
+        self.index.lock().hits += 1;
+        true
     }
 
     /// Whether the directory has a copy of chunk object (`idx`, `version`).
@@ -285,13 +362,24 @@ impl CacheDir {
     /// Keep a copy of chunk object (`idx`, `version`), evicting the least
     /// recently used chunks beyond the limit. A copy that cannot be made
     /// (the local disk full) is only a cache miss later.
-    pub(crate) fn keep_chunk(&self, idx: u64, version: u64, bytes: &[u8]) {
+    pub(crate) fn keep_chunk(&self, idx: u64, version: u64, chunk: &Chunk) {
         let path = self.chunk_path(idx, version);
         let tmp = self
             .root
             .join("chunks")
             .join(format!("tmp.{idx}-{version}"));
-        if let Err(e) = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, &path)) {
+        let table: Vec<u8> = chunk
+            .blocks()
+            .chunks(BLOCK as usize)
+            .flat_map(|b| crc32c::crc32c(b).to_le_bytes())
+            .collect();
+        let bytes = chunk.object().len() + table.len();
+        let written = File::create(&tmp).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(chunk.object())?;
+            f.write_all(&table)
+        });
+        if let Err(e) = written.and_then(|()| fs::rename(&tmp, &path)) {
             let _ = fs::remove_file(&tmp);
             // Said once while it goes on (a full disk fails every copy).
             if !self.copies_failing.swap(true, Ordering::Relaxed) {
@@ -309,10 +397,10 @@ impl CacheDir {
         let mut ix = self.index.lock();
         ix.tick += 1;
         let tick = ix.tick;
-        if let Some((old, _)) = ix.chunks.insert((idx, version), (bytes.len() as u64, tick)) {
+        if let Some((old, _)) = ix.chunks.insert((idx, version), (bytes as u64, tick)) {
             ix.chunk_bytes -= old;
         }
-        ix.chunk_bytes += bytes.len() as u64;
+        ix.chunk_bytes += bytes as u64;
         self.evict(&mut ix);
     }
 
@@ -696,21 +784,62 @@ mod tests {
         fs::remove_dir_all(&root).unwrap();
     }
 
+    /// A chunk of two blocks, each filled with its own byte.
+    fn chunk(idx: u64, fill: u8) -> Chunk {
+        Chunk::build(idx, 2 * BLOCK as usize, |v| {
+            v.extend((0..2 * BLOCK as usize).map(|i| fill ^ (i / BLOCK as usize) as u8))
+        })
+    }
+
     #[test]
     fn chunks_beyond_the_limit_go_oldest_first() {
         let root = dir("chunks");
-        let c = CacheDir::open(&root, 3000, "img").unwrap();
-        c.keep_chunk(0, 1, &[1; 1000]);
-        c.keep_chunk(1, 1, &[2; 1000]);
-        assert!(c.chunk(0, 1).is_some()); // 0 is now newer than 1
-        c.keep_chunk(2, 1, &[3; 1000]);
-        c.keep_chunk(3, 1, &[4; 1000]);
-        assert!(c.chunk(1, 1).is_none());
-        assert_eq!(c.chunk(0, 1).unwrap(), vec![1; 1000]);
-        assert_eq!(c.usage().chunk_bytes, 3000);
+        let len = 2 * BLOCK as usize;
+        let copy = CHUNK_HEAD + len + CHUNK_TAIL + table_len(len);
+        let c = CacheDir::open(&root, 3 * copy as u64, "img").unwrap();
+        c.keep_chunk(0, 1, &chunk(0, 1));
+        c.keep_chunk(1, 1, &chunk(1, 2));
+        assert!(c.chunk(0, 1, len).is_some()); // 0 is now newer than 1
+        c.keep_chunk(2, 1, &chunk(2, 3));
+        c.keep_chunk(3, 1, &chunk(3, 4));
+        assert!(c.chunk(1, 1, len).is_none());
+        assert_eq!(c.chunk(0, 1, len).unwrap(), &chunk(0, 1).object()[..]);
+        assert_eq!(c.usage().chunk_bytes, 3 * copy as u64);
         drop(c);
-        let c = CacheDir::open(&root, 3000, "img").unwrap();
+        let c = CacheDir::open(&root, 3 * copy as u64, "img").unwrap();
         assert_eq!(c.usage().chunks, 3);
+        drop(c);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A run of a copy's blocks is read alone and checked block by block:
+    /// a block changed on the disk fails, and the copy is dropped.
+    #[test]
+    fn a_run_of_blocks_is_read_from_a_copy_and_checked() {
+        let root = dir("runs");
+        let len = 2 * BLOCK as usize;
+        let c = CacheDir::open(&root, 1 << 20, "img").unwrap();
+        let made = chunk(5, 7);
+        c.keep_chunk(5, 9, &made);
+        let mut got = vec![0; BLOCK as usize];
+        assert!(c.chunk_blocks(5, 9, len, 1, &mut got));
+        assert_eq!(got, made.blocks()[BLOCK as usize..]);
+        let mut both = vec![0; len];
+        assert!(c.chunk_blocks(5, 9, len, 0, &mut both));
+        assert_eq!(both, made.blocks());
+        assert!(!c.chunk_blocks(5, 8, len, 0, &mut both), "no such version");
+        // One byte of block 1 changed on the disk: block 0 still reads,
+        // block 1 fails, and then the copy is gone.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(c.chunk_path(5, 9))
+            .unwrap();
+        f.write_all_at(&[0xff], (CHUNK_HEAD + BLOCK as usize + 100) as u64)
+            .unwrap();
+        assert!(c.chunk_blocks(5, 9, len, 0, &mut got));
+        assert!(!c.chunk_blocks(5, 9, len, 1, &mut got));
+        assert!(!c.has_chunk(5, 9));
+        assert!(c.chunk(5, 9, len).is_none());
         drop(c);
         fs::remove_dir_all(&root).unwrap();
     }

@@ -322,6 +322,59 @@ fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A random reader of more chunks than memory holds reads each block
+/// from the cache directory's copy alone: nothing is fetched, and no
+/// chunk is brought into memory for it (4 KiB read, not 256 KiB read,
+/// checked and held). A copy changed on the disk fails that block's
+/// check, and the chunk is fetched again, the block read right.
+#[test]
+fn a_random_reader_reads_blocks_from_the_cache_dir_copies_alone() {
+    const BLOCK: u64 = 4096;
+    const CHUNK: u64 = 64; // blocks of a 256 KiB chunk
+    let dir = cache_dir("runs");
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let opts = ObjectOptions {
+        cache_dir: Some(dir.clone()),
+        chunk_bytes: CHUNK * BLOCK,
+        cache_bytes: 2 * CHUNK * BLOCK,
+        checkpoint_bytes: 1 << 40,
+        ..Default::default()
+    };
+    let dev =
+        ObjectDevice::create(store.clone(), Path::from("img"), 64 << 20, opts.clone()).unwrap();
+    let block = |b: u64| vec![(b % 251) as u8; BLOCK as usize];
+    for b in 0..8 * CHUNK {
+        dev.write_at(&block(b), b * BLOCK).unwrap();
+    }
+    dev.flush().unwrap();
+    dev.close().unwrap();
+    drop(dev);
+    let dev = ObjectDevice::open(store, Path::from("img"), opts).unwrap();
+    let mut got = vec![0; BLOCK as usize];
+    for k in 0..200 {
+        let b = (k * 37) % (8 * CHUNK);
+        dev.read_at(&mut got, b * BLOCK).unwrap();
+        assert!(got == block(b), "block {b}");
+    }
+    let st = dev.stats();
+    assert_eq!((st.chunk_gets, st.chunks_held), (0, 0), "{st:?}");
+    assert!(st.cache_dir.unwrap().hits >= 200);
+    // Block 5 of chunk 3 changed in its copy.
+    let copy = std::fs::read_dir(dir.join("chunks"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("3-"))
+        .expect("chunk 3's copy");
+    let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0xee], 16 + 5 * BLOCK + 7).unwrap();
+    let b = 3 * CHUNK + 5;
+    dev.read_at(&mut got, b * BLOCK).unwrap();
+    assert!(got == block(b), "block {b}, its copy changed");
+    assert_eq!(dev.stats().chunk_gets, 1, "{:?}", dev.stats());
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Local records ship together: the fdatasyncs of 100 ms go to the store
 /// as one WAL object (each block's newest version once), not one object
 /// each, and still all ship.
