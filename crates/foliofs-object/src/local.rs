@@ -329,8 +329,14 @@ impl CacheDir {
             f.read_exact_at(&mut table, at as u64)
         });
         let bad = match read {
-            // Deleted meanwhile (the version replaced): only a miss.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // Deleted meanwhile (the version replaced), or without its
+            // table (a copy an older foliofs made): only a miss.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
                 self.forget_chunk(idx, version);
                 return false;
             }
@@ -840,6 +846,17 @@ mod tests {
         assert!(!c.chunk_blocks(5, 9, len, 1, &mut got));
         assert!(!c.has_chunk(5, 9));
         assert!(c.chunk(5, 9, len).is_none());
+        // A copy without its table (as an older foliofs made them): a
+        // miss, read whole or in part, and dropped.
+        for whole in [false, true] {
+            c.keep_chunk(6, 1, &made);
+            fs::write(c.chunk_path(6, 1), made.object()).unwrap();
+            match whole {
+                false => assert!(!c.chunk_blocks(6, 1, len, 1, &mut got)),
+                true => assert!(c.chunk(6, 1, len).is_none()),
+            }
+            assert!(!c.has_chunk(6, 1));
+        }
         drop(c);
         fs::remove_dir_all(&root).unwrap();
     }
