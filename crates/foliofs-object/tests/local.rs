@@ -272,6 +272,31 @@ fn chunks_come_from_the_cache_dir_on_the_next_open() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+const BLOCK: u64 = 4096;
+/// Blocks of a 256 KiB chunk.
+const CHUNK: u64 = 64;
+
+/// Block `b`'s bytes in the `small_chunks` tests.
+fn block(b: u64) -> Vec<u8> {
+    vec![(b % 251) as u8; BLOCK as usize]
+}
+
+/// A new 64 MiB image of 256 KiB chunks caching in `dir`, two chunks held
+/// in memory, never checkpointed: its store, options and device.
+fn small_chunks(dir: &std::path::Path) -> (Arc<dyn ObjectStore>, ObjectOptions, ObjectDevice) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let opts = ObjectOptions {
+        cache_dir: Some(dir.to_path_buf()),
+        chunk_bytes: CHUNK * BLOCK,
+        cache_bytes: 2 * CHUNK * BLOCK,
+        checkpoint_bytes: 1 << 40,
+        ..Default::default()
+    };
+    let dev =
+        ObjectDevice::create(store.clone(), Path::from("img"), 64 << 20, opts.clone()).unwrap();
+    (store, opts, dev)
+}
+
 /// A chunk this writer makes (a flush's whole chunk, a checkpoint's) is
 /// copied into the cache directory only when it leaves memory, and the
 /// ones still held at close then: not as it is made, a write to the local
@@ -279,21 +304,8 @@ fn chunks_come_from_the_cache_dir_on_the_next_open() {
 /// from the directory reads them all with no GET.
 #[test]
 fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
-    const BLOCK: u64 = 4096;
-    const CHUNK: u64 = 64; // blocks of a 256 KiB chunk
     let dir = cache_dir("lazy");
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let opts = ObjectOptions {
-        cache_dir: Some(dir.clone()),
-        chunk_bytes: CHUNK * BLOCK,
-        // Two chunks in memory.
-        cache_bytes: 2 * CHUNK * BLOCK,
-        checkpoint_bytes: 1 << 40,
-        ..Default::default()
-    };
-    let dev =
-        ObjectDevice::create(store.clone(), Path::from("img"), 64 << 20, opts.clone()).unwrap();
-    let block = |b: u64| vec![(b % 251) as u8; BLOCK as usize];
+    let (store, opts, dev) = small_chunks(&dir);
     let copies = |dev: &ObjectDevice| dev.stats().cache_dir.unwrap().chunks;
     for b in 0..2 * CHUNK {
         dev.write_at(&block(b), b * BLOCK).unwrap();
@@ -329,20 +341,8 @@ fn a_writers_chunks_reach_the_cache_dir_as_they_leave_memory() {
 /// check, and the chunk is fetched again, the block read right.
 #[test]
 fn a_random_reader_reads_blocks_from_the_cache_dir_copies_alone() {
-    const BLOCK: u64 = 4096;
-    const CHUNK: u64 = 64; // blocks of a 256 KiB chunk
     let dir = cache_dir("runs");
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let opts = ObjectOptions {
-        cache_dir: Some(dir.clone()),
-        chunk_bytes: CHUNK * BLOCK,
-        cache_bytes: 2 * CHUNK * BLOCK,
-        checkpoint_bytes: 1 << 40,
-        ..Default::default()
-    };
-    let dev =
-        ObjectDevice::create(store.clone(), Path::from("img"), 64 << 20, opts.clone()).unwrap();
-    let block = |b: u64| vec![(b % 251) as u8; BLOCK as usize];
+    let (store, opts, dev) = small_chunks(&dir);
     for b in 0..8 * CHUNK {
         dev.write_at(&block(b), b * BLOCK).unwrap();
     }
