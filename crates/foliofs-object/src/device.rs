@@ -946,19 +946,27 @@ impl Core {
         }
     }
 
+    /// Chunk `idx` at `version` if memory holds it (marked used).
+    fn held(&self, idx: u64, version: u64) -> Option<Chunk> {
+        let mut s = self.state.lock();
+        s.tick += 1;
+        let tick = s.tick;
+        let held = s.chunks.get_mut(&idx).filter(|h| h.version == version)?;
+        held.used = tick;
+        Some(held.data.clone())
+    }
+
     /// The blocks of chunk `idx` at `version`, from the cache or the store.
     fn chunk(&self, idx: u64, version: u64) -> io::Result<Chunk> {
-        {
-            let mut s = self.state.lock();
-            s.tick += 1;
-            let tick = s.tick;
-            if let Some(held) = s.chunks.get_mut(&idx) {
-                if held.version == version {
-                    held.used = tick;
-                    return Ok(held.data.clone());
-                }
-            }
+        if let Some(data) = self.held(idx, version) {
+            return Ok(data);
         }
+        self.chunk_not_held(idx, version)
+    }
+
+    /// Chunk `idx` at `version`, which memory does not hold: from the
+    /// cache directory or the store, then held.
+    fn chunk_not_held(&self, idx: u64, version: u64) -> io::Result<Chunk> {
         let key = chunk_key(&self.prefix, idx, version);
         let len = self.chunk_len(idx);
         let (data, fetched) = match self.chunk_from_disk(&key, idx, version) {
@@ -1006,19 +1014,7 @@ impl Core {
     /// it); else the whole chunk, fetched (and then held).
     fn chunk_run(&self, idx: u64, version: u64, at: usize, dst: &mut [u8]) -> io::Result<()> {
         let bs = BLOCK as usize;
-        let held = {
-            let mut s = self.state.lock();
-            s.tick += 1;
-            let tick = s.tick;
-            s.chunks
-                .get_mut(&idx)
-                .filter(|held| held.version == version)
-                .map(|held| {
-                    held.used = tick;
-                    held.data.clone()
-                })
-        };
-        let data = match held {
+        let data = match self.held(idx, version) {
             Some(data) => data,
             None => {
                 let len = self.chunk_len(idx);
@@ -1027,7 +1023,7 @@ impl Core {
                         return Ok(());
                     }
                 }
-                self.chunk(idx, version)?
+                self.chunk_not_held(idx, version)?
             }
         };
         dst.copy_from_slice(&data.blocks()[at * bs..at * bs + dst.len()]);
@@ -1310,8 +1306,13 @@ impl Core {
         let writes = s.logged.chunks() as u64 * chunk_bytes;
         !(s.logged.is_empty() && s.flushed.is_empty())
             && span >= self.opts.checkpoint_bytes
-            && (writes <= FOLD_COST_MAX * span
-                || span >= self.opts.sparse_fold * self.opts.checkpoint_bytes)
+            && (writes <= FOLD_COST_MAX * span || span >= self.latest_fold())
+    }
+
+    /// The WAL at which a fold is due however spread its blocks are
+    /// (`ObjectOptions::sparse_fold`).
+    fn latest_fold(&self) -> u64 {
+        self.opts.sparse_fold.max(1) * self.opts.checkpoint_bytes
     }
 
     /// The checkpointer thread: whenever `checkpoint_bytes` of WAL have
@@ -2161,7 +2162,7 @@ impl Core {
             self.changed.notify_all();
         }
         while !s.logged.is_empty()
-            && s.unfolded_bytes() >= (self.opts.sparse_fold.max(1) + 1) * self.opts.checkpoint_bytes
+            && s.unfolded_bytes() >= self.latest_fold() + self.opts.checkpoint_bytes
         {
             if let Some(why) = s
                 .stats

@@ -112,6 +112,17 @@ struct Index {
     hits: u64,
 }
 
+impl Index {
+    /// The open segment, its last record `last`, is appended to no more:
+    /// it waits in `unsynced` for the next sync, and `next` (if any) is
+    /// the one appended to.
+    fn leave_segment(&mut self, next: Option<(u64, Arc<File>)>, last: u64) {
+        if let Some((_, old)) = std::mem::replace(&mut self.current, next) {
+            self.unsynced.push((last, old));
+        }
+    }
+}
+
 /// A cache directory, open (and locked) for one device.
 pub(crate) struct CacheDir {
     root: PathBuf,
@@ -577,9 +588,7 @@ impl CacheDir {
                 let _ = fs::remove_file(self.segment_path(n));
             })?;
             ix.segments.insert(n, (record, 0));
-            if let Some((_, old)) = ix.current.replace((n, Arc::new(file))) {
-                ix.unsynced.push((record - 1, old));
-            }
+            ix.leave_segment(Some((n, Arc::new(file))), record - 1);
         }
         let n = ix.current.as_ref().expect("a segment is open").0;
         let at = ix.segments.get(&n).map_or(0, |&(_, len)| len);
@@ -588,9 +597,7 @@ impl CacheDir {
             // What the segment holds past its last good record is not
             // known: the next record goes to a new one. The records
             // before it are still to be synced.
-            if let Some((_, old)) = ix.current.take() {
-                ix.unsynced.push((record - 1, old));
-            }
+            ix.leave_segment(None, record - 1);
             return Err(e);
         }
         let seg = ix.segments.get_mut(&n).expect("the open segment is listed");

@@ -84,6 +84,24 @@ fn verify(dev: Arc<ObjectDevice>, files: std::ops::Range<usize>) {
     assert!(r.is_clean(), "fsck: {:?}", r.problems);
 }
 
+/// The writer's machine up again: the image opened with takeover from
+/// the same cache directory `dir` holds files `files` whole; then closed,
+/// and `dir` removed.
+fn restart_verifies(
+    store: Arc<dyn ObjectStore>,
+    dir: &std::path::Path,
+    files: std::ops::Range<usize>,
+) {
+    let opts = ObjectOptions {
+        takeover: true,
+        ..local(dir)
+    };
+    let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
+    verify(dev.clone(), files);
+    dev.close().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Files fsynced while the store could take no WAL are durable in the
 /// local WAL alone: the writer stops there (dropped, its machine up
 /// again), and opening the image from the same cache directory ships
@@ -117,14 +135,7 @@ fn a_restart_from_the_cache_dir_ships_what_was_flushed_locally() {
     assert!(fs.lookup(fs.root_ino(), b"f3").is_err());
     drop(fs);
     gate.store(true, Ordering::SeqCst);
-    let opts = ObjectOptions {
-        takeover: true,
-        ..local(&dir)
-    };
-    let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
-    verify(dev.clone(), 0..10);
-    dev.close().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    restart_verifies(store, &dir, 0..10);
 }
 
 /// Another machine that takes the image over while this writer's local
@@ -474,12 +485,5 @@ fn concurrent_local_flushes_all_survive_a_restart() {
     drop(fs);
     drop(dev);
     gate.store(true, Ordering::SeqCst);
-    let opts = ObjectOptions {
-        takeover: true,
-        ..local(&dir)
-    };
-    let dev = Arc::new(ObjectDevice::open(store, Path::from("img"), opts).unwrap());
-    verify(dev.clone(), 0..80);
-    dev.close().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    restart_verifies(store, &dir, 0..80);
 }
