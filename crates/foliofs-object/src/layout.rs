@@ -331,8 +331,27 @@ impl WalRecord {
     /// indexes; one naming none is as format 1 wrote it (a fence keeps
     /// its `FENCE_BYTES`).
     pub fn encode(epoch: u64, seq: u64, blocks: &[(u64, &[u8])], chunks: &[u64]) -> Vec<u8> {
-        let mut v =
-            Vec::with_capacity(40 + blocks.len() * (8 + BLOCK as usize) + chunks.len() * 8 + 4);
+        let (head, crc) = WalRecord::head(epoch, seq, blocks, chunks);
+        let mut v = Vec::with_capacity(head.len() + blocks.len() * BLOCK as usize + crc.len());
+        v.extend_from_slice(&head);
+        for (_, data) in blocks {
+            v.extend_from_slice(data);
+        }
+        v.extend_from_slice(&crc);
+        v
+    }
+
+    /// The record `encode` makes, but for its blocks: what comes before
+    /// them (magic to the chunk indexes), and the crc32c after them. The
+    /// local WAL writes the three parts as they are (one vectored write,
+    /// no copy of the blocks).
+    pub fn head(
+        epoch: u64,
+        seq: u64,
+        blocks: &[(u64, &[u8])],
+        chunks: &[u64],
+    ) -> (Vec<u8>, [u8; 4]) {
+        let mut v = Vec::with_capacity(40 + blocks.len() * 8 + chunks.len() * 8);
         v.extend_from_slice(if chunks.is_empty() {
             WAL_MAGIC
         } else {
@@ -350,13 +369,11 @@ impl WalRecord {
         for c in chunks {
             v.extend_from_slice(&c.to_le_bytes());
         }
-        for (_, data) in blocks {
+        let crc = blocks.iter().fold(crc32c::crc32c(&v), |crc, (_, data)| {
             debug_assert_eq!(data.len() as u64, BLOCK);
-            v.extend_from_slice(data);
-        }
-        let crc = crc32c::crc32c(&v);
-        v.extend_from_slice(&crc.to_le_bytes());
-        v
+            crc32c::crc32c_append(crc, data)
+        });
+        (v, crc.to_le_bytes())
     }
 
     /// The record at `key`, checked: `dev_chunks` chunks of

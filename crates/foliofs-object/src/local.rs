@@ -11,6 +11,8 @@
 //!                   then a crc32c of each of its blocks
 //! wal/SEGMENT       local WAL records, appended: each a WalRecord
 //!                   (epoch, local record number, blocks, crc32c)
+//! wal/spare         the next segment, made ahead (zeros, synced; made
+//!                   as wal/spare.tmp, renamed when whole)
 //! ```
 //!
 //! A chunk file is a copy of an immutable object: it is checked again
@@ -24,7 +26,11 @@
 //! fails its check.
 //!
 //! A WAL segment is appended to and synced (`fdatasync`) before a flush
-//! returns; a new segment's directory entry is synced too. The append is
+//! returns; a new segment's directory entry is synced too. A record is
+//! written from the blocks as the device holds them (a vectored write:
+//! no copy of them is made for it). A new segment is the spare a thread
+//! made ahead while the last one filled, renamed, where the disk has
+//! room for one. The append is
 //! made in order under the device's `flushing`, the sync after it, so
 //! that the next flush writes its record while this one's sync waits on
 //! the disk (as the engine's own writes overlap its flushes on an image
@@ -83,6 +89,14 @@ impl std::str::FromStr for Durability {
 /// that shipped records leave the disk in steps of about this much.
 const SEGMENT_BYTES: u64 = 16 << 20;
 
+/// The next segment, made ahead (`CacheDir::make_spare`), and the name
+/// it is made under until it is whole.
+const SPARE: &str = "spare";
+const SPARE_TMP: &str = "spare.tmp";
+
+/// A spare is made ahead only where the local disk has this much free.
+const SPARE_ROOM: u64 = 8 * SEGMENT_BYTES;
+
 /// The header of a WAL record: magic, epoch, seq, block count.
 const RECORD_HEADER: usize = 32;
 
@@ -123,6 +137,13 @@ impl Index {
     }
 }
 
+/// The spare segment: whole on disk (`ready`), or being made.
+#[derive(Default)]
+struct Spare {
+    ready: bool,
+    maker: Option<std::thread::JoinHandle<()>>,
+}
+
 /// A cache directory, open (and locked) for one device.
 pub(crate) struct CacheDir {
     root: PathBuf,
@@ -138,6 +159,18 @@ pub(crate) struct CacheDir {
     fail_sync: AtomicBool,
     /// The last chunk copy failed (the local disk full, say).
     copies_failing: AtomicBool,
+    spare: Arc<Mutex<Spare>>,
+}
+
+impl Drop for CacheDir {
+    /// Not before the spare being made is whole (or failed): nothing of
+    /// this open writes to the directory once its lock is let go.
+    fn drop(&mut self) {
+        let maker = self.spare.lock().maker.take();
+        if let Some(maker) = maker {
+            let _ = maker.join();
+        }
+    }
 }
 
 /// What the cache directory holds (`foliofs stat`).
@@ -169,6 +202,88 @@ fn poisoned() -> io::Error {
 
 fn sync_dir(dir: &std::path::Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Bytes free to an unprivileged user on the file system of `path`.
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; `p` is a
+    // NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// A new file at `path` of `SEGMENT_BYTES` zeros, synced (its directory
+/// entry not).
+fn zeroed(path: &std::path::Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let zeros = vec![0u8; 1 << 20];
+    for k in 0..SEGMENT_BYTES / zeros.len() as u64 {
+        file.write_all_at(&zeros, k * zeros.len() as u64)?;
+    }
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// `parts`, one after another, written at `at`: vectored writes
+/// (`pwritev`) of as many as the kernel takes at a time, so that a
+/// record's blocks go from where the device holds them.
+fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut at: u64) -> io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    let mut parts: Vec<&[u8]> = parts.iter().filter(|p| !p.is_empty()).copied().collect();
+    let mut first = 0;
+    while first < parts.len() {
+        let iov: Vec<libc::iovec> = parts[first..]
+            .iter()
+            .take(IOV_MAX)
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: each iovec names a slice borrowed for this call, which
+        // the kernel only reads.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                at as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        at += n as u64;
+        // Past what was written: whole parts, then into the next.
+        let mut n = n as usize;
+        while n > 0 {
+            let p = parts[first];
+            if n >= p.len() {
+                n -= p.len();
+                first += 1;
+            } else {
+                parts[first] = &p[n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl CacheDir {
@@ -244,11 +359,19 @@ impl CacheDir {
             index.chunks.insert(pair, (len, index.tick));
             index.chunk_bytes += len;
         }
+        let mut spare = Spare::default();
         for entry in fs::read_dir(root.join("wal")).map_err(io_err)? {
             let entry = entry.map_err(io_err)?;
-            if let Some(n) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+            let name = entry.file_name();
+            if let Some(n) = name.to_str().and_then(|n| n.parse().ok()) {
                 let len = entry.metadata().map_err(io_err)?.len();
                 index.segments.insert(n, (0, len));
+            } else if name == SPARE {
+                // Renamed only when whole: the next segment.
+                spare.ready = true;
+            } else if name == SPARE_TMP {
+                // Half made when a crash came.
+                fs::remove_file(entry.path()).map_err(io_err)?;
             }
         }
         Ok(CacheDir {
@@ -260,6 +383,7 @@ impl CacheDir {
             #[cfg(test)]
             fail_sync: AtomicBool::new(false),
             copies_failing: AtomicBool::new(false),
+            spare: Arc::new(Mutex::new(spare)),
         })
     }
 
@@ -543,6 +667,8 @@ impl CacheDir {
             fs::remove_file(self.segment_path(n))?;
         }
         ix.next_record = 1;
+        drop(ix);
+        self.drop_spare();
         sync_dir(&self.root.join("wal"))
     }
 
@@ -552,24 +678,30 @@ impl CacheDir {
     /// only a cache, the WAL is what a flush waits for.
     pub(crate) fn append_wal(&self, epoch: u64, blocks: &[(u64, &[u8])]) -> io::Result<u64> {
         let mut ix = self.index.lock();
-        let body = WalRecord::encode(epoch, ix.next_record, blocks, &[]);
-        match self.append_record(&mut ix, &body) {
+        let (head, crc) = WalRecord::head(epoch, ix.next_record, blocks, &[]);
+        let body: Vec<&[u8]> = std::iter::once(&head[..])
+            .chain(blocks.iter().map(|&(_, d)| d))
+            .chain(std::iter::once(&crc[..]))
+            .collect();
+        let len = body.iter().map(|p| p.len() as u64).sum::<u64>();
+        match self.append_record(&mut ix, &body, len) {
             Err(e) if out_of_space(&e) && !ix.chunks.is_empty() => {
-                let freed = self.drop_chunks(&mut ix, SEGMENT_BYTES + body.len() as u64);
+                let freed = self.drop_chunks(&mut ix, SEGMENT_BYTES + len);
                 log::warn!(
                     "cache_dir {}: the local disk is full ({e}): {} MiB of chunk copies \
                      dropped for the local WAL",
                     self.root.display(),
                     freed >> 20
                 );
-                self.append_record(&mut ix, &body)
+                self.append_record(&mut ix, &body, len)
             }
             r => r,
         }
     }
 
-    /// Append `body`, the encoded record `ix.next_record`.
-    fn append_record(&self, ix: &mut Index, body: &[u8]) -> io::Result<u64> {
+    /// Append `body` (its parts in order, `len` bytes), the encoded
+    /// record `ix.next_record`.
+    fn append_record(&self, ix: &mut Index, body: &[&[u8]], len: u64) -> io::Result<u64> {
         if ix.failed {
             return Err(poisoned());
         }
@@ -580,20 +712,21 @@ impl CacheDir {
             .current
             .as_ref()
             .and_then(|(n, _)| ix.segments.get(n))
-            .is_none_or(|&(_, len)| len > 0 && len + body.len() as u64 > SEGMENT_BYTES);
+            .is_none_or(|&(_, used)| used > 0 && used + len > SEGMENT_BYTES);
         if full {
             let n = ix.segments.keys().next_back().map_or(1, |n| n + 1);
-            let file = self.new_segment(n).inspect_err(|_| {
+            let file = self.next_segment(n).inspect_err(|_| {
                 // Half made (the disk full): the next try makes it again.
                 let _ = fs::remove_file(self.segment_path(n));
             })?;
             ix.segments.insert(n, (record, 0));
             ix.leave_segment(Some((n, Arc::new(file))), record - 1);
+            self.make_spare();
         }
         let n = ix.current.as_ref().expect("a segment is open").0;
-        let at = ix.segments.get(&n).map_or(0, |&(_, len)| len);
+        let at = ix.segments.get(&n).map_or(0, |&(_, used)| used);
         let (_, file) = ix.current.as_ref().expect("a segment is open");
-        if let Err(e) = file.write_all_at(body, at) {
+        if let Err(e) = write_all_vectored_at(file, body, at) {
             // What the segment holds past its last good record is not
             // known: the next record goes to a new one. The records
             // before it are still to be synced.
@@ -601,7 +734,7 @@ impl CacheDir {
             return Err(e);
         }
         let seg = ix.segments.get_mut(&n).expect("the open segment is listed");
-        *seg = (record, seg.1 + body.len() as u64);
+        *seg = (record, seg.1 + len);
         ix.next_record += 1;
         Ok(record)
     }
@@ -649,24 +782,88 @@ impl CacheDir {
         f.sync_data()
     }
 
-    /// Segment `n`, made and filled with zeros, synced with its directory
-    /// entry: records are then written over the zeros, so that syncing one
+    /// Segment `n`, filled with zeros and synced with its directory entry:
+    /// records are then written over the zeros, so that syncing one
     /// writes its data only, not the file's size and extents (the host
     /// file system's journal) every time; a zero where a record's magic
-    /// would be ends the segment.
-    fn new_segment(&self, n: u64) -> io::Result<File> {
-        let file = OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(self.segment_path(n))?;
-        let zeros = vec![0u8; 1 << 20];
-        for k in 0..SEGMENT_BYTES / zeros.len() as u64 {
-            file.write_all_at(&zeros, k * zeros.len() as u64)?;
-        }
-        file.sync_all()?;
+    /// would be ends the segment. The spare made ahead (`make_spare`) if
+    /// it is ready, else made here.
+    fn next_segment(&self, n: u64) -> io::Result<File> {
+        let path = self.segment_path(n);
+        let file = match self.take_spare() {
+            Some(file) => {
+                fs::rename(self.root.join("wal").join(SPARE), &path)?;
+                file
+            }
+            None => zeroed(&path)?,
+        };
         sync_dir(&self.root.join("wal"))?;
         Ok(file)
+    }
+
+    /// The spare segment, open, if one is ready (none is being made).
+    fn take_spare(&self) -> Option<File> {
+        let mut spare = self.spare.lock();
+        if !std::mem::take(&mut spare.ready) {
+            return None;
+        }
+        let path = self.root.join("wal").join(SPARE);
+        match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                log::warn!(
+                    "{}: not opened ({e}): a segment is made instead",
+                    path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Start making the next segment ahead of need, on a thread of its
+    /// own, unless one is ready or being made: `wal/spare`, filled with
+    /// zeros as `wal/spare.tmp`, synced, and renamed when whole. A flush
+    /// that fills a segment then takes it (a rename) rather than writing
+    /// 16 MiB of zeros and waiting for their sync. One that cannot be
+    /// made (the local disk full) is only made later, in the flush.
+    fn make_spare(&self) {
+        let mut spare = self.spare.lock();
+        if spare.ready || spare.maker.as_ref().is_some_and(|m| !m.is_finished()) {
+            return;
+        }
+        let wal = self.root.join("wal");
+        // Not where its zeros could take the room a flush's record needs.
+        if free_bytes(&wal).is_none_or(|free| free < SPARE_ROOM) {
+            return;
+        }
+        let state = self.spare.clone();
+        let made = std::thread::Builder::new()
+            .name("foliofs-wal-spare".into())
+            .spawn(move || {
+                let tmp = wal.join(SPARE_TMP);
+                let made = zeroed(&tmp).and_then(|_| fs::rename(&tmp, wal.join(SPARE)));
+                if let Err(e) = &made {
+                    let _ = fs::remove_file(&tmp);
+                    log::debug!("{}: no spare segment made ahead ({e})", wal.display());
+                }
+                state.lock().ready = made.is_ok();
+            });
+        match made {
+            Ok(maker) => spare.maker = Some(maker),
+            Err(e) => log::debug!("no thread to make a spare segment ahead ({e})"),
+        }
+    }
+
+    /// Wait for the spare being made, if one is, and delete it: the local
+    /// WAL emptied for a flush past it (its disk full, say), or closed.
+    fn drop_spare(&self) {
+        let maker = self.spare.lock().maker.take();
+        if let Some(maker) = maker {
+            let _ = maker.join();
+        }
+        if std::mem::take(&mut self.spare.lock().ready) {
+            let _ = fs::remove_file(self.root.join("wal").join(SPARE));
+        }
     }
 
     /// Every record up to `record` has shipped: delete the segments that
@@ -793,6 +990,79 @@ mod tests {
         assert!(c.fail_sync.load(Ordering::SeqCst), "no sync was needed");
         c.fail_sync.store(false, Ordering::SeqCst);
         assert_eq!(c.leftover_wal(4096).len(), 4);
+        drop(c);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Segment `n`'s inode, or the spare's (None).
+    fn inode(root: &std::path::Path, n: Option<u64>) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let name = n.map_or(SPARE.to_string(), |n| format!("{n:020}"));
+        fs::metadata(root.join("wal").join(name)).unwrap().ino()
+    }
+
+    impl CacheDir {
+        /// Wait for the spare being made, if one is.
+        fn wait_spare(&self) {
+            let maker = self.spare.lock().maker.take();
+            if let Some(maker) = maker {
+                maker.join().unwrap();
+            }
+        }
+    }
+
+    /// A record of more blocks than one vectored write takes, each in a
+    /// buffer of its own, reads back whole; the segment after the first
+    /// is the spare made ahead, and so is the next one after a reopen,
+    /// which deletes a spare a crash left half made.
+    #[test]
+    fn records_are_written_from_their_blocks_into_segments_made_ahead() {
+        let root = dir("spare");
+        let blocks: Vec<(u64, Vec<u8>)> = (0..1500)
+            .map(|b| (b * 3, vec![(b % 251) as u8; BLOCK as usize]))
+            .collect();
+        let list: Vec<(u64, &[u8])> = blocks.iter().map(|(b, d)| (*b, &d[..])).collect();
+        let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+        let r1 = c.append_wal(4, &list[..10]).unwrap();
+        c.wait_spare();
+        let spare = inode(&root, None);
+        // 5.9 MiB each: the third does not fit what the first left.
+        let r2 = c.append_wal(4, &list).unwrap();
+        let r3 = c.append_wal(4, &list).unwrap();
+        let r4 = c.append_wal(4, &list).unwrap();
+        c.sync_wal(r4).unwrap();
+        assert_eq!((r1, r2, r3, r4), (1, 2, 3, 4));
+        assert_eq!(inode(&root, Some(2)), spare, "segment 2 is the spare");
+        let recs = c.leftover_wal(4500);
+        assert_eq!(recs.len(), 4);
+        assert_eq!(recs[0].blocks.len(), 10);
+        for rec in &recs[1..] {
+            assert_eq!(rec.epoch, 4);
+            assert_eq!(rec.blocks.len(), blocks.len());
+            for ((b, d), (rb, rd)) in blocks.iter().zip(&rec.blocks) {
+                assert_eq!((b, d), (rb, rd));
+            }
+        }
+        c.wait_spare();
+        drop(c);
+        // A crash left a spare being made beside the whole one.
+        fs::write(root.join("wal").join(SPARE_TMP), b"half").unwrap();
+        let spare = inode(&root, None);
+        let c = CacheDir::open(&root, 1 << 30, "img").unwrap();
+        assert!(!root.join("wal").join(SPARE_TMP).exists());
+        assert_eq!(c.leftover_wal(4500).len(), 4, "the spare holds no record");
+        let last = c.index.lock().segments.keys().next_back().copied().unwrap();
+        let r = c.append_wal(5, &list[..1]).unwrap();
+        c.sync_wal(r).unwrap();
+        assert_eq!(
+            inode(&root, Some(last + 1)),
+            spare,
+            "the next segment is the spare"
+        );
+        assert_eq!(c.leftover_wal(4500).len(), 5);
+        // Emptied, the local WAL keeps no spare either.
+        c.clear_wal().unwrap();
+        assert_eq!(fs::read_dir(root.join("wal")).unwrap().count(), 0);
         drop(c);
         fs::remove_dir_all(&root).unwrap();
     }
