@@ -233,59 +233,6 @@ fn zeroed(path: &std::path::Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// `parts`, one after another, written at `at`: vectored writes
-/// (`pwritev`) of as many as the kernel takes at a time, so that a
-/// record's blocks go from where the device holds them.
-fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut at: u64) -> io::Result<()> {
-    const IOV_MAX: usize = 1024;
-    let mut parts: Vec<&[u8]> = parts.iter().filter(|p| !p.is_empty()).copied().collect();
-    let mut first = 0;
-    while first < parts.len() {
-        let iov: Vec<libc::iovec> = parts[first..]
-            .iter()
-            .take(IOV_MAX)
-            .map(|p| libc::iovec {
-                iov_base: p.as_ptr() as *mut libc::c_void,
-                iov_len: p.len(),
-            })
-            .collect();
-        // SAFETY: each iovec names a slice borrowed for this call, which
-        // the kernel only reads.
-        let n = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                at as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        at += n as u64;
-        // Past what was written: whole parts, then into the next.
-        let mut n = n as usize;
-        while n > 0 {
-            let p = parts[first];
-            if n >= p.len() {
-                n -= p.len();
-                first += 1;
-            } else {
-                parts[first] = &p[n..];
-                n = 0;
-            }
-        }
-    }
-    Ok(())
-}
-
 impl CacheDir {
     /// Open `root` (made if absent) as the cache of the image `identity`
     /// names, at most `limit` bytes of chunks and WAL. Refused while
@@ -726,7 +673,7 @@ impl CacheDir {
         let n = ix.current.as_ref().expect("a segment is open").0;
         let at = ix.segments.get(&n).map_or(0, |&(_, used)| used);
         let (_, file) = ix.current.as_ref().expect("a segment is open");
-        if let Err(e) = write_all_vectored_at(file, body, at) {
+        if let Err(e) = foliofs::device::write_all_vectored_at(file, body, at) {
             // What the segment holds past its last good record is not
             // known: the next record goes to a new one. The records
             // before it are still to be synced.

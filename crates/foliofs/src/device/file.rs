@@ -179,50 +179,7 @@ impl Device for FileDevice {
         if !aligned {
             return super::write_each(self, bufs, offset);
         }
-        let mut iov: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        let (mut first, mut at) = (0, offset);
-        use std::os::fd::AsRawFd;
-        while first < iov.len() {
-            // SAFETY: the iovecs describe live slices borrowed for this
-            // call; the kernel only reads them.
-            let n = unsafe {
-                libc::pwritev(
-                    self.file.as_raw_fd(),
-                    iov[first..].as_ptr(),
-                    (iov.len() - first).min(IOV_MAX) as libc::c_int,
-                    at as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            // Skip what was written: whole iovecs, then part of one.
-            let mut n = n as usize;
-            at += n as u64;
-            while n > 0 && n >= iov[first].iov_len {
-                n -= iov[first].iov_len;
-                first += 1;
-            }
-            if n > 0 {
-                // SAFETY: n < iov_len, so the base stays in the slice.
-                iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(n) }.cast();
-                iov[first].iov_len -= n;
-            }
-        }
-        Ok(())
+        write_all_vectored_at(&self.file, bufs, offset)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -232,6 +189,56 @@ impl Device for FileDevice {
     fn len(&self) -> u64 {
         self.len
     }
+}
+
+/// `bufs`, one after another, written to `file` at `offset` by vectored
+/// writes (`pwritev`), `IOV_MAX` at a time, going on after short writes.
+pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut iov: Vec<libc::iovec> = bufs
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let (mut first, mut at) = (0, offset);
+    while first < iov.len() {
+        // SAFETY: the iovecs describe live slices borrowed for this
+        // call; the kernel only reads them.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov[first..].as_ptr(),
+                (iov.len() - first).min(IOV_MAX) as libc::c_int,
+                at as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        // Skip what was written: whole iovecs, then part of one.
+        let mut n = n as usize;
+        at += n as u64;
+        while n > 0 && n >= iov[first].iov_len {
+            n -= iov[first].iov_len;
+            first += 1;
+        }
+        if n > 0 {
+            // SAFETY: n < iov_len, so the base stays in the slice.
+            iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(n) }.cast();
+            iov[first].iov_len -= n;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ mod overlay;
 
 pub use crash::{CrashDevice, CrashLog, FaultPlan};
 pub use fault::{FaultDevice, Faults};
-pub use file::{DeviceOptions, FileDevice};
+pub use file::{write_all_vectored_at, DeviceOptions, FileDevice};
 pub use mem::MemDevice;
 pub use overlay::OverlayDevice;
 
