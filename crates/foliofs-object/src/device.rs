@@ -760,6 +760,9 @@ impl ObjectDevice {
         let chunk_blocks = manifest.chunk_blocks;
         let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts, chunk_blocks));
         let read_only = opts.read_only;
+        if let Some(d) = disk.as_ref().filter(|_| durability == Durability::Local) {
+            d.prepare_wal();
+        }
         let core = Arc::new(Core {
             rt,
             store,
@@ -1709,6 +1712,8 @@ impl Core {
                 self.name
             ))
         })?;
+        // Its zeros are room the disk may lack.
+        disk.drop_spare();
         self.flush_to_store()
     }
 

@@ -614,8 +614,6 @@ impl CacheDir {
             fs::remove_file(self.segment_path(n))?;
         }
         ix.next_record = 1;
-        drop(ix);
-        self.drop_spare();
         sync_dir(&self.root.join("wal"))
     }
 
@@ -767,6 +765,12 @@ impl CacheDir {
         }
     }
 
+    /// Make the first segment ahead, for a device that will append to
+    /// the local WAL (`make_spare`).
+    pub(crate) fn prepare_wal(&self) {
+        self.make_spare();
+    }
+
     /// Start making the next segment ahead of need, on a thread of its
     /// own, unless one is ready or being made: `wal/spare`, filled with
     /// zeros as `wal/spare.tmp`, synced, and renamed when whole. A flush
@@ -802,8 +806,10 @@ impl CacheDir {
     }
 
     /// Wait for the spare being made, if one is, and delete it: the local
-    /// WAL emptied for a flush past it (its disk full, say), or closed.
-    fn drop_spare(&self) {
+    /// WAL emptied for a flush past it (its disk full, say). A local WAL
+    /// emptied otherwise (shipped at close) keeps its spare for the next
+    /// mount's first flush.
+    pub(crate) fn drop_spare(&self) {
         let maker = self.spare.lock().maker.take();
         if let Some(maker) = maker {
             let _ = maker.join();
@@ -1007,9 +1013,20 @@ mod tests {
             "the next segment is the spare"
         );
         assert_eq!(c.leftover_wal(4500).len(), 5);
-        // Emptied, the local WAL keeps no spare either.
+        // Emptied, the local WAL keeps its spare; made room, not.
+        c.wait_spare();
         c.clear_wal().unwrap();
-        assert_eq!(fs::read_dir(root.join("wal")).unwrap().count(), 0);
+        let left = || fs::read_dir(root.join("wal")).unwrap().count();
+        assert_eq!(left(), 1);
+        c.drop_spare();
+        assert_eq!(left(), 0);
+        // Prepared for a writer, the first segment is made ahead too.
+        c.prepare_wal();
+        c.wait_spare();
+        let spare = inode(&root, None);
+        let r = c.append_wal(6, &list[..1]).unwrap();
+        assert_eq!(inode(&root, Some(1)), spare);
+        c.sync_wal(r).unwrap();
         drop(c);
         fs::remove_dir_all(&root).unwrap();
     }
