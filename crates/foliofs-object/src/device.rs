@@ -761,7 +761,7 @@ impl ObjectDevice {
         let ahead = ReadAhead::new(opts.read_ahead_chunks, cache_chunks(&opts, chunk_blocks));
         let read_only = opts.read_only;
         if let Some(d) = disk.as_ref().filter(|_| durability == Durability::Local) {
-            d.prepare_wal();
+            d.make_spare();
         }
         let core = Arc::new(Core {
             rt,

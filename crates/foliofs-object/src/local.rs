@@ -765,19 +765,14 @@ impl CacheDir {
         }
     }
 
-    /// Make the first segment ahead, for a device that will append to
-    /// the local WAL (`make_spare`).
-    pub(crate) fn prepare_wal(&self) {
-        self.make_spare();
-    }
-
     /// Start making the next segment ahead of need, on a thread of its
     /// own, unless one is ready or being made: `wal/spare`, filled with
     /// zeros as `wal/spare.tmp`, synced, and renamed when whole. A flush
     /// that fills a segment then takes it (a rename) rather than writing
     /// 16 MiB of zeros and waiting for their sync. One that cannot be
-    /// made (the local disk full) is only made later, in the flush.
-    fn make_spare(&self) {
+    /// made (the local disk full) is only made later, in the flush. A
+    /// writer's open makes the first.
+    pub(crate) fn make_spare(&self) {
         let mut spare = self.spare.lock();
         if spare.ready || spare.maker.as_ref().is_some_and(|m| !m.is_finished()) {
             return;
@@ -1021,7 +1016,7 @@ mod tests {
         c.drop_spare();
         assert_eq!(left(), 0);
         // Prepared for a writer, the first segment is made ahead too.
-        c.prepare_wal();
+        c.make_spare();
         c.wait_spare();
         let spare = inode(&root, None);
         let r = c.append_wal(6, &list[..1]).unwrap();
