@@ -166,10 +166,7 @@ impl Drop for CacheDir {
     /// Not before the spare being made is whole (or failed): nothing of
     /// this open writes to the directory once its lock is let go.
     fn drop(&mut self) {
-        let maker = self.spare.lock().maker.take();
-        if let Some(maker) = maker {
-            let _ = maker.join();
-        }
+        self.wait_spare();
     }
 }
 
@@ -800,15 +797,21 @@ impl CacheDir {
         }
     }
 
+    /// Wait for the spare being made, if one is (taken out of the lock
+    /// first: the maker takes it to say it is done).
+    fn wait_spare(&self) {
+        let maker = self.spare.lock().maker.take();
+        if let Some(maker) = maker {
+            let _ = maker.join();
+        }
+    }
+
     /// Wait for the spare being made, if one is, and delete it: the local
     /// WAL emptied for a flush past it (its disk full, say). A local WAL
     /// emptied otherwise (shipped at close) keeps its spare for the next
     /// mount's first flush.
     pub(crate) fn drop_spare(&self) {
-        let maker = self.spare.lock().maker.take();
-        if let Some(maker) = maker {
-            let _ = maker.join();
-        }
+        self.wait_spare();
         if std::mem::take(&mut self.spare.lock().ready) {
             let _ = fs::remove_file(self.root.join("wal").join(SPARE));
         }
@@ -947,16 +950,6 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let name = n.map_or(SPARE.to_string(), |n| format!("{n:020}"));
         fs::metadata(root.join("wal").join(name)).unwrap().ino()
-    }
-
-    impl CacheDir {
-        /// Wait for the spare being made, if one is.
-        fn wait_spare(&self) {
-            let maker = self.spare.lock().maker.take();
-            if let Some(maker) = maker {
-                maker.join().unwrap();
-            }
-        }
     }
 
     /// A record of more blocks than one vectored write takes, each in a
