@@ -217,6 +217,16 @@ pub struct ObjectStats {
     pub lease: Option<String>,
 }
 
+/// What a flush to the store takes of `pending`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Take {
+    /// Everything: a flush the engine asked for.
+    All,
+    /// The chunks held whole, if the rest is small (`whole_part`): a
+    /// flush the bound on `pending` asked for.
+    WholeChunks,
+}
+
 /// One block's bytes: a view of the buffer its write was copied into
 /// once (`write_blocks`), or of a WAL object's.
 type Block = Bytes;
@@ -1104,9 +1114,9 @@ impl Core {
     }
 
     /// `flush_wal` until it is done or fails for good.
-    fn flush_to_store(&self) -> io::Result<()> {
+    fn flush_to_store(&self, take: Take) -> io::Result<()> {
         loop {
-            match self.flush_wal() {
+            match self.flush_wal(take) {
                 Ok(()) => return Ok(()),
                 Err(ObjectError::Retry) => continue,
                 Err(e) => return Err(e.into()),
@@ -1114,10 +1124,11 @@ impl Core {
         }
     }
 
-    /// PUT what was written since the last flush as the next WAL object;
-    /// chunks it holds whole go first as objects of their own, which the
-    /// WAL object names (`flush_chunks`).
-    fn flush_wal(&self) -> Result<(), ObjectError> {
+    /// PUT what was written since the last flush (or, for
+    /// `Take::WholeChunks`, what of it `whole_part` takes) as the next WAL
+    /// object; chunks it holds whole go first as objects of their own,
+    /// which the WAL object names (`flush_chunks`).
+    fn flush_wal(&self, take: Take) -> Result<(), ObjectError> {
         let (seq, blocks) = {
             let mut s = self.state.lock();
             if let Some(why) = &s.stats.fenced {
@@ -1126,7 +1137,10 @@ impl Core {
             if s.pending.is_empty() {
                 return Ok(());
             }
-            let taken = std::mem::take(&mut s.pending);
+            let taken = match take {
+                Take::All => std::mem::take(&mut s.pending),
+                Take::WholeChunks => self.whole_part(&mut s.pending),
+            };
             s.in_flight = taken.clone();
             (s.next_wal, taken)
         };
@@ -1208,15 +1222,7 @@ impl Core {
         seq: u64,
         blocks: &BTreeMap<u64, Block>,
     ) -> object_store::Result<Vec<(u64, Chunk)>> {
-        let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
-        for &b in blocks.keys() {
-            *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
-        }
-        let whole: Vec<u64> = per_chunk
-            .into_iter()
-            .filter(|&(idx, n)| n * BLOCK == self.chunk_len(idx) as u64)
-            .map(|(idx, _)| idx)
-            .collect();
+        let whole = self.whole_chunks(blocks);
         let version = flushed_version(seq);
         let mut out = Vec::with_capacity(whole.len());
         let bodies: Vec<(u64, Path, Chunk)> = whole
@@ -1255,6 +1261,44 @@ impl Core {
             out.push((idx, chunk));
         }
         Ok(out)
+    }
+
+    /// The indexes of the chunks `blocks` holds whole.
+    fn whole_chunks(&self, blocks: &BTreeMap<u64, Block>) -> Vec<u64> {
+        let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
+        for &b in blocks.keys() {
+            *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
+        }
+        per_chunk
+            .into_iter()
+            .filter(|&(idx, n)| n * BLOCK == self.chunk_len(idx) as u64)
+            .map(|(idx, _)| idx)
+            .collect()
+    }
+
+    /// For a flush the bound on `pending` asked for: the blocks of the
+    /// chunks `pending` holds whole, taken out of it. The rest stays for
+    /// a later flush, which may find their chunks whole too, rather than
+    /// going to the WAL now and again into a chunk at the checkpoint
+    /// that folds them. All of `pending`, as for any other flush, when
+    /// what would stay is more than half the bound (a random writer's
+    /// blocks): what stays is then at most that.
+    fn whole_part(&self, pending: &mut BTreeMap<u64, Block>) -> BTreeMap<u64, Block> {
+        let whole: std::collections::BTreeSet<u64> =
+            self.whole_chunks(pending).into_iter().collect();
+        let whole_blocks: u64 = whole
+            .iter()
+            .map(|&i| self.chunk_len(i) as u64 / BLOCK)
+            .sum();
+        let staying = (pending.len() as u64 - whole_blocks) * BLOCK;
+        if whole.is_empty() || 2 * staying > self.opts.pending_bytes {
+            return std::mem::take(pending);
+        }
+        let (taken, staying) = std::mem::take(pending)
+            .into_iter()
+            .partition(|(b, _)| whole.contains(&(b / self.chunk_blocks)));
+        *pending = staying;
+        taken
     }
 
     /// WAL number `seq` was there when this writer meant to create it:
@@ -1714,7 +1758,7 @@ impl Core {
         })?;
         // Its zeros are room the disk may lack.
         disk.drop_spare();
-        self.flush_to_store()
+        self.flush_to_store(Take::All)
     }
 
     /// Wait until every local record has shipped and no checkpoint is
@@ -2146,6 +2190,11 @@ impl Core {
     }
 
     fn flush(&self) -> io::Result<()> {
+        self.flush_taking(Take::All)
+    }
+
+    /// A flush, of what `take` says if the WAL is in the store.
+    fn flush_taking(&self, take: Take) -> io::Result<()> {
         if self.opts.read_only {
             return Ok(());
         }
@@ -2156,7 +2205,7 @@ impl Core {
             None
         } else {
             let f = self.flushing.lock();
-            self.flush_to_store()?;
+            self.flush_to_store(take)?;
             Some(f)
         };
         // The checkpointer folds the WAL in the background; a flush waits
@@ -2306,7 +2355,8 @@ impl Core {
         }
         // Sooner than asked, as a disk's cache may write back: what the
         // device holds durable early breaks no ordering the engine relies
-        // on (it orders by its flushes).
-        self.flush()
+        // on (it orders by its flushes). So this flush may also leave
+        // blocks for a later one, in any order.
+        self.flush_taking(Take::WholeChunks)
     }
 }

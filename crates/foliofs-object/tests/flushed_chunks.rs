@@ -247,3 +247,76 @@ fn a_cut_between_a_flushed_chunk_and_its_wal_object_loses_nothing_flushed() {
         cut_at += 1;
     }
 }
+
+/// A flush the bound on held writes asks for PUTs the chunks it holds
+/// whole and leaves a streaming writer's part-written chunks for a later
+/// flush, which finds them whole: they go to the store once, never
+/// through the WAL and again into a chunk. Scattered blocks, which make
+/// no chunk whole, all go as before, so the bound still holds.
+#[test]
+fn a_flush_for_the_bound_leaves_part_written_chunks_for_a_later_one() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let c = CHUNK_BLOCKS;
+    let bounded = ObjectOptions {
+        pending_bytes: 4 * c * BLOCK,
+        ..opts()
+    };
+    let dev = ObjectDevice::create(store.clone(), img(), SIZE, bounded.clone()).unwrap();
+    let before = dev.stats();
+    // Two streams, a block at a time in turn: one from the middle of
+    // chunk 0, one from the start of chunk 100. At 4 chunks held, chunks
+    // 1, 100 and 101 are whole; half of chunk 0 and of chunk 2 is not.
+    let (a, b) = (c / 2, 100 * c);
+    let n = 3 * c;
+    for i in 0..n {
+        write(&dev, a + i, a + i + 1, 1);
+        write(&dev, b + i, b + i + 1, 1);
+    }
+    let st = dev.stats();
+    assert_eq!(
+        st.wal_puts - before.wal_puts,
+        1,
+        "one flush for the bound: {st:?}"
+    );
+    assert_eq!(st.chunks_flushed, 3, "chunks 1, 100, 101: {st:?}");
+    assert!(
+        st.wal_bytes - before.wal_bytes < BLOCK,
+        "its WAL object names the chunks and holds no block: {st:?}"
+    );
+    // What it left stays readable, and goes at the next flush.
+    let written: Vec<(u64, u8)> = (0..n).flat_map(|i| [(a + i, 1), (b + i, 1)]).collect();
+    expect(&dev, &written);
+    dev.flush().unwrap();
+    let st = dev.stats();
+    assert_eq!(
+        st.chunks_flushed, 5,
+        "chunk 2 and chunk 102 whole by then: {st:?}"
+    );
+    drop(dev);
+    let again = ObjectOptions {
+        takeover: true,
+        ..bounded
+    };
+    let dev = ObjectDevice::open(store.clone(), img(), again.clone()).unwrap();
+    expect(&dev, &written);
+
+    // Two blocks in each of 128 chunks: none whole, so the flush for the
+    // bound takes them all.
+    let before = dev.stats();
+    let scattered: Vec<(u64, u8)> = (0..4 * c)
+        .map(|i| (110 * c + (i / 2) * c + (i % 2) * 7, 2))
+        .collect();
+    for &(blk, round) in &scattered {
+        write(&dev, blk, blk + 1, round);
+    }
+    let st = dev.stats();
+    assert_eq!(st.wal_puts - before.wal_puts, 1, "{st:?}");
+    assert!(
+        st.wal_bytes - before.wal_bytes >= 4 * c * BLOCK,
+        "every scattered block in the WAL object: {st:?}"
+    );
+    drop(dev);
+    let dev = ObjectDevice::open(store, img(), again).unwrap();
+    expect(&dev, &scattered);
+    dev.close().unwrap();
+}
