@@ -217,6 +217,14 @@ pub struct ObjectStats {
     pub lease: Option<String>,
 }
 
+/// The chunks a flush makes whole (`Core::whole_chunks`).
+#[derive(Default)]
+struct Whole {
+    chunks: Vec<u64>,
+    /// The blocks of them the WAL holds and the flush does not.
+    from_wal: BTreeMap<u64, Block>,
+}
+
 /// What a flush to the store takes of `pending`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Take {
@@ -1129,7 +1137,7 @@ impl Core {
     /// object; chunks it holds whole go first as objects of their own,
     /// which the WAL object names (`flush_chunks`).
     fn flush_wal(&self, take: Take) -> Result<(), ObjectError> {
-        let (seq, blocks) = {
+        let (seq, blocks, whole) = {
             let mut s = self.state.lock();
             if let Some(why) = &s.stats.fenced {
                 return Err(ObjectError::Fenced(why.clone()));
@@ -1139,10 +1147,11 @@ impl Core {
             }
             let taken = match take {
                 Take::All => std::mem::take(&mut s.pending),
-                Take::WholeChunks => self.whole_part(&mut s.pending),
+                Take::WholeChunks => self.whole_part(&mut s),
             };
             s.in_flight = taken.clone();
-            (s.next_wal, taken)
+            let whole = self.whole_chunks(&taken, &s.logged);
+            (s.next_wal, taken, whole)
         };
         // Not in the WAL: written again by the next flush, behind
         // anything written since. Chunks it PUT are named by no record:
@@ -1155,7 +1164,7 @@ impl Core {
                 s.pending.entry(b).or_insert(d);
             }
         };
-        let whole = match self.flush_chunks(seq, &blocks) {
+        let whole = match self.flush_chunks(seq, &blocks, whole) {
             Ok(w) => w,
             Err(e) => {
                 put_back();
@@ -1212,25 +1221,32 @@ impl Core {
         Ok(())
     }
 
-    /// The chunks `blocks` (a flush's) hold whole, PUT as objects at
-    /// `flushed_version(seq)`, `FLUSH_PUTS` in flight; their indexes
-    /// and blocks. Only this writer PUTs keys of this number: a writer
-    /// that fenced it wrote its fence there (no chunks), and writes its
-    /// own chunks at later numbers.
+    /// The chunks `whole` says `blocks` (a flush's) makes whole, PUT as
+    /// objects at `flushed_version(seq)`, `FLUSH_PUTS` in flight; their
+    /// indexes and blocks. Only this writer PUTs keys of this number: a
+    /// writer that fenced it wrote its fence there (no chunks), and
+    /// writes its own chunks at later numbers.
     fn flush_chunks(
         &self,
         seq: u64,
         blocks: &BTreeMap<u64, Block>,
+        whole: Whole,
     ) -> object_store::Result<Vec<(u64, Chunk)>> {
-        let whole = self.whole_chunks(blocks);
         let version = flushed_version(seq);
-        let mut out = Vec::with_capacity(whole.len());
+        let mut out = Vec::with_capacity(whole.chunks.len());
         let bodies: Vec<(u64, Path, Chunk)> = whole
+            .chunks
             .iter()
             .map(|&idx| {
                 let first = idx * self.chunk_blocks;
+                let range = first..first + self.chunk_blocks;
+                let mut parts: Vec<(&u64, &Block)> = blocks
+                    .range(range.clone())
+                    .chain(whole.from_wal.range(range))
+                    .collect();
+                parts.sort_unstable_by_key(|&(b, _)| *b);
                 let chunk = Chunk::build(idx, self.chunk_len(idx), |v| {
-                    for (_, d) in blocks.range(first..first + self.chunk_blocks) {
+                    for (_, d) in parts {
                         v.extend_from_slice(d);
                     }
                 });
@@ -1263,17 +1279,33 @@ impl Core {
         Ok(out)
     }
 
-    /// The indexes of the chunks `blocks` holds whole.
-    fn whole_chunks(&self, blocks: &BTreeMap<u64, Block>) -> Vec<u64> {
+    /// The chunks `blocks` holds whole, or makes whole with the blocks of
+    /// them the WAL holds (`logged`): a file written in order and flushed
+    /// part-way through a chunk (an fsync) completes it at a later flush.
+    fn whole_chunks(&self, blocks: &BTreeMap<u64, Block>, logged: &Logged) -> Whole {
         let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
         for &b in blocks.keys() {
             *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
         }
-        per_chunk
-            .into_iter()
-            .filter(|&(idx, n)| n * BLOCK == self.chunk_len(idx) as u64)
-            .map(|(idx, _)| idx)
-            .collect()
+        let mut whole = Whole::default();
+        for (idx, n) in per_chunk {
+            let need = self.chunk_len(idx) as u64 / BLOCK;
+            if n < need && n + logged.in_chunk(idx) >= need {
+                let first = idx * self.chunk_blocks;
+                let older: Vec<(u64, Block)> = logged
+                    .range(first..first + self.chunk_blocks)
+                    .filter(|(b, _)| !blocks.contains_key(b))
+                    .map(|(&b, d)| (b, d.clone()))
+                    .collect();
+                if n + older.len() as u64 == need {
+                    whole.from_wal.extend(older);
+                    whole.chunks.push(idx);
+                }
+            } else if n == need {
+                whole.chunks.push(idx);
+            }
+        }
+        whole
     }
 
     /// For a flush the bound on `pending` asked for: the blocks of the
@@ -1283,21 +1315,19 @@ impl Core {
     /// that folds them. All of `pending`, as for any other flush, when
     /// what would stay is more than half the bound (a random writer's
     /// blocks): what stays is then at most that.
-    fn whole_part(&self, pending: &mut BTreeMap<u64, Block>) -> BTreeMap<u64, Block> {
-        let whole: std::collections::BTreeSet<u64> =
-            self.whole_chunks(pending).into_iter().collect();
-        let whole_blocks: u64 = whole
-            .iter()
-            .map(|&i| self.chunk_len(i) as u64 / BLOCK)
-            .sum();
-        let staying = (pending.len() as u64 - whole_blocks) * BLOCK;
-        if whole.is_empty() || 2 * staying > self.opts.pending_bytes {
-            return std::mem::take(pending);
+    fn whole_part(&self, s: &mut State) -> BTreeMap<u64, Block> {
+        let whole = self.whole_chunks(&s.pending, &s.logged);
+        let whole: std::collections::BTreeSet<u64> = whole.chunks.into_iter().collect();
+        let (taken, staying): (BTreeMap<u64, Block>, BTreeMap<u64, Block>) =
+            std::mem::take(&mut s.pending)
+                .into_iter()
+                .partition(|(b, _)| whole.contains(&(b / self.chunk_blocks)));
+        if whole.is_empty() || 2 * staying.len() as u64 * BLOCK > self.opts.pending_bytes {
+            let mut all = taken;
+            all.extend(staying);
+            return all;
         }
-        let (taken, staying) = std::mem::take(pending)
-            .into_iter()
-            .partition(|(b, _)| whole.contains(&(b / self.chunk_blocks)));
-        *pending = staying;
+        s.pending = staying;
         taken
     }
 

@@ -59,6 +59,11 @@ impl Logged {
         self.per_chunk.len()
     }
 
+    /// How many blocks of chunk `idx` are here.
+    pub(crate) fn in_chunk(&self, idx: u64) -> u64 {
+        self.per_chunk.get(&idx).map_or(0, |&n| u64::from(n))
+    }
+
     pub(crate) fn range(&self, blocks: std::ops::Range<u64>) -> Range<'_, u64, Bytes> {
         self.blocks.range(blocks)
     }

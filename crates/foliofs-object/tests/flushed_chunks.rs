@@ -320,3 +320,45 @@ fn a_flush_for_the_bound_leaves_part_written_chunks_for_a_later_one() {
     expect(&dev, &scattered);
     dev.close().unwrap();
 }
+
+/// A chunk written in order across two flushes (an fsync part-way
+/// through it) goes whole as an object at the flush that completes it,
+/// from the WAL's blocks of it and the flush's own; the WAL's are then
+/// older than it, and no checkpoint folds them.
+#[test]
+fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let c = CHUNK_BLOCKS;
+    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    let first = 5 * c;
+    write(&dev, first, first + 40, 1);
+    dev.flush().unwrap();
+    let st = dev.stats();
+    assert_eq!(st.chunks_flushed, 0, "{st:?}");
+    assert!(st.wal_bytes >= 40 * BLOCK, "{st:?}");
+    // The rest of the chunk, and one block of the WAL's part again.
+    write(&dev, first + 40, first + c, 1);
+    write(&dev, first + 3, first + 4, 2);
+    dev.flush().unwrap();
+    let after = dev.stats();
+    assert_eq!(after.chunks_flushed, 1, "{after:?}");
+    assert!(
+        after.wal_bytes - st.wal_bytes < BLOCK,
+        "the second WAL object names the chunk and holds no block: {after:?}"
+    );
+    let written: Vec<(u64, u8)> = (first..first + c)
+        .map(|b| (b, if b == first + 3 { 2 } else { 1 }))
+        .collect();
+    expect(&dev, &written);
+    // The machine is lost: the WAL replays to the same blocks.
+    drop(dev);
+    let dev = ObjectDevice::open(store.clone(), img(), takeover()).unwrap();
+    expect(&dev, &written);
+    dev.checkpoint_now().unwrap();
+    let st = dev.stats();
+    assert_eq!(st.chunk_puts, 0, "nothing of the WAL left to fold: {st:?}");
+    dev.close().unwrap();
+    let dev = ObjectDevice::open(store, img(), opts()).unwrap();
+    expect(&dev, &written);
+    dev.close().unwrap();
+}
