@@ -218,7 +218,6 @@ pub struct ObjectStats {
 }
 
 /// The chunks a flush makes whole (`Core::whole_chunks`).
-#[derive(Default)]
 struct Whole {
     chunks: Vec<u64>,
     /// The blocks of them the WAL holds and the flush does not.
@@ -1150,7 +1149,7 @@ impl Core {
                 Take::WholeChunks => self.whole_part(&mut s),
             };
             s.in_flight = taken.clone();
-            let whole = self.whole_chunks(&taken, &s.logged);
+            let whole = self.whole_chunks(&taken, &s.logged, take);
             (s.next_wal, taken, whole)
         };
         // Not in the WAL: written again by the next flush, behind
@@ -1282,29 +1281,41 @@ impl Core {
     /// The chunks `blocks` holds whole, or makes whole with the blocks of
     /// them the WAL holds (`logged`): a file written in order and flushed
     /// part-way through a chunk (an fsync) completes it at a later flush.
-    fn whole_chunks(&self, blocks: &BTreeMap<u64, Block>, logged: &Logged) -> Whole {
+    /// The WAL's complete a chunk only in a flush that PUTs chunks anyway
+    /// (one holding some whole, or one for the bound, `take`): a small
+    /// fsync's flush stays one PUT, and its chunk is folded later.
+    fn whole_chunks(&self, blocks: &BTreeMap<u64, Block>, logged: &Logged, take: Take) -> Whole {
         let mut per_chunk: BTreeMap<u64, u64> = BTreeMap::new();
         for &b in blocks.keys() {
             *per_chunk.entry(b / self.chunk_blocks).or_default() += 1;
         }
-        let mut whole = Whole::default();
+        let need = |idx: u64| self.chunk_len(idx) as u64 / BLOCK;
+        let mut whole = Whole {
+            chunks: per_chunk
+                .iter()
+                .filter(|&(&idx, &n)| n == need(idx))
+                .map(|(&idx, _)| idx)
+                .collect(),
+            from_wal: BTreeMap::new(),
+        };
+        if whole.chunks.is_empty() && take == Take::All {
+            return whole;
+        }
         for (idx, n) in per_chunk {
-            let need = self.chunk_len(idx) as u64 / BLOCK;
-            if n < need && n + logged.in_chunk(idx) >= need {
+            if n < need(idx) && n + logged.in_chunk(idx) >= need(idx) {
                 let first = idx * self.chunk_blocks;
                 let older: Vec<(u64, Block)> = logged
                     .range(first..first + self.chunk_blocks)
                     .filter(|(b, _)| !blocks.contains_key(b))
                     .map(|(&b, d)| (b, d.clone()))
                     .collect();
-                if n + older.len() as u64 == need {
+                if n + older.len() as u64 == need(idx) {
                     whole.from_wal.extend(older);
                     whole.chunks.push(idx);
                 }
-            } else if n == need {
-                whole.chunks.push(idx);
             }
         }
+        whole.chunks.sort_unstable();
         whole
     }
 
@@ -1316,7 +1327,7 @@ impl Core {
     /// what would stay is more than half the bound (a random writer's
     /// blocks): what stays is then at most that.
     fn whole_part(&self, s: &mut State) -> BTreeMap<u64, Block> {
-        let whole = self.whole_chunks(&s.pending, &s.logged);
+        let whole = self.whole_chunks(&s.pending, &s.logged, Take::WholeChunks);
         let whole: std::collections::BTreeSet<u64> = whole.chunks.into_iter().collect();
         let (taken, staying): (BTreeMap<u64, Block>, BTreeMap<u64, Block>) =
             std::mem::take(&mut s.pending)

@@ -323,32 +323,44 @@ fn a_flush_for_the_bound_leaves_part_written_chunks_for_a_later_one() {
 
 /// A chunk written in order across two flushes (an fsync part-way
 /// through it) goes whole as an object at the flush that completes it,
-/// from the WAL's blocks of it and the flush's own; the WAL's are then
-/// older than it, and no checkpoint folds them.
+/// from the WAL's blocks of it and the flush's own, when that flush PUTs
+/// chunks anyway; the WAL's are then older than it, and no checkpoint
+/// folds them. A flush that would PUT no chunk otherwise stays one PUT.
 #[test]
 fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let c = CHUNK_BLOCKS;
     let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
-    let first = 5 * c;
+    let (first, small) = (5 * c, 9 * c);
     write(&dev, first, first + 40, 1);
+    write(&dev, small, small + 40, 1);
     dev.flush().unwrap();
     let st = dev.stats();
     assert_eq!(st.chunks_flushed, 0, "{st:?}");
-    assert!(st.wal_bytes >= 40 * BLOCK, "{st:?}");
-    // The rest of the chunk, and one block of the WAL's part again.
+    assert!(st.wal_bytes >= 80 * BLOCK, "{st:?}");
+    // The rest of chunk 5, one block of the WAL's part of it again, and
+    // chunk 7 whole.
     write(&dev, first + 40, first + c, 1);
     write(&dev, first + 3, first + 4, 2);
+    write(&dev, 7 * c, 8 * c, 1);
     dev.flush().unwrap();
-    let after = dev.stats();
-    assert_eq!(after.chunks_flushed, 1, "{after:?}");
+    let mid = dev.stats();
+    assert_eq!(mid.chunks_flushed, 2, "chunks 5 and 7: {mid:?}");
     assert!(
-        after.wal_bytes - st.wal_bytes < BLOCK,
-        "the second WAL object names the chunk and holds no block: {after:?}"
+        mid.wal_bytes - st.wal_bytes < BLOCK,
+        "the second WAL object names the chunks and holds no block: {mid:?}"
     );
-    let written: Vec<(u64, u8)> = (first..first + c)
+    // The rest of chunk 9 alone: in the WAL, not a chunk PUT.
+    write(&dev, small + 40, small + c, 1);
+    dev.flush().unwrap();
+    let end = dev.stats();
+    assert_eq!(end.chunks_flushed, 2, "{end:?}");
+    assert_eq!(end.wal_puts - mid.wal_puts, 1, "{end:?}");
+    assert!(end.wal_bytes - mid.wal_bytes >= (c - 40) * BLOCK, "{end:?}");
+    let mut written: Vec<(u64, u8)> = (first..first + c)
         .map(|b| (b, if b == first + 3 { 2 } else { 1 }))
         .collect();
+    written.extend((7 * c..8 * c).chain(small..small + c).map(|b| (b, 1)));
     expect(&dev, &written);
     // The machine is lost: the WAL replays to the same blocks.
     drop(dev);
@@ -356,7 +368,7 @@ fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
     expect(&dev, &written);
     dev.checkpoint_now().unwrap();
     let st = dev.stats();
-    assert_eq!(st.chunk_puts, 0, "nothing of the WAL left to fold: {st:?}");
+    assert_eq!(st.chunk_puts, 1, "only chunk 9 is folded: {st:?}");
     dev.close().unwrap();
     let dev = ObjectDevice::open(store, img(), opts()).unwrap();
     expect(&dev, &written);
