@@ -44,6 +44,7 @@ use crate::layout::{
 };
 use crate::local::{CacheDir, CacheUse, Durability};
 use crate::logged::Logged;
+use crate::pool;
 use crate::readahead::ReadAhead;
 use crate::store::{
     create_mode, image_manifest, latest_manifest, now_secs, runtime, this_writer, wal_numbers,
@@ -996,9 +997,7 @@ impl Core {
                 let data = match self.ahead.take(&self.rt, idx, version) {
                     Some(chunk) => chunk,
                     None => {
-                        let bytes = self.retrying(&key, || async {
-                            self.store.get(&key).await?.bytes().await
-                        })?;
+                        let bytes = self.retrying(&key, || pool::get(&*self.store, &key))?;
                         Chunk::decode(&key, idx, bytes, len).map_err(ObjectError::from)?
                     }
                 };
@@ -2375,7 +2374,7 @@ impl Core {
         // block is folded or written again (docs/DESIGN.md, "Copies of a
         // block's bytes").
         let bs = BLOCK as usize;
-        let all = Bytes::copy_from_slice(buf);
+        let all = pool::copy(buf);
         let mut s = self.state.lock();
         if let Some(why) = &s.stats.fenced {
             return Err(eio(format!("{}: {why}", self.name)));

@@ -457,7 +457,7 @@ impl Chunk {
     /// Chunk `idx` of `len` bytes of blocks: `fill` appends exactly
     /// those bytes (and may then change them in place, past the head).
     pub fn build(idx: u64, len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Chunk {
-        let mut v = Vec::with_capacity(CHUNK_HEAD + len + CHUNK_TAIL);
+        let mut v = crate::pool::vec(CHUNK_HEAD + len + CHUNK_TAIL);
         v.extend_from_slice(CHUNK_MAGIC);
         v.extend_from_slice(&idx.to_le_bytes());
         fill(&mut v);
@@ -468,7 +468,7 @@ impl Chunk {
         );
         let crc = crc32c::crc32c(&v);
         v.extend_from_slice(&crc.to_le_bytes());
-        Chunk(Bytes::from(v))
+        Chunk(crate::pool::bytes(v))
     }
 
     /// The chunk object `bytes` at `key`, checked to be chunk `idx` with

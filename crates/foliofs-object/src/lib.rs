@@ -42,6 +42,7 @@ pub mod lease;
 mod local;
 mod logged;
 mod markers;
+mod pool;
 mod readahead;
 mod store;
 mod timed;
