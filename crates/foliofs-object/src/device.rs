@@ -997,7 +997,9 @@ impl Core {
                 let data = match self.ahead.take(&self.rt, idx, version) {
                     Some(chunk) => chunk,
                     None => {
-                        let bytes = self.retrying(&key, || pool::get(&*self.store, &key))?;
+                        let bytes = self.retrying(&key, || {
+                            pool::get(&*self.store, &key, Chunk::object_len(len))
+                        })?;
                         Chunk::decode(&key, idx, bytes, len).map_err(ObjectError::from)?
                     }
                 };

@@ -454,10 +454,15 @@ pub(crate) const CHUNK_HEAD: usize = 16;
 pub(crate) const CHUNK_TAIL: usize = 4;
 
 impl Chunk {
+    /// The bytes of the object of a chunk with `len` bytes of blocks.
+    pub fn object_len(len: usize) -> usize {
+        CHUNK_HEAD + len + CHUNK_TAIL
+    }
+
     /// Chunk `idx` of `len` bytes of blocks: `fill` appends exactly
     /// those bytes (and may then change them in place, past the head).
     pub fn build(idx: u64, len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Chunk {
-        let mut v = crate::pool::vec(CHUNK_HEAD + len + CHUNK_TAIL);
+        let mut v = crate::pool::vec(Chunk::object_len(len));
         v.extend_from_slice(CHUNK_MAGIC);
         v.extend_from_slice(&idx.to_le_bytes());
         fill(&mut v);
@@ -474,7 +479,7 @@ impl Chunk {
     /// The chunk object `bytes` at `key`, checked to be chunk `idx` with
     /// `len` bytes of blocks.
     pub fn decode(key: &Path, idx: u64, bytes: Bytes, len: usize) -> Result<Chunk, Damaged> {
-        if bytes.len() != CHUNK_HEAD + len + CHUNK_TAIL || &bytes[..8] != CHUNK_MAGIC {
+        if bytes.len() != Chunk::object_len(len) || &bytes[..8] != CHUNK_MAGIC {
             return Err(damaged(
                 key,
                 format!(

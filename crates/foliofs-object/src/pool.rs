@@ -80,11 +80,17 @@ pub(crate) fn copy(data: &[u8]) -> Bytes {
     bytes(v)
 }
 
-/// The object at `key`, received into a buffer from the pool.
-pub(crate) async fn get(store: &dyn ObjectStore, key: &Path) -> object_store::Result<Bytes> {
+/// The object at `key`, received into a buffer from the pool; `expect`
+/// is its length if it is whole (what the store says is trusted no
+/// further: the buffer grows past that only as bytes come).
+pub(crate) async fn get(
+    store: &dyn ObjectStore,
+    key: &Path,
+    expect: usize,
+) -> object_store::Result<Bytes> {
     let r = store.get(key).await?;
     let (start, len) = (r.range.start, r.range.end - r.range.start);
-    let mut v = vec(usize::try_from(len).unwrap_or(0));
+    let mut v = vec(usize::try_from(len).unwrap_or(expect).min(expect));
     match r.payload {
         // A directory store's file, read whole as `GetResult::bytes`
         // does (its stream reads a piece at a time).

@@ -176,7 +176,7 @@ impl ReadAhead {
         }
         let store = store.clone();
         let fetch = rt.spawn(async move {
-            let bytes = match crate::pool::get(&*store, &key).await {
+            let bytes = match crate::pool::get(&*store, &key, Chunk::object_len(len)).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     log::debug!("chunk {idx} fetched ahead: {e}; fetching it again");
