@@ -65,6 +65,15 @@ fn expect(dev: &ObjectDevice, blocks: &[(u64, u8)]) {
     }
 }
 
+/// The machine is lost: another takes the image over, and each (block,
+/// round) of `want` reads back there.
+fn taken_over(dev: ObjectDevice, store: &Arc<dyn ObjectStore>, want: &[(u64, u8)]) -> ObjectDevice {
+    drop(dev);
+    let dev = ObjectDevice::open(store.clone(), img(), takeover()).unwrap();
+    expect(&dev, want);
+    dev
+}
+
 /// The chunk objects under `img`: (index, version).
 fn chunk_objects(store: &Arc<dyn ObjectStore>) -> Vec<(u64, u64)> {
     let metas: Vec<_> =
@@ -97,10 +106,7 @@ fn a_flush_puts_whole_chunks_once_and_its_wal_object_names_them() {
     assert_eq!(flushed, vec![2, 3]);
     let written = [(2 * CHUNK_BLOCKS, 1), (4 * CHUNK_BLOCKS - 1, 1), (5, 1)];
     expect(&dev, &written);
-    // The machine is lost: another takes the image over.
-    drop(dev);
-    let dev = ObjectDevice::open(store.clone(), img(), takeover()).unwrap();
-    expect(&dev, &written);
+    let dev = taken_over(dev, &store, &written);
     expect(&dev, &[(3 * CHUNK_BLOCKS + 7, 1)]);
     // The checkpoint names the flushed chunks as they are.
     dev.checkpoint_now().unwrap();
@@ -140,9 +146,7 @@ fn blocks_the_wal_wrote_around_a_flushed_chunk_keep_their_order() {
     dev.flush().unwrap();
     let want = [(c, 2), (c + 3, 2), (c + 4, 3), (2 * c - 1, 2)];
     expect(&dev, &want);
-    drop(dev);
-    let dev = ObjectDevice::open(store.clone(), img(), takeover()).unwrap();
-    expect(&dev, &want);
+    let dev = taken_over(dev, &store, &want);
     // Folded onto the flushed chunk, read back from the store.
     dev.checkpoint_now().unwrap();
     let st = dev.stats();
@@ -362,10 +366,8 @@ fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
         .collect();
     written.extend((7 * c..8 * c).chain(small..small + c).map(|b| (b, 1)));
     expect(&dev, &written);
-    // The machine is lost: the WAL replays to the same blocks.
-    drop(dev);
-    let dev = ObjectDevice::open(store.clone(), img(), takeover()).unwrap();
-    expect(&dev, &written);
+    // The WAL replays to the same blocks.
+    let dev = taken_over(dev, &store, &written);
     dev.checkpoint_now().unwrap();
     let st = dev.stats();
     assert_eq!(st.chunk_puts, 1, "only chunk 9 is folded: {st:?}");
