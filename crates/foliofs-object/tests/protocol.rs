@@ -8,7 +8,9 @@ mod common;
 use common::{cut_store, mkfs_with, verify_files, write_files, SIZE};
 use foliofs::device::Device;
 use foliofs::{Fs, MkfsOptions, MountOptions};
-use foliofs_object::{InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStore, Path};
+use foliofs_object::{
+    InMemory, ObjectDevice, ObjectError, ObjectOptions, ObjectStats, ObjectStore, Path,
+};
 use object_store::PutPayload;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -370,20 +372,45 @@ fn a_cut_after_any_put_loses_nothing_fsynced_with_whole_chunks_flushed() {
         chunk_bytes: 256 << 10,
         ..Default::default()
     };
-    let flushed = cut_after_every_put(opts, |i| {
-        (0..640 << 10)
-            .map(|k: usize| (k / 4096 * 7 + k + i) as u8)
-            .collect()
-    });
+    let st = cut_after_every_put(opts, file_of_640k);
     assert!(
-        flushed >= 6,
-        "chunks flushed whole in the uncut run: {flushed}"
+        st.chunks_flushed >= 6,
+        "chunks flushed whole in the uncut run: {st:?}"
     );
 }
 
+/// The same with a bound on held writes of two chunks: the flushes it
+/// makes inside each fsync's writeback PUT the chunks they hold whole
+/// and leave the rest, which the fsync's own flush takes, completing
+/// from the WAL a chunk an earlier file began.
+#[test]
+fn a_cut_after_any_put_loses_nothing_fsynced_with_flushes_for_the_bound() {
+    let chunks = ObjectOptions {
+        chunk_bytes: 256 << 10,
+        ..Default::default()
+    };
+    let unbounded = cut_after_every_put(chunks.clone(), file_of_640k);
+    let bounded = ObjectOptions {
+        pending_bytes: 512 << 10,
+        ..chunks
+    };
+    let st = cut_after_every_put(bounded, file_of_640k);
+    assert!(
+        st.wal_puts > unbounded.wal_puts,
+        "flushes for the bound beside the fsyncs': {st:?} against {unbounded:?}"
+    );
+}
+
+/// File `i` of 640 KiB (two chunks and a half), unlike every other's.
+fn file_of_640k(i: usize) -> Vec<u8> {
+    (0..640 << 10)
+        .map(|k: usize| (k / 4096 * 7 + k + i) as u8)
+        .collect()
+}
+
 /// Cut the store after 1, 2, ... PUTs of a run writing and fsyncing 6
-/// files; returns the chunks the uncut run's flushes wrote whole.
-fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> u64 {
+/// files; returns the uncut run's counters.
+fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> ObjectStats {
     let files = 6;
     let mut cut_at = 1;
     loop {
@@ -408,14 +435,14 @@ fn cut_after_every_put(base: ObjectOptions, content: fn(usize) -> Vec<u8>) -> u6
             Ok::<_, foliofs::Error>(())
         })();
         let whole = ran.is_ok();
-        let flushed = dev.stats().chunks_flushed;
+        let stats = dev.stats();
         drop(dev);
         let inner: Arc<dyn ObjectStore> = inner;
         let dev2 = Arc::new(ObjectDevice::open(inner, Path::from("img"), takeover()).unwrap());
         verify_files(dev2, 0..acked, content);
         if whole {
             assert!(cut_at > files as u64, "every fsync made a PUT: {cut_at}");
-            return flushed;
+            return stats;
         }
         cut_at += 1;
     }
