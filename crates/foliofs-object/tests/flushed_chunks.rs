@@ -376,3 +376,32 @@ fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
     expect(&dev, &written);
     dev.close().unwrap();
 }
+
+/// A chunk a flush fills with zeros where the image holds nothing yet
+/// is not PUT: it reads as zeros already, here and after the machine is
+/// lost. One that held data is PUT, zeros and all.
+#[test]
+fn zeros_over_nothing_are_not_put() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let c = CHUNK_BLOCKS;
+    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    let zeros = vec![0u8; (c * BLOCK) as usize];
+    write(&dev, 6 * c, 7 * c, 1);
+    dev.flush().unwrap();
+    dev.write_at(&zeros, 3 * c * BLOCK).unwrap();
+    dev.write_at(&zeros, 6 * c * BLOCK).unwrap();
+    write(&dev, 4 * c, 5 * c, 1);
+    dev.flush().unwrap();
+    let st = dev.stats();
+    assert_eq!(st.chunks_flushed, 3, "chunk 6 twice, chunk 4: {st:?}");
+    let indexes: Vec<u64> = chunk_objects(&store).iter().map(|&(i, _)| i).collect();
+    assert!(!indexes.contains(&3), "{indexes:?}");
+    assert!(indexes.contains(&4) && indexes.contains(&6), "{indexes:?}");
+    let dev = taken_over(dev, &store, &[(4 * c, 1), (5 * c - 1, 1)]);
+    let mut got = vec![1u8; zeros.len()];
+    for idx in [3, 6] {
+        dev.read_at(&mut got, idx * c * BLOCK).unwrap();
+        assert!(got == zeros, "chunk {idx} reads as zeros");
+    }
+    dev.close().unwrap();
+}
