@@ -65,6 +65,13 @@ fn expect(dev: &ObjectDevice, blocks: &[(u64, u8)]) {
     }
 }
 
+/// A new image at `img` in a store of its own, open for writing.
+fn fresh() -> (Arc<dyn ObjectStore>, ObjectDevice) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    (store, dev)
+}
+
 /// The machine is lost: another takes the image over, and each (block,
 /// round) of `want` reads back there.
 fn taken_over(dev: ObjectDevice, store: &Arc<dyn ObjectStore>, want: &[(u64, u8)]) -> ObjectDevice {
@@ -85,8 +92,7 @@ fn chunk_objects(store: &Arc<dyn ObjectStore>) -> Vec<(u64, u64)> {
 
 #[test]
 fn a_flush_puts_whole_chunks_once_and_its_wal_object_names_them() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    let (store, dev) = fresh();
     // Chunks 2 and 3 whole, one block of chunk 0.
     write(&dev, 2 * CHUNK_BLOCKS, 4 * CHUNK_BLOCKS, 1);
     write(&dev, 5, 6, 1);
@@ -133,8 +139,7 @@ fn a_flush_puts_whole_chunks_once_and_its_wal_object_names_them() {
 
 #[test]
 fn blocks_the_wal_wrote_around_a_flushed_chunk_keep_their_order() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    let (store, dev) = fresh();
     let c = CHUNK_BLOCKS;
     // Round 1: two blocks of chunk 1 through the WAL; round 2: chunk 1
     // whole; round 3: one block of it through the WAL again.
@@ -166,8 +171,7 @@ fn blocks_the_wal_wrote_around_a_flushed_chunk_keep_their_order() {
 
 #[test]
 fn garbage_is_what_neither_the_wal_nor_a_snapshot_names() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
+    let (store, dev) = fresh();
     let c = CHUNK_BLOCKS;
     write(&dev, 0, 2 * c, 1);
     dev.flush().unwrap();
@@ -332,9 +336,8 @@ fn a_flush_for_the_bound_leaves_part_written_chunks_for_a_later_one() {
 /// folds them. A flush that would PUT no chunk otherwise stays one PUT.
 #[test]
 fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (store, dev) = fresh();
     let c = CHUNK_BLOCKS;
-    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
     let (first, small) = (5 * c, 9 * c);
     write(&dev, first, first + 40, 1);
     write(&dev, small, small + 40, 1);
@@ -382,9 +385,8 @@ fn a_flush_completes_a_chunk_the_wal_holds_part_of() {
 /// lost. One that held data is PUT, zeros and all.
 #[test]
 fn zeros_over_nothing_are_not_put() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (store, dev) = fresh();
     let c = CHUNK_BLOCKS;
-    let dev = ObjectDevice::create(store.clone(), img(), SIZE, opts()).unwrap();
     let zeros = vec![0u8; (c * BLOCK) as usize];
     write(&dev, 6 * c, 7 * c, 1);
     dev.flush().unwrap();
