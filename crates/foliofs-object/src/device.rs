@@ -1145,12 +1145,15 @@ impl Core {
             if s.pending.is_empty() {
                 return Ok(());
             }
-            let taken = match take {
-                Take::All => std::mem::take(&mut s.pending),
+            let (taken, mut whole) = match take {
+                Take::All => {
+                    let taken = std::mem::take(&mut s.pending);
+                    let whole = self.whole_chunks(&taken, &s.logged, take);
+                    (taken, whole)
+                }
                 Take::WholeChunks => self.whole_part(&mut s),
             };
             s.in_flight = taken.clone();
-            let mut whole = self.whole_chunks(&taken, &s.logged, take);
             let zeros = self.zeros_over_nothing(&s, &taken, &mut whole);
             (s.next_wal, taken, whole, zeros)
         };
@@ -1358,20 +1361,22 @@ impl Core {
     /// that folds them. All of `pending`, as for any other flush, when
     /// what would stay is more than half the bound (a random writer's
     /// blocks): what stays is then at most that.
-    fn whole_part(&self, s: &mut State) -> BTreeMap<u64, Block> {
+    /// With the chunks the blocks taken make whole: the same for all of
+    /// `pending` as for the part taken.
+    fn whole_part(&self, s: &mut State) -> (BTreeMap<u64, Block>, Whole) {
         let whole = self.whole_chunks(&s.pending, &s.logged, Take::WholeChunks);
-        let whole: std::collections::BTreeSet<u64> = whole.chunks.into_iter().collect();
+        let idxs: std::collections::BTreeSet<u64> = whole.chunks.iter().copied().collect();
         let (taken, staying): (BTreeMap<u64, Block>, BTreeMap<u64, Block>) =
             std::mem::take(&mut s.pending)
                 .into_iter()
-                .partition(|(b, _)| whole.contains(&(b / self.chunk_blocks)));
-        if whole.is_empty() || 2 * staying.len() as u64 * BLOCK > self.opts.pending_bytes {
+                .partition(|(b, _)| idxs.contains(&(b / self.chunk_blocks)));
+        if idxs.is_empty() || 2 * staying.len() as u64 * BLOCK > self.opts.pending_bytes {
             let mut all = taken;
             all.extend(staying);
-            return all;
+            return (all, whole);
         }
         s.pending = staying;
-        taken
+        (taken, whole)
     }
 
     /// WAL number `seq` was there when this writer meant to create it:
